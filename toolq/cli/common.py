@@ -1,0 +1,153 @@
+"""What every command shares: finding the app and the server, and failing in one line."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import redis
+
+from toolq.errors import RequestRefused, ToolqError
+from toolq.redact import redact_url
+from toolq.state import read_state
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_APP = "toolq.examples.invoices:tq"
+
+
+class CliError(click.ClickException):
+    """One clear line on stderr and exit code 2... or the code given."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def app_option(f: F) -> F:
+    return click.option(
+        "--app",
+        "app_path",
+        envvar="TOOLQ_APP",
+        default=None,
+        metavar="MODULE:ATTR",
+        help="Where the ToolQueue is (env TOOLQ_APP; else the app `toolq up` recorded here; "
+        f"else {DEFAULT_APP}).",
+    )(f)
+
+
+def redis_option(f: F) -> F:
+    return click.option(
+        "--redis-url",
+        envvar="TOOLQ_REDIS_URL",
+        default=None,
+        metavar="URL",
+        help="Redis/Valkey URL (env TOOLQ_REDIS_URL; else the server `toolq up` recorded in "
+        "--state-dir).",
+    )(f)
+
+
+def state_dir_option(f: F) -> F:
+    return click.option(
+        "--state-dir",
+        envvar="TOOLQ_STATE_DIR",
+        default=".toolq",
+        show_default=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Where `toolq up` records the server URL and app path.",
+    )(f)
+
+
+def resolve_url(redis_url: str | None, state_dir: Path | None) -> str | None:
+    if redis_url:
+        return redis_url
+    data = read_state(state_dir)
+    url = data.get("redis_url") if data else None
+    return url if isinstance(url, str) else None
+
+
+def resolve_app_path(app_path: str | None, state_dir: Path | None) -> str:
+    if app_path:
+        return app_path
+    data = read_state(state_dir)
+    recorded = data.get("app") if data else None
+    return recorded if isinstance(recorded, str) else DEFAULT_APP
+
+
+def load_app(app_path: str, redis_url: str | None = None) -> Any:
+    """Import ``MODULE:ATTR`` and return the ToolQueue, pointed at ``redis_url`` if given."""
+    from pydantic import SecretStr
+
+    from toolq.queue import ToolQueue
+
+    module_name, _, attr = app_path.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"--app must look like MODULE:ATTR, got {app_path!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise CliError(f"{module_name!r} has no attribute {attr!r}")
+    if not isinstance(obj, ToolQueue):
+        raise CliError(f"{app_path} is a {type(obj).__name__}, not a toolq.ToolQueue")
+    if redis_url:
+        obj.settings = obj.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
+    return obj
+
+
+def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None) -> Any:
+    """Load the app and check the server answers; one clear line if it does not."""
+    url = resolve_url(redis_url, state_dir)
+    tq = load_app(resolve_app_path(app_path, state_dir), url)
+    try:
+        tq.redis.ping()
+    except RequestRefused as exc:
+        raise CliError(exc.message) from None
+    except redis.RedisError as exc:
+        raise CliError(
+            f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
+        ) from None
+    return tq
+
+
+def parse_json_args(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"--args is not valid JSON: {exc.msg} at position {exc.pos}") from None
+
+
+def handle_errors(f: F) -> F:
+    """Turn toolq's refusals and Redis failures into one line and a non-zero exit."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except RequestRefused as exc:
+            raise CliError(f"{exc.code}: {exc.message}") from None
+        except ToolqError as exc:
+            raise CliError(str(exc)) from None
+        except redis.RedisError as exc:
+            raise CliError(f"redis error: {type(exc).__name__}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))

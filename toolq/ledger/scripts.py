@@ -1,0 +1,269 @@
+"""The ledger's Lua scripts: every transition is one atomic script call.
+
+Each script takes the key prefix as ARGV[1] and names its keys from it (the
+names match :mod:`toolq.keys`). Time is passed in by the caller (ms), so the
+scripts are deterministic and the clock is injectable.
+"""
+
+from __future__ import annotations
+
+PRELUDE = r"""
+local P = ARGV[1]
+local DUE = P .. ':due'
+local WAKE = P .. ':wake'
+local NOTIFY = P .. ':notify'
+local STATS = P .. ':stats'
+local function opkey(ref) return P .. ':op:' .. ref end
+local function histkey(ref) return P .. ':hist:' .. ref end
+local function idxkey(tool, state) return P .. ':idx:' .. tool .. ':' .. state end
+
+-- Put ref in the due set; wake a sleeping scheduler if this is now the earliest item.
+local function set_due(ref, ms)
+  local first = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+  if first[2] == nil or tonumber(first[2]) > ms then
+    redis.call('DEL', WAKE)
+    redis.call('LPUSH', WAKE, '1')
+  end
+  redis.call('ZADD', DUE, ms, ref)
+end
+
+local function stat(tool, name, n)
+  redis.call('HINCRBY', STATS, tool .. '|' .. name, n or 1)
+end
+
+local function history(ref, entry)
+  redis.call('RPUSH', histkey(ref), cjson.encode(entry))
+end
+"""
+
+# ARGV: prefix ref tool args fp call_id now max_attempts deadline state due queue msg
+SUBMIT = (
+    PRELUDE
+    + r"""
+local ref, tool, args, fp, call_id = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local now, max_attempts, deadline = ARGV[7], ARGV[8], ARGV[9]
+local state, due, queue, msg = ARGV[10], tonumber(ARGV[11]), ARGV[12], ARGV[13]
+local key = opkey(ref)
+local cur = redis.call('HMGET', key, 'submit_fp', 'state', 'tool')
+if cur[2] then
+  if cur[1] == fp and cur[3] == tool then return {'exists', cur[2]} end
+  return {'conflict', cur[2]}
+end
+local attempt = 0
+if state == 'queued' then attempt = 1 end
+redis.call('HSET', key, 'ref', ref, 'tool', tool, 'args', args, 'fp', fp, 'submit_fp', fp,
+  'call_id', call_id, 'state', state, 'attempt', attempt, 'max_attempts', max_attempts,
+  'deadline', deadline, 'created', now, 'updated', now, 'entered', now, 'rev', 1,
+  'vcheck', 0, 'vfail', 0, 'repubs', 0)
+redis.call('SADD', P .. ':tools', tool)
+redis.call('ZADD', idxkey(tool, state), now, ref)
+history(ref, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
+set_due(ref, due)
+if msg ~= '' then redis.call('LPUSH', queue, msg) end
+stat(tool, 'submitted')
+if attempt > 0 then stat(tool, 'attempts') end
+redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref)
+return {'created', state}
+"""
+)
+
+# Claim an attempt (kind=run) or a verification check (kind=verify).
+# ARGV: prefix ref attempt holder now lease_ms kind vcheck
+CLAIM = (
+    PRELUDE
+    + r"""
+local ref, attempt, holder = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local now, lease, kind, vcheck = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local key = opkey(ref)
+local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
+  'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
+  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created')
+local state = f[1]
+if not state then return {'missing'} end
+local tool = f[5]
+local body = {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11], f[12],
+  f[13] or '0', f[14], f[17], f[2]}
+if kind == 'run' then
+  if state == 'queued' and tonumber(f[2]) == attempt then
+    redis.call('HSET', key, 'state', 'running', 'lease_holder', holder,
+      'lease_until', now + lease, 'entered', now, 'updated', now)
+    redis.call('HINCRBY', key, 'rev', 1)
+    redis.call('ZREM', idxkey(tool, 'queued'), ref)
+    redis.call('ZADD', idxkey(tool, 'running'), now, ref)
+    history(ref, {at = now, from = 'queued', to = 'running', attempt = attempt, by = holder})
+    set_due(ref, now + lease)
+    redis.call('PUBLISH', NOTIFY, 'running ' .. ref)
+    return body
+  end
+  if state == 'running' and tonumber(f[2]) == attempt then
+    -- Ours already (a retried call after a lost reply): the claim stands.
+    if f[3] == holder then return body end
+    stat(tool, 'duplicates_prevented')
+    return {'held', f[3] or '', f[4] or '0', tool, f[10], f[11], f[7] or ''}
+  end
+  stat(tool, 'duplicates_prevented')
+  return {'stale', state}
+end
+if state == 'verifying' and tonumber(f[2]) == attempt and tonumber(f[10]) == vcheck then
+  if f[15] and f[15] ~= '' and f[15] ~= holder and tonumber(f[16] or '0') > now then
+    return {'held', f[15], f[16]}
+  end
+  redis.call('HSET', key, 'vholder', holder, 'vlease_until', now + lease)
+  set_due(ref, now + lease)
+  return body
+end
+return {'stale', state}
+"""
+)
+
+# Renew leases held by one process. ARGV: prefix now lease_ms holder [ref attempt kind]...
+RENEW = (
+    PRELUDE
+    + r"""
+local now, lease, holder = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local lost = {}
+for i = 5, #ARGV, 3 do
+  local ref, attempt, kind = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local key = opkey(ref)
+  local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'vholder')
+  if kind == 'run' and f[1] == 'running' and tonumber(f[2]) == attempt and f[3] == holder then
+    redis.call('HSET', key, 'lease_until', now + lease)
+    set_due(ref, now + lease)
+  elseif kind == 'verify' and f[1] == 'verifying' and tonumber(f[2]) == attempt
+      and f[4] == holder then
+    redis.call('HSET', key, 'vlease_until', now + lease)
+    set_due(ref, now + lease)
+  else
+    table.insert(lost, ref)
+  end
+end
+return lost
+"""
+)
+
+# Apply a batch of compare-and-set transitions. ARGV: prefix now items_json
+# item: {ref, states=[..], expect={state_or_*: {field: value}}, to, by, code,
+#        attempt_incr, set={}, del=[], envelope, due (ms, <0 removes), push=[queue,msg],
+#        stats=[..], ttl, quiet}
+APPLY = (
+    PRELUDE
+    + r"""
+local now = tonumber(ARGV[2])
+local items = cjson.decode(ARGV[3])
+local out = {}
+for i, it in ipairs(items) do
+  local ref = it.ref
+  local key = opkey(ref)
+  local cur = redis.call('HMGET', key, 'state', 'tool', 'attempt')
+  local state = cur[1]
+  if not state then
+    out[i] = 'missing'
+  else
+    local ok = false
+    for _, s in ipairs(it.states) do if s == state then ok = true end end
+    if ok and it.expect then
+      for _, which in ipairs({'*', state}) do
+        local want = it.expect[which]
+        if want then
+          for field, val in pairs(want) do
+            local have = redis.call('HGET', key, field)
+            if tostring(have or '') ~= tostring(val) then ok = false end
+          end
+        end
+      end
+    end
+    if not ok then
+      out[i] = state
+    else
+      local tool = cur[2]
+      local attempt = tonumber(cur[3])
+      if it.attempt_incr and it.attempt_incr > 0 then
+        attempt = attempt + it.attempt_incr
+        stat(tool, 'attempts', it.attempt_incr)
+      end
+      local fields = {'updated', now, 'attempt', attempt}
+      if not it.quiet then
+        table.insert(fields, 'state'); table.insert(fields, it.to)
+        if it.to ~= state then
+          table.insert(fields, 'entered'); table.insert(fields, now)
+          redis.call('ZREM', idxkey(tool, state), ref)
+          redis.call('ZADD', idxkey(tool, it.to), now, ref)
+        end
+      end
+      if it.set then
+        for k, v in pairs(it.set) do table.insert(fields, k); table.insert(fields, v) end
+      end
+      if it.envelope then table.insert(fields, 'envelope'); table.insert(fields, it.envelope) end
+      redis.call('HSET', key, unpack(fields))
+      redis.call('HINCRBY', key, 'rev', 1)
+      if it.del and #it.del > 0 then redis.call('HDEL', key, unpack(it.del)) end
+      if not it.quiet then
+        history(ref, {at = now, from = state, to = it.to, attempt = attempt, by = it.by,
+          code = it.code})
+      end
+      if it.due then
+        if it.due < 0 then redis.call('ZREM', DUE, ref) else set_due(ref, it.due) end
+      end
+      if it.push then redis.call('LPUSH', it.push[1], it.push[2]) end
+      if it.stats then for _, name in ipairs(it.stats) do stat(tool, name) end end
+      if it.ttl then
+        redis.call('EXPIRE', key, it.ttl)
+        redis.call('EXPIRE', histkey(ref), it.ttl)
+      end
+      if not it.quiet then redis.call('PUBLISH', NOTIFY, it.to .. ' ' .. ref) end
+      out[i] = 'ok'
+    end
+  end
+end
+return out
+"""
+)
+
+#: Fields the scheduler reads to decide what a due operation needs.
+DUE_FIELDS = (
+    "state",
+    "tool",
+    "attempt",
+    "max_attempts",
+    "deadline",
+    "lease_holder",
+    "lease_until",
+    "entered",
+    "uncertain_at",
+    "vcheck",
+    "vfail",
+    "vholder",
+    "vlease_until",
+    "repubs",
+    "rev",
+    "retry_due",
+    "call_id",
+    "created",
+)
+
+# Take up to `limit` due items and hide them from other schedulers for `hold` ms.
+# ARGV: prefix now limit hold_ms  ->  [ref, due_score, f1..fn, ref, ...]
+CLAIM_DUE = (
+    PRELUDE
+    + r"""
+local now, limit, hold = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local out = {}
+local fields = {"""
+    + ", ".join(f"'{f}'" for f in DUE_FIELDS)
+    + r"""}
+for i = 1, #due, 2 do
+  local ref = due[i]
+  local f = redis.call('HMGET', opkey(ref), unpack(fields))
+  if not f[1] then
+    redis.call('ZREM', DUE, ref)
+  else
+    redis.call('ZADD', DUE, now + hold, ref)
+    table.insert(out, ref)
+    table.insert(out, due[i + 1])
+    for j = 1, #fields do table.insert(out, f[j] or '') end
+  end
+end
+return out
+"""
+)

@@ -1,0 +1,267 @@
+"""The ledger in Redis: operation records, history, indexes, and transitions.
+
+Every write is one Lua script call (:mod:`toolq.ledger.scripts`); which
+transition to ask for is decided by pure code (:mod:`toolq.ledger.states`,
+:mod:`toolq.tasks.outcome`, :mod:`toolq.scheduler.policy`) and checked here
+against the transition table before it is sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from toolq.envelope import ToolError, ToolSuccess
+from toolq.keys import Keys
+from toolq.ledger import scripts
+from toolq.ledger.record import HistoryEntry, OperationRecord, load_envelope
+from toolq.ledger.states import ALLOWED, State
+
+
+@dataclass
+class Transition:
+    """One compare-and-set the ledger applies atomically.
+
+    ``states`` are the states the operation must be in; ``expect`` maps a
+    state (or ``"*"``) to fields that must hold exactly these values.
+    """
+
+    ref: str
+    states: tuple[State, ...]
+    to: State
+    by: str
+    code: str | None = None
+    expect: dict[str, dict[str, str]] = field(default_factory=dict)
+    attempt_incr: int = 0
+    set: dict[str, str] = field(default_factory=dict)
+    delete: tuple[str, ...] = ()
+    envelope: ToolSuccess | ToolError | None = None
+    due_ms: int | None = None
+    remove_due: bool = False
+    push: tuple[str, str] | None = None
+    stats: tuple[str, ...] = ()
+    ttl: int | None = None
+    #: A field update without a state change: no history, no notification.
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        for state in self.states:
+            if not self.quiet and self.to not in ALLOWED[state]:
+                raise ValueError(f"transition {state} -> {self.to} is not allowed")
+
+    def to_wire(self) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "ref": self.ref,
+            "states": [str(s) for s in self.states],
+            "to": str(self.to),
+            "by": self.by,
+        }
+        if self.code:
+            item["code"] = self.code
+        if self.expect:
+            item["expect"] = self.expect
+        if self.attempt_incr:
+            item["attempt_incr"] = self.attempt_incr
+        if self.set:
+            item["set"] = self.set
+        if self.delete:
+            item["del"] = list(self.delete)
+        if self.envelope is not None:
+            item["envelope"] = self.envelope.model_dump_json(exclude_none=True)
+        if self.remove_due:
+            item["due"] = -1
+        elif self.due_ms is not None:
+            item["due"] = self.due_ms
+        if self.push is not None:
+            item["push"] = list(self.push)
+        if self.stats:
+            item["stats"] = list(self.stats)
+        if self.ttl is not None:
+            item["ttl"] = self.ttl
+        if self.quiet:
+            item["quiet"] = True
+        return item
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    outcome: str  # created | exists | conflict
+    state: State
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a claim returns: the operation's inputs, or why it may not run."""
+
+    outcome: str  # claimed | held | stale | missing
+    tool: str = ""
+    args: str = ""
+    call_id: str = ""
+    fp: str = ""
+    approved_fp: str = ""
+    vcheck: int = 0
+    max_attempts: int = 0
+    deadline_ms: int = 0
+    uncertain_at_ms: int = 0
+    vfail: int = 0
+    created_ms: int = 0
+    attempt: int = 0
+    holder: str = ""
+    lease_until_ms: int = 0
+    state: str = ""
+
+
+class Ledger:
+    """Operation records in Redis. One instance per process; thread-safe."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "toolq") -> None:
+        self.redis = client
+        self.keys = Keys(prefix)
+        self.prefix = prefix
+        self._submit = client.register_script(scripts.SUBMIT)
+        self._claim = client.register_script(scripts.CLAIM)
+        self._renew = client.register_script(scripts.RENEW)
+        self._apply = client.register_script(scripts.APPLY)
+        self._claim_due = client.register_script(scripts.CLAIM_DUE)
+
+    # ------------------------------------------------------------------ writes
+
+    def submit(
+        self,
+        *,
+        ref: str,
+        tool: str,
+        args_json: str,
+        fp: str,
+        call_id: str,
+        now_ms: int,
+        max_attempts: int,
+        deadline_ms: int,
+        state: State,
+        due_ms: int,
+        queue: str,
+        message: str,
+    ) -> SubmitResult:
+        out = self._submit(
+            args=[
+                self.prefix, ref, tool, args_json, fp, call_id, now_ms, max_attempts,
+                deadline_ms, str(state), due_ms, queue, message,
+            ]
+        )
+        return SubmitResult(_s(out[0]), State(_s(out[1])))
+
+    def claim(
+        self,
+        ref: str,
+        attempt: int,
+        holder: str,
+        now_ms: int,
+        lease_ms: int,
+        kind: str = "run",
+        vcheck: int = 0,
+    ) -> Claim:
+        out = [_s(x) for x in self._claim(
+            args=[self.prefix, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
+        )]
+        outcome = out[0]
+        if outcome == "claimed":
+            return Claim(
+                outcome,
+                tool=out[1],
+                args=out[2],
+                call_id=out[3],
+                fp=out[4],
+                approved_fp=out[5],
+                vcheck=int(out[6] or 0),
+                max_attempts=int(out[7] or 0),
+                deadline_ms=int(out[8] or 0),
+                uncertain_at_ms=int(float(out[9] or 0)),
+                vfail=int(out[10] or 0),
+                created_ms=int(out[11] or 0),
+                attempt=int(out[12] or 0),
+            )
+        if outcome == "held":
+            return Claim(
+                outcome,
+                holder=out[1],
+                lease_until_ms=int(float(out[2] or 0)),
+                tool=out[3] if len(out) > 3 else "",
+                vcheck=int(out[4]) if len(out) > 4 else 0,
+                max_attempts=int(out[5]) if len(out) > 5 else 0,
+                call_id=out[6] if len(out) > 6 else "",
+            )
+        if outcome == "stale":
+            return Claim(outcome, state=out[1])
+        return Claim(outcome)
+
+    def renew(
+        self, holder: str, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str]]
+    ) -> list[str]:
+        """Extend the leases ``holder`` holds; returns the refs it no longer holds."""
+        if not held:
+            return []
+        args: list[Any] = [self.prefix, now_ms, lease_ms, holder]
+        for ref, attempt, kind in held:
+            args.extend((ref, attempt, kind))
+        return [_s(x) for x in self._renew(args=args)]
+
+    def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
+        """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
+        if not transitions:
+            return []
+        wire = json.dumps([t.to_wire() for t in transitions], separators=(",", ":"))
+        return [_s(x) for x in self._apply(args=[self.prefix, now_ms, wire])]
+
+    def apply_one(self, transition: Transition, now_ms: int) -> str:
+        return self.apply([transition], now_ms)[0]
+
+    def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
+        raw = self._claim_due(args=[self.prefix, now_ms, limit, hold_ms])
+        width = len(scripts.DUE_FIELDS)
+        items: list[dict[str, str]] = []
+        for i in range(0, len(raw), width + 2):
+            row = {"ref": _s(raw[i]), "due_score": _s(raw[i + 1])}
+            row.update(
+                {name: _s(raw[i + 2 + j]) for j, name in enumerate(scripts.DUE_FIELDS)}
+            )
+            items.append(row)
+        return items
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.op(ref))
+        if with_history:
+            pipe.lrange(self.keys.history(ref), 0, -1)
+        res = pipe.execute()
+        raw: dict[bytes, bytes] = res[0]
+        if not raw:
+            return None
+        fields = {_s(k): _s(v) for k, v in raw.items()}
+        history = [HistoryEntry.model_validate_json(h) for h in res[1]] if with_history else []
+        return OperationRecord.from_fields(fields, history)
+
+    def fields(self, ref: str, *names: str) -> dict[str, str]:
+        values = self.redis.hmget(self.keys.op(ref), list(names))
+        return {n: _s(v) for n, v in zip(names, values, strict=True) if v is not None}
+
+    def envelope(self, ref: str) -> ToolSuccess | ToolError | None:
+        raw = self.redis.hget(self.keys.op(ref), "envelope")
+        return None if raw is None else load_envelope(raw)
+
+    def stats(self) -> dict[str, int]:
+        return {_s(k): int(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+
+    def tools(self) -> list[str]:
+        return sorted(_s(t) for t in self.redis.smembers(self.keys.tools))
+
+
+def _s(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return "" if value is None else str(value)

@@ -1,0 +1,90 @@
+"""Wake waiters on ledger transitions: one Pub/Sub subscription per process.
+
+``tq.wait`` registers interest in a ref, reads the record once, then sleeps
+on an event the subscriber thread sets when a transition of that ref is
+published. No polling loop, no Redis round trip while it waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+
+import redis
+
+log = logging.getLogger("toolq.notify")
+
+
+class Notifier:
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+        self._watch: dict[str, set[threading.Event]] = defaultdict(set)
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, ref: str) -> threading.Event:
+        ev = threading.Event()
+        with self._lock:
+            self._watch[ref].add(ev)
+            if self._thread is None or not self._thread.is_alive():
+                self._ready.clear()
+                self._thread = threading.Thread(target=self._run, name="toolq-notify",
+                                                daemon=True)
+                self._thread.start()
+        # A notification sent before the subscription exists would be missed:
+        # callers read the record after this returns, so wait for it.
+        self._ready.wait(5.0)
+        return ev
+
+    def unwatch(self, ref: str, ev: threading.Event) -> None:
+        with self._lock:
+            events = self._watch.get(ref)
+            if events is not None:
+                events.discard(ev)
+                if not events:
+                    del self._watch[ref]
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=3.0)
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            for events in self._watch.values():
+                for ev in events:
+                    ev.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self.channel)
+                # The subscribe reply confirms the subscription before anyone reads.
+                pubsub.get_message(timeout=1.0)
+                self._ready.set()
+                self._wake_all()  # anything missed while reconnecting is re-read
+                while not self._stop.is_set():
+                    msg = pubsub.get_message(timeout=0.5)
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    data = msg["data"]
+                    text = data.decode() if isinstance(data, bytes) else str(data)
+                    _, _, ref = text.partition(" ")
+                    with self._lock:
+                        for ev in self._watch.get(ref, ()):
+                            ev.set()
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                log.debug("notification subscription lost; reconnecting")
+                self._ready.set()
+                self._wake_all()
+                self._stop.wait(0.2)
+            finally:
+                try:
+                    pubsub.close()
+                except Exception:  # noqa: S110 - closing a broken connection
+                    pass

@@ -1,0 +1,175 @@
+"""The scheduler's pure decisions: what is due, with what jitter, what a due
+operation needs. Functions of data and an injected clock/random source; no Redis.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from toolq.ledger.states import State
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """Jitter added after ``not_before`` (never before it).
+
+    ``full``: uniform in [0, J]; ``equal``: J/2 + uniform in [0, J/2]; ``none``: 0,
+    where J = min(max_seconds, ratio × the delay being waited).
+    """
+
+    kind: Literal["full", "equal", "none"] = "full"
+    ratio: float = 0.1
+    max_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("full", "equal", "none"):
+            raise ValueError("jitter kind is full, equal or none")
+        if self.ratio < 0 or self.max_seconds < 0:
+            raise ValueError("jitter ratio and max_seconds are >= 0")
+
+    def bound_ms(self, delay_ms: int) -> int:
+        return int(min(self.max_seconds * 1000, self.ratio * max(0, delay_ms)))
+
+    def extra_ms(self, delay_ms: int, rng: random.Random) -> int:
+        bound = self.bound_ms(delay_ms)
+        if self.kind == "none" or bound <= 0:
+            return 0
+        if self.kind == "equal":
+            half = bound // 2
+            return half + rng.randint(0, bound - half)
+        return rng.randint(0, bound)
+
+
+def jittered_due(not_before_ms: int, now_ms: int, jitter: Jitter, rng: random.Random) -> int:
+    """When a delayed retry is dispatched: ``not_before`` plus jitter, never earlier.
+
+    A ``not_before`` in the past is due now (plus no jitter beyond the delay, which is 0).
+    """
+    base = max(not_before_ms, now_ms)
+    return base + jitter.extra_ms(base - now_ms, rng)
+
+
+def attempts_remaining(attempt: int, max_attempts: int) -> int:
+    """Attempts left in the budget after ``attempt`` dispatches."""
+    return max(0, max_attempts - attempt)
+
+
+def republish_delay_ms(unclaimed_after_ms: int, republished: int) -> int:
+    """How long to wait before publishing an unclaimed message again (×2 each time, ≤ 1 h)."""
+    return int(min(unclaimed_after_ms * (2 ** min(republished, 16)), 3_600_000))
+
+
+def verify_backoff_ms(backoff_s: float, failures: int) -> int:
+    """Delay before re-checking after the verifier failed ``failures`` times (×2, ≤ 5 min)."""
+    return int(min(backoff_s * 1000 * (2 ** max(0, failures - 1)), 300_000))
+
+
+class Action(StrEnum):
+    """What a due operation needs."""
+
+    DISPATCH = "dispatch"  # waiting_retry -> queued, a new attempt
+    REPUBLISH = "republish"  # queued and unclaimed: publish the same attempt again
+    LEASE_EXPIRED = "lease_expired"  # running, lease gone: verify (write) / rerun (read)
+    VERIFY = "verify"  # verifying: publish a verification check
+    ESCALATE = "escalate"
+    RESCHEDULE = "reschedule"  # not due after all: look again at `at_ms`
+    DROP = "drop"  # finished: forget the due entry
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The fields of an operation the scheduler reads (``ledger.scripts.DUE_FIELDS``)."""
+
+    ref: str
+    state: State
+    tool: str
+    attempt: int
+    max_attempts: int
+    deadline_ms: int
+    lease_until_ms: int
+    entered_ms: int
+    vlease_until_ms: int
+    vholder: str
+    vcheck: int
+    retry_due_ms: int
+    repubs: int
+    rev: int
+
+    @classmethod
+    def from_row(cls, row: dict[str, str]) -> Snapshot:
+        def n(name: str) -> int:
+            return int(float(row.get(name) or 0))
+
+        return cls(
+            ref=row["ref"],
+            state=State(row["state"]),
+            tool=row.get("tool", ""),
+            attempt=n("attempt"),
+            max_attempts=n("max_attempts"),
+            deadline_ms=n("deadline"),
+            lease_until_ms=n("lease_until"),
+            entered_ms=n("entered"),
+            vlease_until_ms=n("vlease_until"),
+            vholder=row.get("vholder", ""),
+            vcheck=n("vcheck"),
+            retry_due_ms=n("retry_due"),
+            repubs=n("repubs"),
+            rev=n("rev"),
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    code: str | None = None
+    at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    unclaimed_after_ms: int
+    approval_timeout_ms: int
+    input_timeout_ms: int
+
+
+def decide(s: Snapshot, now_ms: int, t: Timeouts) -> Decision:
+    """What the scheduler does with an operation that came due at ``now_ms``."""
+    if s.state in (State.SUCCEEDED, State.FAILED, State.ESCALATED, State.CANCELLED):
+        return Decision(Action.DROP)
+    if s.state is State.WAITING_RETRY:
+        if s.retry_due_ms > now_ms:
+            return Decision(Action.RESCHEDULE, at_ms=s.retry_due_ms)
+        if s.deadline_ms and now_ms > s.deadline_ms:
+            return Decision(Action.ESCALATE, code="DEADLINE_EXCEEDED")
+        if attempts_remaining(s.attempt, s.max_attempts) == 0:
+            return Decision(Action.ESCALATE, code="ATTEMPTS_EXHAUSTED")
+        return Decision(Action.DISPATCH)
+    if s.state is State.QUEUED:
+        return Decision(Action.REPUBLISH)
+    if s.state is State.RUNNING:
+        if s.lease_until_ms > now_ms:
+            return Decision(Action.RESCHEDULE, at_ms=s.lease_until_ms)
+        return Decision(Action.LEASE_EXPIRED)
+    if s.state is State.VERIFYING:
+        if s.vholder and s.vlease_until_ms > now_ms:
+            return Decision(Action.RESCHEDULE, at_ms=s.vlease_until_ms)
+        return Decision(Action.VERIFY)
+    if s.state is State.AWAITING_APPROVAL:
+        if now_ms >= s.entered_ms + t.approval_timeout_ms:
+            return Decision(Action.ESCALATE, code="APPROVAL_TIMEOUT")
+        return Decision(Action.RESCHEDULE, at_ms=s.entered_ms + t.approval_timeout_ms)
+    if s.state is State.NEEDS_INPUT:
+        if now_ms >= s.entered_ms + t.input_timeout_ms:
+            return Decision(Action.ESCALATE, code="INPUT_TIMEOUT")
+        return Decision(Action.RESCHEDULE, at_ms=s.entered_ms + t.input_timeout_ms)
+    return Decision(Action.DROP)  # pragma: no cover - every state is handled above
+
+
+def sleep_seconds(next_due_ms: int | None, now_ms: int, max_sleep: float) -> float:
+    """How long the scheduler blocks before looking again (woken earlier by a signal)."""
+    if next_due_ms is None:
+        return max_sleep
+    return max(0.0, min(max_sleep, (next_due_ms - now_ms) / 1000))

@@ -1,0 +1,188 @@
+"""The scheduler service: owns every delay, jitter and attempt count.
+
+Not Celery beat and not countdown/ETA. Operations wait in a Redis sorted set
+scored by the time the scheduler must next look at them. A loop takes due
+items in batches (one script call), decides what each needs with the pure
+:func:`~toolq.scheduler.policy.decide`, and applies the transitions in one
+more script call that also publishes their Celery messages, so a crash
+between "decided" and "published" cannot lose or double a dispatch.
+
+Several schedulers may run at once: a batch one of them took is hidden from
+the others for ``hold`` seconds, and every transition is a compare-and-set on
+the record's revision, so a race ends in one dispatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import redis
+
+from toolq.ledger.states import TERMINAL
+from toolq.ledger.store import Transition
+from toolq.scheduler.policy import Action, Snapshot, Timeouts, decide, sleep_seconds
+from toolq.tasks import outcome
+
+if TYPE_CHECKING:
+    from toolq.queue import ToolQueue
+
+log = logging.getLogger("toolq.scheduler")
+
+MAINTENANCE_EVERY_S = 60.0
+
+
+@dataclass
+class TickStats:
+    taken: int = 0
+    applied: int = 0
+    refused: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+    #: publish time minus due time (ms) of each dispatch/republish/verify
+    lags_ms: list[int] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        tq: ToolQueue,
+        *,
+        clock: Callable[[], float] | None = None,
+        on_tick: Callable[[TickStats], None] | None = None,
+    ) -> None:
+        self.tq = tq
+        self.clock = clock or tq.clock
+        s = tq.settings.scheduler
+        self.batch = s.batch
+        self.max_sleep = s.max_sleep
+        self.hold_ms = int(s.hold * 1000)
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.on_tick = on_tick
+        self._stop = threading.Event()
+        self._last_maintenance = 0.0
+        # Blocking waits get their own connection, with a read timeout past the longest sleep.
+        self._blocking: redis.Redis | None = None
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    @property
+    def timeouts(self) -> Timeouts:
+        p = self.tq.policy
+        return Timeouts(p.unclaimed_after_ms, p.approval_timeout_ms, p.input_timeout_ms)
+
+    # ------------------------------------------------------------------ one batch
+
+    def tick(self) -> TickStats:
+        """Take one batch of due items and act on it; returns what was done."""
+        tq = self.tq
+        now = self.now_ms()
+        rows = tq.ledger.claim_due(now, self.batch, self.hold_ms)
+        stats = TickStats(taken=len(rows))
+        if not rows:
+            return stats
+        m = tq.messages
+        messages = outcome.Messages(run=m.run, verify=m.verify)
+        policy = tq.policy
+        timeouts = self.timeouts
+        transitions: list[Transition] = []
+        lags: list[int] = []
+        for row in rows:
+            snap = Snapshot.from_row(row)
+            d = decide(snap, now, timeouts)
+            stats.actions[d.action] = stats.actions.get(d.action, 0) + 1
+            tool = tq.registry.get(snap.tool) if snap.tool in tq.registry else None
+            t = outcome.for_decision(d, snap, tool, row.get("call_id", ""), now, policy,
+                                     messages)
+            if t is None:
+                if d.action is Action.DROP:
+                    tq.redis.zrem(tq.ledger.keys.due, snap.ref)
+                continue
+            transitions.append(t)
+            if d.action in (Action.DISPATCH, Action.REPUBLISH, Action.VERIFY):
+                lags.append(now - int(float(row.get("due_score") or now)))
+            else:
+                lags.append(-1)
+        results = tq.ledger.apply(transitions, now)
+        for t, res, lag in zip(transitions, results, lags, strict=True):
+            if res == "ok":
+                stats.applied += 1
+                if lag >= 0:
+                    stats.lags_ms.append(lag)
+            else:
+                stats.refused += 1
+                log.debug("%s: %s refused (now %s)", t.ref, t.to, res)
+        if self.on_tick is not None:
+            self.on_tick(stats)
+        return stats
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Run until :meth:`stop`. Survives Redis going away and coming back."""
+        log.info("scheduler %s started on %s", self.id, self.tq.settings.safe_url)
+        while not self._stop.is_set():
+            try:
+                stats = self.tick()
+                self._heartbeat()
+                self._maintain()
+                if stats.taken >= self.batch:
+                    continue  # more is due right now
+                self._sleep()
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                log.warning("redis unavailable (%s); retrying", type(exc).__name__)
+                self._stop.wait(0.5)
+        log.info("scheduler %s stopped", self.id)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _sleep(self) -> None:
+        keys = self.tq.ledger.keys
+        first = self.tq.redis.zrange(keys.due, 0, 0, withscores=True)
+        next_due = int(first[0][1]) if first else None
+        seconds = sleep_seconds(next_due, self.now_ms(), self.max_sleep)
+        if seconds <= 0.001:
+            return
+        # Woken early when a script adds an item earlier than the earliest one.
+        self._blocking_client().blpop([keys.wake], timeout=max(0.01, seconds))
+
+    def _blocking_client(self) -> redis.Redis:
+        if self._blocking is None:
+            self._blocking = redis.Redis.from_url(
+                self.tq.redis_url, socket_timeout=self.max_sleep + 10, socket_connect_timeout=5
+            )
+        return self._blocking
+
+    def _heartbeat(self) -> None:
+        self.tq.redis.hset(self.tq.ledger.keys.schedulers, self.id, self.now_ms())
+
+    def _maintain(self) -> None:
+        """Forget index entries of finished operations past retention (the records expire)."""
+        now = time.monotonic()
+        if now - self._last_maintenance < MAINTENANCE_EVERY_S:
+            return
+        self._last_maintenance = now
+        keys = self.tq.ledger.keys
+        cutoff = self.now_ms() - self.tq.settings.recovery.retention * 1000
+        pipe = self.tq.redis.pipeline(transaction=False)
+        for tool in self.tq.ledger.tools():
+            for state in TERMINAL:
+                pipe.zremrangebyscore(keys.index(tool, state), "-inf", cutoff)
+        stale = self.now_ms() - 3_600_000
+        for sid, beat in self.tq.redis.hgetall(keys.schedulers).items():
+            if int(beat) < stale:
+                pipe.hdel(keys.schedulers, sid)
+        pipe.execute()
+
+    def close(self) -> None:
+        self.tq.redis.hdel(self.tq.ledger.keys.schedulers, self.id)
+        if self._blocking is not None:
+            self._blocking.close()

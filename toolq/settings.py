@@ -1,0 +1,89 @@
+"""Settings: one pydantic-settings object, env prefix ``TOOLQ_``, applied once.
+
+Nested groups read ``TOOLQ_<GROUP>__<FIELD>`` (e.g. ``TOOLQ_LEASE__SECONDS=10``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from toolq.redact import redact_url
+
+
+class LeaseSettings(BaseModel):
+    #: How long a claimed attempt stays owned without a renewal. Bounds how long
+    #: a dead worker's write waits before it is verified.
+    seconds: float = Field(default=15.0, gt=0.2, le=300)
+
+    @property
+    def renew_every(self) -> float:
+        return self.seconds / 3
+
+
+class QueueSettings(BaseModel):
+    calls: str = "toolq.calls"
+    verify: str = "toolq.verify"
+    #: Celery/kombu redeliver an unacknowledged message after this long. The
+    #: ledger claim, not this, decides whether a delivery may call a tool, so
+    #: it only needs to exceed the longest tool run to avoid wasted deliveries.
+    visibility_timeout: int = Field(default=3600, ge=10)
+
+
+class RecoverySettings(BaseModel):
+    #: A ``queued`` operation no worker claimed within this is published again
+    #: (backing off ×2 each time): a lost message must not strand an operation.
+    unclaimed_after: float = Field(default=60.0, gt=0)
+    approval_timeout: float = Field(default=86400.0, gt=0)
+    input_timeout: float = Field(default=86400.0, gt=0)
+    #: Records of finished operations are kept this long.
+    retention: int = Field(default=7 * 86400, ge=60)
+
+
+class SchedulerSettings(BaseModel):
+    batch: int = Field(default=500, ge=1, le=10000)
+    #: The longest the scheduler sleeps when nothing is due (it is woken
+    #: earlier when an earlier item is added).
+    max_sleep: float = Field(default=5.0, gt=0)
+    #: How long a batch the scheduler took stays hidden from other schedulers.
+    hold: float = Field(default=30.0, gt=0)
+
+
+class LimitSettings(BaseModel):
+    max_args_bytes: int = Field(default=256 * 1024, ge=64)
+    max_ref_length: int = Field(default=200, ge=8, le=200)
+
+
+class ToolqSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLQ_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    redis_url: SecretStr | None = None
+    prefix: str = "toolq"
+    lease: LeaseSettings = LeaseSettings()
+    queues: QueueSettings = QueueSettings()
+    recovery: RecoverySettings = RecoverySettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    limits: LimitSettings = LimitSettings()
+
+    @field_validator("redis_url")
+    @classmethod
+    def _scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            url = value.get_secret_value()
+            if not url.startswith(("redis://", "rediss://", "unix://")):
+                raise ValueError(
+                    f"redis_url must start with redis://, rediss:// or unix://: {redact_url(url)}"
+                )
+        return value
+
+    @property
+    def url(self) -> str:
+        if self.redis_url is None:
+            raise ValueError("no Redis URL: pass redis_url or set TOOLQ_REDIS_URL")
+        return self.redis_url.get_secret_value()
+
+    @property
+    def safe_url(self) -> str:
+        return redact_url(self.url) if self.redis_url else "(none)"

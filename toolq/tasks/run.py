@@ -1,0 +1,196 @@
+"""The Celery task bodies: claim, call, record. Thin on purpose.
+
+A body claims its attempt in the ledger before it calls the tool, holds a
+lease while the tool runs, and records the envelope after. A delivery whose
+attempt is already claimed does not call the tool: if the holder is alive it
+is dropped; if the holder died or its lease expired, a write goes to
+verification and a read runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+from toolq.ledger.record import ms_to_dt
+from toolq.ledger.store import Claim, Ledger, Transition
+from toolq.tasks import outcome
+from toolq.tasks.leases import LeaseKeeper, holder_is_dead
+from toolq.tasks.registry import CallContext, Registry, Tool
+
+log = logging.getLogger("toolq.worker")
+
+T = TypeVar("T")
+
+#: How long a worker keeps trying to record an outcome while Redis is away.
+#: Past it the lease sweep and verification settle the attempt.
+RECORD_PATIENCE_S = 60.0
+
+
+class Runtime:
+    def __init__(
+        self,
+        registry: Registry,
+        ledger: Ledger,
+        messages: outcome.Messages,
+        policy: outcome.Policy,
+        lease_ms: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry
+        self.ledger = ledger
+        self.messages = messages
+        self.policy = policy
+        self.lease_ms = lease_ms
+        self.clock = clock
+        self.leases = LeaseKeeper(ledger, lease_ms, clock)
+        self.rng = random.Random()
+        #: Called with (ref, attempt) right after a tool returns, before the
+        #: outcome is recorded: the crash tests' injection point.
+        self.after_call_hook: Callable[[str, int], None] | None = None
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ---------------------------------------------------------------- attempts
+
+    def run_attempt(self, ref: str, attempt: int) -> str:
+        """Serve one delivery of ``toolq.run``; returns what happened (for logs and tests)."""
+        holder = self.leases.holder
+        claim = _patient(lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(),
+                                                  self.lease_ms, "run"), 10.0)
+        if claim.outcome == "held":
+            return self._held(ref, attempt, claim)
+        if claim.outcome != "claimed":
+            log.info("delivery of %s attempt %d refused: %s", ref, attempt,
+                     claim.state or claim.outcome)
+            return claim.outcome
+        tool = self._tool_or_release(ref, attempt, claim, holder)
+        if tool is None:
+            return "unknown_tool"
+        a = outcome.Attempt(ref=ref, tool=tool, call_id=claim.call_id, attempt=attempt,
+                            max_attempts=claim.max_attempts, deadline_ms=claim.deadline_ms,
+                            fp=claim.fp, vcheck=claim.vcheck, holder=holder)
+        ctx = self._context(ref, tool, claim, attempt)
+        with self.leases.hold(ref, attempt, "run"):
+            try:
+                result = tool.invoke(ctx.args, ctx)
+                if self.after_call_hook is not None:
+                    self.after_call_hook(ref, attempt)
+                t = outcome.after_success(a, result, self.now_ms(), self.policy)
+            except Exception as exc:
+                log.warning("tool %s failed for %s attempt %d", tool.name, ref, attempt,
+                            exc_info=True)
+                t = outcome.after_failure(a, exc, self.now_ms(), self.policy, self.messages,
+                                          self.rng)
+            return self._record(t)
+
+    def _held(self, ref: str, attempt: int, claim: Claim) -> str:
+        """Another process claimed this attempt. Drop the copy, unless that process is gone."""
+        if claim.lease_until_ms > self.now_ms() and not holder_is_dead(claim.holder):
+            log.info("duplicate delivery of %s attempt %d dropped (held by a live worker)",
+                     ref, attempt)
+            return "duplicate"
+        tool = self.registry.get(claim.tool) if claim.tool in self.registry else None
+        t = outcome.lease_lost(
+            ref, tool, claim.tool, claim.call_id, attempt, claim.max_attempts, claim.vcheck,
+            self.now_ms(), self.policy, self.messages,
+            expect={"running": {"attempt": str(attempt), "lease_holder": claim.holder}},
+            by=f"{self.leases.holder}:redelivery",
+        )
+        log.warning("%s attempt %d: its worker died mid-call; %s", ref, attempt,
+                    "verifying" if t.to == "verifying" else t.to)
+        return self._record(t)
+
+    def _tool_or_release(
+        self, ref: str, attempt: int, claim: Claim, holder: str
+    ) -> Tool[Any] | None:
+        if claim.tool in self.registry:
+            return self.registry.get(claim.tool)
+        # This worker was started without the tool: give the attempt back untouched.
+        log.error("tool %s is not registered in this worker; %s left queued", claim.tool, ref)
+        from toolq.ledger.states import State
+
+        self._record(Transition(
+            ref=ref, states=(State.RUNNING,), to=State.QUEUED, by=holder,
+            expect={"running": {"attempt": str(attempt), "lease_holder": holder}},
+            delete=("lease_holder", "lease_until"),
+            due_ms=self.now_ms() + self.policy.unclaimed_after_ms,
+        ))
+        return None
+
+    def _context(self, ref: str, tool: Tool[Any], claim: Claim, attempt: int) -> CallContext:
+        return CallContext(
+            operation_ref=ref,
+            tool=tool.name,
+            call_id=claim.call_id or None,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            approved=bool(claim.approved_fp) and claim.approved_fp == claim.fp,
+            args=tool.args_model.model_validate_json(claim.args),
+            deadline=ms_to_dt(claim.deadline_ms) if claim.deadline_ms else None,
+        )
+
+    # ---------------------------------------------------------------- verification
+
+    def run_check(self, ref: str, attempt: int, vcheck: int) -> str:
+        """Serve one delivery of ``toolq.verify``: look the operation up, record the verdict."""
+        holder = self.leases.holder
+        claim = _patient(lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(),
+                                                  self.lease_ms, "verify", vcheck), 10.0)
+        if claim.outcome != "claimed":
+            return claim.outcome
+        if claim.tool not in self.registry:
+            log.error("tool %s is not registered in this worker; %s not verified here",
+                      claim.tool, ref)
+            return "unknown_tool"
+        tool = self.registry.get(claim.tool)
+        c = outcome.Check(ref=ref, tool=tool, call_id=claim.call_id, attempt=attempt,
+                          max_attempts=claim.max_attempts, deadline_ms=claim.deadline_ms,
+                          vcheck=vcheck, vfail=claim.vfail,
+                          uncertain_at_ms=claim.uncertain_at_ms, holder=holder)
+        ctx = self._context(ref, tool, claim, attempt)
+        assert tool.verify_fn is not None
+        with self.leases.hold(ref, attempt, "verify"):
+            try:
+                found = tool.verify_fn(ctx)
+            except Exception:
+                log.warning("verifier of %s failed for %s", tool.name, ref, exc_info=True)
+                t = outcome.verifier_failed(c, self.now_ms(), self.policy)
+            else:
+                if found is None:
+                    t = outcome.verified_not_found(c, self.now_ms(), self.policy, self.messages)
+                else:
+                    t = outcome.verified_found(c, found, self.now_ms(), self.policy)
+            return self._record(t)
+
+    # ---------------------------------------------------------------- recording
+
+    def _record(self, t: Transition) -> str:
+        res = _patient(lambda: self.ledger.apply_one(t, self.now_ms()), RECORD_PATIENCE_S)
+        if res != "ok":
+            log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
+            return f"refused:{res}"
+        return str(t.to)
+
+
+def _patient(fn: Callable[[], T], patience_s: float) -> T:
+    """Call ``fn``, retrying connection errors with backoff for up to ``patience_s``.
+
+    Every ledger call is a compare-and-set, so a repeat after a lost reply is safe.
+    """
+    deadline = time.monotonic() + patience_s
+    delay = 0.05
+    while True:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

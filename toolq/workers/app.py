@@ -1,0 +1,60 @@
+"""The Celery app factory: safe settings, explicit queues, nothing implicit.
+
+* JSON only, never pickle.
+* Late acknowledgement, requeue on worker loss, prefetch of one.
+* One visibility timeout, set everywhere Celery and kombu read it.
+* No countdown, ETA, ``self.retry`` or ``autoretry_for``: delays belong to
+  the scheduler (DESIGN.md invariant 7).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from toolq.settings import ToolqSettings
+from toolq.workers.messages import RUN_TASK, VERIFY_TASK
+
+
+def celery_config(settings: ToolqSettings) -> dict[str, Any]:
+    q = settings.queues
+    transport = {"visibility_timeout": q.visibility_timeout}
+    return {
+        "broker_url": settings.url,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "visibility_timeout": q.visibility_timeout,
+        "broker_connection_retry_on_startup": True,
+        "task_queues": (
+            Queue(q.calls, Exchange(q.calls, type="direct"), routing_key=q.calls),
+            Queue(q.verify, Exchange(q.verify, type="direct"), routing_key=q.verify),
+        ),
+        "task_default_queue": q.calls,
+        "task_routes": {RUN_TASK: {"queue": q.calls}, VERIFY_TASK: {"queue": q.verify}},
+        "task_create_missing_queues": False,
+        # Events stay on so Flower works beside toolq.
+        "worker_send_task_events": True,
+        "task_send_sent_event": False,
+        "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,
+        "broker_pool_limit": 10,
+    }
+
+
+def make_celery(settings: ToolqSettings, name: str = "toolq") -> Celery:
+    app = Celery(name, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
