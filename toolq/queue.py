@@ -168,9 +168,29 @@ class ToolQueue:
             retention_s=r.retention,
         )
 
+    def configure(self, *, redis_url: str) -> None:
+        """Point this ToolQueue (and its Celery app) at another server, before use."""
+        self.settings = self.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
+        ToolqSettings.model_validate(self.settings.model_dump())
+        with self._lock:
+            if self._notifier is not None:
+                self._notifier.close()
+                self._notifier = None
+            if self._redis is not None:
+                self._redis.close()
+            self._redis = None
+            self._ledger = None
+            self._runtime = None
+            if self._celery is not None:
+                self._celery.conf.broker_url = redis_url
+
     def _make_celery(self) -> Celery:
-        self.redis_url  # noqa: B018 - resolve the URL before Celery reads it
-        app = make_celery(self.settings, self.name)
+        url: str | None
+        try:
+            url = self.redis_url
+        except errors.RequestRefused:
+            url = None  # set later by configure(), before any worker starts
+        app = make_celery(self.settings, self.name, url)
         app.toolq = self  # type: ignore[attr-defined]
         tq = self
 

@@ -30,7 +30,7 @@ _SECRET_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\bgithub_pat_[A-Za-z0-9_]{16,}"),
     re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{8,}"),
     re.compile(r"\bAIza[A-Za-z0-9_-]{30,}"),
-    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
+    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16,}\b"),
     # Everything between "://" and the last "@" of the authority: a password,
     # or a token used as the user name (https://<token>@github.com).
     re.compile(r"(?<=://)[^\s/?#]*@"),

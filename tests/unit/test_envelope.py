@@ -55,6 +55,7 @@ PUBLISHED_UNKNOWN = """{
 
 PUBLISHED = [PUBLISHED_VALIDATION, PUBLISHED_UNKNOWN]
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
+T = "2025-03-04T05:06:09Z"
 
 
 def error(**overrides: Any) -> dict[str, Any]:
@@ -172,14 +173,30 @@ def test_every_state_directive_action_combination(
     [
         {"directive": "after_delay", "max_attempts_remaining": 2},  # no not_before
         {"directive": "after_delay", "not_before": None, "max_attempts_remaining": 2},
-        {"directive": "after_delay", "not_before": "2025-03-04T05:06:09", "max_attempts_remaining": 2},
+        {
+            "directive": "after_delay",
+            "not_before": "2025-03-04T05:06:09",
+            "max_attempts_remaining": 2,
+        },
         {"directive": "after_delay", "not_before": "tomorrow", "max_attempts_remaining": 2},
-        {"directive": "after_delay", "not_before": "2025-03-04T05:06:09Z", "max_attempts_remaining": 0},
+        {
+            "directive": "after_delay",
+            "not_before": "2025-03-04T05:06:09Z",
+            "max_attempts_remaining": 0,
+        },
         {"directive": "after_input_fix", "max_attempts_remaining": 0},
-        {"directive": "after_input_fix", "not_before": "2025-03-04T05:06:09Z", "max_attempts_remaining": 1},
+        {
+            "directive": "after_input_fix",
+            "not_before": "2025-03-04T05:06:09Z",
+            "max_attempts_remaining": 1,
+        },
         {"directive": "never", "max_attempts_remaining": 1},
-        {"directive": "never", "not_before": "2025-03-04T05:06:09Z", "max_attempts_remaining": 0},
-        {"directive": "after_delay", "not_before": "2025-03-04T05:06:09Z", "max_attempts_remaining": -1},
+        {"directive": "never", "not_before": T, "max_attempts_remaining": 0},
+        {
+            "directive": "after_delay",
+            "not_before": "2025-03-04T05:06:09Z",
+            "max_attempts_remaining": -1,
+        },
         {"directive": "sometime", "max_attempts_remaining": 0},
         {"directive": "never"},
     ],
@@ -301,7 +318,7 @@ def test_naive_times_are_refused_when_built() -> None:
     with pytest.raises(ValidationError):
         Retry(
             directive=Directive.AFTER_DELAY,
-            not_before=datetime(2025, 1, 1),  # noqa: DTZ001 - the point of the test
+            not_before=datetime(2025, 1, 1),
             max_attempts_remaining=1,
         )
 

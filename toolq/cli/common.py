@@ -83,8 +83,6 @@ def resolve_app_path(app_path: str | None, state_dir: Path | None) -> str:
 
 def load_app(app_path: str, redis_url: str | None = None) -> Any:
     """Import ``MODULE:ATTR`` and return the ToolQueue, pointed at ``redis_url`` if given."""
-    from pydantic import SecretStr
-
     from toolq.queue import ToolQueue
 
     module_name, _, attr = app_path.partition(":")
@@ -104,7 +102,7 @@ def load_app(app_path: str, redis_url: str | None = None) -> Any:
     if not isinstance(obj, ToolQueue):
         raise CliError(f"{app_path} is a {type(obj).__name__}, not a toolq.ToolQueue")
     if redis_url:
-        obj.settings = obj.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
+        obj.configure(redis_url=redis_url)
     return obj
 
 
@@ -140,7 +138,10 @@ def handle_errors(f: F) -> F:
         except click.ClickException:
             raise
         except RequestRefused as exc:
-            raise CliError(f"{exc.code}: {exc.message}") from None
+            fields = getattr(exc, "field_errors", None) or []
+            detail = "; ".join(f"{fe.field}: {fe.rule}" for fe in fields[:5])
+            raise CliError(f"{exc.code}: {exc.message}" + (f" ({detail})" if detail else "")) \
+                from None
         except ToolqError as exc:
             raise CliError(str(exc)) from None
         except redis.RedisError as exc:

@@ -116,14 +116,14 @@ return {'stale', state}
 """
 )
 
-# Renew leases held by one process. ARGV: prefix now lease_ms holder [ref attempt kind]...
+# Renew leases. ARGV: prefix now lease_ms [ref attempt kind holder]...
 RENEW = (
     PRELUDE
     + r"""
-local now, lease, holder = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local now, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lost = {}
-for i = 5, #ARGV, 3 do
-  local ref, attempt, kind = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+for i = 4, #ARGV, 4 do
+  local ref, attempt, kind, holder = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
   local key = opkey(ref)
   local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'vholder')
   if kind == 'run' and f[1] == 'running' and tonumber(f[2]) == attempt and f[3] == holder then

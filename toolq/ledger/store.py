@@ -199,14 +199,14 @@ class Ledger:
         return Claim(outcome)
 
     def renew(
-        self, holder: str, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str]]
+        self, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str, str]]
     ) -> list[str]:
-        """Extend the leases ``holder`` holds; returns the refs it no longer holds."""
+        """Extend leases given as (ref, attempt, kind, holder); returns the refs no longer held."""
         if not held:
             return []
-        args: list[Any] = [self.prefix, now_ms, lease_ms, holder]
-        for ref, attempt, kind in held:
-            args.extend((ref, attempt, kind))
+        args: list[Any] = [self.prefix, now_ms, lease_ms]
+        for ref, attempt, kind, holder in held:
+            args.extend((ref, attempt, kind, holder))
         return [_s(x) for x in self._renew(args=args)]
 
     def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:

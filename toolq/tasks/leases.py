@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import itertools
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ _HOST = socket.gethostname()
 
 
 def process_holder() -> str:
-    """This process's lease-holder id: host, pid and a token against pid reuse."""
+    """This process's id: host, pid and a token against pid reuse."""
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
@@ -64,7 +65,8 @@ class LeaseKeeper:
         self.lease_ms = lease_ms
         self.clock = clock
         self.holder = process_holder()
-        self._held: dict[tuple[str, int, str], int] = {}
+        self._seq = itertools.count(1)
+        self._held: dict[tuple[str, int, str, str], int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -73,6 +75,7 @@ class LeaseKeeper:
     def _ensure(self) -> None:
         if self._pid != os.getpid():  # forked: a new process holds nothing yet
             self.holder = process_holder()
+            self._seq = itertools.count(1)
             self._held = {}
             self._lock = threading.Lock()
             self._thread = None
@@ -82,11 +85,21 @@ class LeaseKeeper:
             self._thread = threading.Thread(target=self._loop, name="toolq-leases", daemon=True)
             self._thread.start()
 
-    @contextmanager
-    def hold(self, ref: str, attempt: int, kind: str) -> Iterator[None]:
+    def new_holder(self) -> str:
+        """A lease-holder id for one delivery: this process's id and a sequence number.
+
+        Per delivery, not per process, so that two deliveries of one message to
+        two threads of one process are told apart by the claim.
+        """
         with self._lock:
             self._ensure()
-            key = (ref, attempt, kind)
+            return f"{self.holder}:{next(self._seq)}"
+
+    @contextmanager
+    def hold(self, ref: str, attempt: int, kind: str, holder: str) -> Iterator[None]:
+        with self._lock:
+            self._ensure()
+            key = (ref, attempt, kind, holder)
             self._held[key] = self._held.get(key, 0) + 1
         try:
             yield
@@ -107,9 +120,7 @@ class LeaseKeeper:
             if not held:
                 continue
             try:
-                lost = self.ledger.renew(
-                    self.holder, int(self.clock() * 1000), self.lease_ms, held
-                )
+                lost = self.ledger.renew(int(self.clock() * 1000), self.lease_ms, held)
             except redis.RedisError as exc:
                 log.warning("lease renewal failed (%s); retrying", type(exc).__name__)
                 time.sleep(min(every, 0.5))

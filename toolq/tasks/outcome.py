@@ -306,13 +306,13 @@ def enter_verifying(
     env = env or unknown_envelope(ref, tool.name, call_id, tool.verification_tool)
     if tool.verify_fn is None:
         return _terminal(
-            Transition(**base | {"code": env.code}, to=State.ESCALATED, envelope=env,
+            Transition(**base, to=State.ESCALATED, envelope=env,
                        stats=("unknown", "escalated", "no_verifier")),
             policy,
         )
     nxt = vcheck + 1
     return Transition(
-        **base | {"code": env.code},
+        **base,
         to=State.VERIFYING,
         envelope=env,
         set={"uncertain_at": str(now_ms), "vcheck": str(nxt), "vfail": "0"},

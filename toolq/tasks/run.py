@@ -61,11 +61,11 @@ class Runtime:
 
     def run_attempt(self, ref: str, attempt: int) -> str:
         """Serve one delivery of ``toolq.run``; returns what happened (for logs and tests)."""
-        holder = self.leases.holder
+        holder = self.leases.new_holder()
         claim = _patient(lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(),
                                                   self.lease_ms, "run"), 10.0)
         if claim.outcome == "held":
-            return self._held(ref, attempt, claim)
+            return self._held(ref, attempt, claim, holder)
         if claim.outcome != "claimed":
             log.info("delivery of %s attempt %d refused: %s", ref, attempt,
                      claim.state or claim.outcome)
@@ -77,7 +77,7 @@ class Runtime:
                             max_attempts=claim.max_attempts, deadline_ms=claim.deadline_ms,
                             fp=claim.fp, vcheck=claim.vcheck, holder=holder)
         ctx = self._context(ref, tool, claim, attempt)
-        with self.leases.hold(ref, attempt, "run"):
+        with self.leases.hold(ref, attempt, "run", holder):
             try:
                 result = tool.invoke(ctx.args, ctx)
                 if self.after_call_hook is not None:
@@ -90,7 +90,7 @@ class Runtime:
                                           self.rng)
             return self._record(t)
 
-    def _held(self, ref: str, attempt: int, claim: Claim) -> str:
+    def _held(self, ref: str, attempt: int, claim: Claim, holder: str) -> str:
         """Another process claimed this attempt. Drop the copy, unless that process is gone."""
         if claim.lease_until_ms > self.now_ms() and not holder_is_dead(claim.holder):
             log.info("duplicate delivery of %s attempt %d dropped (held by a live worker)",
@@ -101,7 +101,7 @@ class Runtime:
             ref, tool, claim.tool, claim.call_id, attempt, claim.max_attempts, claim.vcheck,
             self.now_ms(), self.policy, self.messages,
             expect={"running": {"attempt": str(attempt), "lease_holder": claim.holder}},
-            by=f"{self.leases.holder}:redelivery",
+            by=f"{holder}:redelivery",
         )
         log.warning("%s attempt %d: its worker died mid-call; %s", ref, attempt,
                     "verifying" if t.to == "verifying" else t.to)
@@ -140,7 +140,7 @@ class Runtime:
 
     def run_check(self, ref: str, attempt: int, vcheck: int) -> str:
         """Serve one delivery of ``toolq.verify``: look the operation up, record the verdict."""
-        holder = self.leases.holder
+        holder = self.leases.new_holder()
         claim = _patient(lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(),
                                                   self.lease_ms, "verify", vcheck), 10.0)
         if claim.outcome != "claimed":
@@ -156,7 +156,7 @@ class Runtime:
                           uncertain_at_ms=claim.uncertain_at_ms, holder=holder)
         ctx = self._context(ref, tool, claim, attempt)
         assert tool.verify_fn is not None
-        with self.leases.hold(ref, attempt, "verify"):
+        with self.leases.hold(ref, attempt, "verify", holder):
             try:
                 found = tool.verify_fn(ctx)
             except Exception:

@@ -18,11 +18,11 @@ from toolq.settings import ToolqSettings
 from toolq.workers.messages import RUN_TASK, VERIFY_TASK
 
 
-def celery_config(settings: ToolqSettings) -> dict[str, Any]:
+def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
     q = settings.queues
     transport = {"visibility_timeout": q.visibility_timeout}
     return {
-        "broker_url": settings.url,
+        "broker_url": url,
         "result_backend": None,
         "task_ignore_result": True,
         "task_serializer": "json",
@@ -54,7 +54,7 @@ def celery_config(settings: ToolqSettings) -> dict[str, Any]:
     }
 
 
-def make_celery(settings: ToolqSettings, name: str = "toolq") -> Celery:
+def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = None) -> Celery:
     app = Celery(name, set_as_current=False)
-    app.conf.update(celery_config(settings))
+    app.conf.update(celery_config(settings, url))
     return app

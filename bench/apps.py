@@ -1,0 +1,74 @@
+"""The toolq side of the benchmarks: tools that do (almost) nothing.
+
+``noop`` measures toolq's own cost; ``sleep100`` an I/O-bound tool;
+``unknown_once`` a write whose first attempt commits and then reports an
+unknown outcome, so every call goes through verification once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from pydantic import BaseModel
+
+from toolq import CallContext, ToolQueue, errors
+
+tq = ToolQueue(name="bench")
+
+COMMITTED = "bench:committed"
+
+
+class NoArgs(BaseModel):
+    n: int = 0
+
+
+@tq.tool(writes=True)
+def noop(args: NoArgs) -> dict[str, Any]:
+    return {}
+
+
+@noop.verifier
+def _noop_found(ctx: CallContext) -> Any:
+    return None
+
+
+@tq.tool(writes=True)
+def sleep100(args: NoArgs) -> dict[str, Any]:
+    time.sleep(0.1)
+    return {}
+
+
+@sleep100.verifier
+def _sleep_found(ctx: CallContext) -> Any:
+    return None
+
+
+_client: redis.Redis | None = None
+_pid = 0
+
+
+def provider() -> redis.Redis:
+    """A client of the bench's stand-in provider (a set in the same server), per process."""
+    global _client, _pid
+    if _client is None or _pid != os.getpid():
+        _client = redis.Redis.from_url(tq.redis_url)
+        _pid = os.getpid()
+    return _client
+
+
+@tq.tool(writes=True, consistency_window=0.0, max_attempts=3)
+def unknown_once(args: NoArgs, ctx: CallContext) -> dict[str, Any]:
+    provider().sadd(COMMITTED, ctx.operation_ref)
+    if ctx.attempt == 1:
+        raise errors.OutcomeUnknown("the reply was lost (benchmark)")
+    return {}
+
+
+@unknown_once.verifier
+def _unknown_found(ctx: CallContext) -> Any:
+    if provider().sismember(COMMITTED, ctx.operation_ref):
+        return {"found": True}
+    return None

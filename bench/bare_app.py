@@ -1,0 +1,81 @@
+"""Bare Celery, for comparison: a no-op task awaited through the Redis result backend.
+
+The broker settings are toolq's own (``toolq.workers.app.celery_config``: late
+acks, reject on worker lost, prefetch 1, JSON, the same visibility timeout,
+task events on), so the two sides differ only in what toolq adds: the ledger
+instead of a result backend. The URL comes from ``BENCH_REDIS_URL``
+(``celery -A bench.bare_app:app worker`` takes no app arguments);
+``BENCH_VISIBILITY_TIMEOUT`` shortens the visibility timeout for the
+countdown experiment.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from kombu import Exchange, Queue
+
+from toolq.settings import QueueSettings, ToolqSettings
+from toolq.workers.app import celery_config
+
+QUEUE = "bare.calls"
+URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+VISIBILITY = int(os.environ.get("BENCH_VISIBILITY_TIMEOUT", "3600"))
+
+
+def _config(url: str) -> dict[str, Any]:
+    settings = ToolqSettings(queues=QueueSettings(visibility_timeout=max(10, VISIBILITY)))
+    try:
+        conf = celery_config(settings, url)  # type: ignore[call-arg]
+    except TypeError:  # the one-argument form: the URL comes from the settings
+        from pydantic import SecretStr
+
+        conf = celery_config(settings.model_copy(update={"redis_url": SecretStr(url)}))
+    transport = {"visibility_timeout": VISIBILITY}
+    conf.update(
+        broker_url=url,
+        result_backend=url,
+        task_ignore_result=False,
+        result_expires=3600,
+        broker_transport_options=transport,
+        result_backend_transport_options=transport,
+        visibility_timeout=VISIBILITY,
+        task_queues=(Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE),),
+        task_default_queue=QUEUE,
+        task_routes={"bare.*": {"queue": QUEUE}},
+    )
+    return conf
+
+
+_client: redis.Redis | None = None
+
+
+def make_app(url: str) -> Celery:
+    """A bare Celery app on ``url`` with the benchmark's tasks."""
+    app = Celery("bare", set_as_current=False)
+    app.conf.update(_config(url))
+
+    @app.task(name="bare.noop")  # type: ignore[untyped-decorator]
+    def noop(n: int = 0) -> None:
+        return None
+
+    @app.task(name="bare.sleep100")  # type: ignore[untyped-decorator]
+    def sleep100(n: int = 0) -> None:
+        time.sleep(0.1)
+
+    @app.task(name="bare.countdown", ignore_result=True)  # type: ignore[untyped-decorator]
+    def countdown(key: str, eta: float) -> None:
+        """Record each execution: when, against when it was due."""
+        global _client
+        if _client is None:
+            _client = redis.Redis.from_url(url)
+        _client.rpush(f"bench:countdown:{key}", f"{time.time()}:{eta}")
+
+    return app
+
+
+app = make_app(URL)

@@ -1,0 +1,197 @@
+"""Child processes for the benchmarks: workers, schedulers, proxies.
+
+Every child runs in a session (and process group) of its own and dies with the
+bench process (``PR_SET_PDEATHSIG`` on Linux), so a prefork worker's pool
+children never outlive a run. Output goes to a log file, never to a pipe
+nobody reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolq-bench-logs"))
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(REPO_ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.pop("TOOLQ_REDIS_URL", None)
+    env.update(extra or {})
+    return env
+
+
+class Child:
+    """A child process in its own group, with its output in ``LOG_DIR/<name>.log``."""
+
+    def __init__(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = LOG_DIR / f"{name}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=child_env(env),
+                cwd=str(REPO_ROOT),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_pdeathsig(),
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group, as a crash would, and reap the leader."""
+        self.signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=timeout)
+        self.kill()
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def descendants(self) -> list[int]:
+        """Live descendants of the leader (a prefork worker's pool children)."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+        found: list[int] = []
+        todo = [self.proc.pid]
+        while todo:
+            for c in children.get(todo.pop(), []):
+                if c not in found:
+                    found.append(c)
+                    todo.append(c)
+        return found
+
+
+def python_child(name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
+    return Child(name, [sys.executable, *args], env)
+
+
+def toolq_worker(
+    name: str,
+    app: str,
+    url: str,
+    *,
+    pool: str,
+    concurrency: int,
+    queues: str,
+    env: Mapping[str, str] | None = None,
+    loglevel: str = "WARNING",
+) -> Child:
+    return python_child(
+        name,
+        ["-m", "toolq.cli", "worker", "--app", app, "--redis-url", url, "--pool", pool,
+         "--concurrency", str(concurrency), "-Q", queues, "--loglevel", loglevel],
+        env,
+    )  # fmt: skip
+
+
+def toolq_scheduler(
+    name: str, app: str, url: str, env: Mapping[str, str] | None = None,
+    loglevel: str = "WARNING",
+) -> Child:  # fmt: skip
+    return python_child(
+        name,
+        ["-m", "toolq.cli", "scheduler", "--app", app, "--redis-url", url,
+         "--loglevel", loglevel],
+        env,
+    )  # fmt: skip
+
+
+def bare_worker(
+    name: str,
+    url: str,
+    *,
+    pool: str,
+    concurrency: int,
+    queues: str,
+    env: Mapping[str, str] | None = None,
+) -> Child:
+    return python_child(
+        name,
+        ["-m", "celery", "-A", "bench.bare_app:app", "worker", "--pool", pool,
+         "--concurrency", str(concurrency), "-Q", queues, "--loglevel", "WARNING",
+         "--without-mingle", "--without-gossip"],
+        {"BENCH_REDIS_URL": url, **(env or {})},
+    )  # fmt: skip
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def wait_for(pred: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

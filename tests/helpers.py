@@ -1,0 +1,185 @@
+"""Process helpers shared by the integration and end-to-end tiers.
+
+Every process started here runs in a session (and process group) of its own,
+dies with the test process on Linux (``PR_SET_PDEATHSIG``), and is stopped by
+signalling its whole group, so a prefork worker's pool children go too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_PR_SET_PDEATHSIG = 1
+
+
+def _pdeathsig_preexec() -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def toolq_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a toolq child: ours, the repo on PYTHONPATH, then ``env``."""
+    merged = dict(os.environ)
+    paths = [str(REPO_ROOT)] + [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p]
+    merged["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    merged.pop("TOOLQ_REDIS_URL", None)  # the URL is always passed explicitly
+    merged.update(env or {})
+    return merged
+
+
+def start_toolq(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """``python -m toolq.cli ARGS`` in a process group of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolq.cli", *args],
+        env=toolq_env(env),
+        cwd=str(cwd) if cwd is not None else str(REPO_ROOT),
+        start_new_session=True,
+        preexec_fn=_pdeathsig_preexec(),
+        stdout=stdout,
+        stderr=stderr,
+    )
+
+
+def start_worker(
+    app: str,
+    redis_url: str,
+    *,
+    queues: Iterable[str] | str | None = None,
+    pool: str = "threads",
+    concurrency: int = 4,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """A ``toolq worker`` for ``app`` (``MODULE:ATTR``) on ``redis_url``."""
+    args = [
+        "worker",
+        "--app",
+        app,
+        "--redis-url",
+        redis_url,
+        "--pool",
+        pool,
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        "WARNING",
+    ]
+    if queues is not None:
+        args += ["--queues", queues if isinstance(queues, str) else ",".join(queues)]
+    return start_toolq([*args, *extra_args], env=env)
+
+
+def start_scheduler(
+    app: str,
+    redis_url: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """A ``toolq scheduler`` for ``app`` on ``redis_url``."""
+    args = ["scheduler", "--app", app, "--redis-url", redis_url, "--loglevel", "WARNING"]
+    return start_toolq([*args, *extra_args], env=env)
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)  # start_new_session: the group id is the pid
+
+
+def kill_group(p: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the whole process group, as a crash would, and reap the leader."""
+    _signal_group(p, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=10)
+
+
+def stop_process(
+    p: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10
+) -> int | None:
+    """Send ``sig`` to the group, wait up to ``timeout``, then SIGKILL the group.
+
+    Returns the leader's exit code (negative for a signal). The group is
+    SIGKILLed at the end either way, so no pool child outlives its leader.
+    """
+    if p.poll() is None:
+        _signal_group(p, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=timeout)
+    kill_group(p)
+    return p.returncode
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until truthy; True if it became truthy within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def pid_gone(pid: int) -> bool:
+    """No such process, or a zombie (a container's init may never reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (Linux /proc), not ``pid`` itself."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -1,0 +1,201 @@
+"""Write tasks through Celery with real worker processes (issue 3).
+
+One prefork worker (two pool children) and one scheduler serve the module.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.helpers import start_scheduler, start_worker, stop_process, wait_until
+from tests.integration.conftest import APP, effects, seen
+from toolq import State, ToolQueue, errors
+
+
+@pytest.fixture(scope="module", autouse=True)
+def processes(rt: ToolQueue, module_redis_url: str) -> Iterator[None]:
+    w = start_worker(APP, module_redis_url, pool="prefork", concurrency=2)
+    s = start_scheduler(APP, module_redis_url)
+    try:
+        yield
+    finally:
+        stop_process(w)
+        stop_process(s)
+
+
+def test_a_call_that_succeeds_records_a_committed_envelope(rt: ToolQueue) -> None:
+    sub = rt.submit("pay", {"amount_cents": "250"}, operation_ref="run_1/step_1",
+                    call_id="call_1")
+    env = rt.wait(sub.operation_ref, timeout=20)
+
+    assert env.ok and env.commit_state == "committed"
+    assert env.result == {"paid": "run_1/step_1", "attempt": 1}
+    assert env.call_id == "call_1" and env.operation == "pay"
+    rec = rt.get("run_1/step_1")
+    assert rec is not None and rec.state is State.SUCCEEDED
+    assert [(h.from_, h.to) for h in rec.history] == [
+        (None, State.QUEUED), (State.QUEUED, State.RUNNING), (State.RUNNING, State.SUCCEEDED)
+    ]
+
+
+def test_every_attempt_sends_the_same_operation_ref(rt: ToolQueue, provider: redis.Redis) -> None:
+    # Given a provider that rate-limits the first two attempts
+    ref = rt.submit("pay", {"mode": "rate_limited"}).operation_ref
+    remaining: list[int] = []
+
+    def watch() -> None:
+        while True:
+            rec = rt.get(ref)
+            if rec is None or rec.terminal:
+                return
+            env = rec.envelope
+            if env is not None and not env.ok and env.code == "RATE_LIMITED":
+                n = env.retry.max_attempts_remaining
+                if not remaining or remaining[-1] != n:
+                    remaining.append(n)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    # When it is retried by the scheduler until it succeeds
+    env = rt.wait(ref, timeout=30)
+    watcher.join(timeout=10)
+
+    # Then every attempt carried the same ref, the budget went down by one each
+    # time, and no attempt ran before its not_before
+    assert env.ok and env.result["attempt"] == 3
+    assert seen(provider, ref) == [1, 2, 3]
+    assert remaining == [4, 3]
+    rec = rt.get(ref)
+    assert rec is not None
+    failed_at = [h.at for h in rec.history if h.to == State.WAITING_RETRY]
+    started_at = [h.at for h in rec.history if h.to == State.RUNNING]
+    for fail, nxt in zip(failed_at, started_at[1:], strict=True):
+        assert nxt - fail >= 400  # retry_after=0.4 s
+    assert effects(provider, ref) == 1
+
+
+def test_a_message_delivered_twice_runs_the_tool_once(
+    rt: ToolQueue, provider: redis.Redis
+) -> None:
+    # Given a slow write, and a second copy of its message in the queue
+    ref = rt.submit("pay", {"sleep": 1.0}, operation_ref="dup/1").operation_ref
+    queue, message = rt.messages.run(ref, 1)
+    rt.redis.lpush(queue, message)
+
+    env = rt.wait(ref, timeout=20)
+
+    assert env.ok
+    assert seen(provider, ref) == [1]
+    assert effects(provider, ref) == 1
+    assert wait_until(lambda: rt.ledger.stats().get("pay|duplicates_prevented", 0) >= 1, 10)
+
+
+def test_concurrent_submits_of_the_same_refs_create_one_operation_each(rt: ToolQueue) -> None:
+    refs = [f"burst/{i}" for i in range(50)]
+    created: list[bool] = []
+    lock = threading.Lock()
+
+    def submit(ref: str) -> None:
+        sub = rt.submit("lookup", {"mode": ref})
+        del sub
+        s = rt.submit("pay", {"mode": "ok", "meta": {"k": ref}}, operation_ref=ref)
+        with lock:
+            created.append(s.created)
+
+    threads = [threading.Thread(target=submit, args=(r,)) for r in refs * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert len(created) == 200 and sum(created) == 50
+    for ref in refs:
+        assert rt.wait(ref, timeout=30).ok
+    stats = rt.ledger.stats()
+    assert stats["pay|submitted"] >= 50
+    assert all(len(rt.redis.lrange(f"provider:seen:{r}", 0, -1)) == 1 for r in refs)
+
+
+def test_a_read_tool_succeeds_without_verification(rt: ToolQueue) -> None:
+    env = rt.wait(rt.submit("lookup", {"mode": "r"}).operation_ref, timeout=20)
+    assert env.ok and env.result == {"mode": "r"}
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "code"),
+    [
+        ("nope", {}, "UNKNOWN_TOOL"),
+        ("pay", {"amount_cents": "many"}, "INVALID_ARGUMENTS"),
+        ("pay", ["not", "an", "object"], "INVALID_ARGUMENTS"),
+        ("pay", {"meta": {"x": object()}}, "INVALID_ARGUMENTS"),
+        ("pay", {"meta": {"blob": "x" * (300 * 1024)}}, "INVALID_ARGUMENTS"),
+    ],
+    ids=["unknown-tool", "fails-validation", "not-an-object", "not-json", "oversized"],
+)
+def test_bad_input_is_refused_at_submit_and_writes_nothing(
+    rt: ToolQueue, tool: str, args: object, code: str
+) -> None:
+    before = rt.redis.dbsize()
+    with pytest.raises(errors.RequestRefused) as info:
+        rt.submit(tool, args, operation_ref=f"bad/{code}")
+    assert info.value.code == code
+    assert rt.get(f"bad/{code}") is None
+    assert rt.redis.dbsize() == before
+
+
+def test_a_reused_ref_with_other_arguments_is_refused_with_an_envelope(rt: ToolQueue) -> None:
+    rt.submit("lookup", {"mode": "a"}, operation_ref="reuse/1")
+    with pytest.raises(errors.IdempotencyKeyReused) as info:
+        rt.submit("lookup", {"mode": "b"}, operation_ref="reuse/1")
+    env = info.value.envelope
+    assert env is not None and env.code == "IDEMPOTENCY_KEY_REUSED"
+    rec = rt.get("reuse/1")
+    assert rec is not None and rec.args == {"mode": "a", "amount_cents": 100, "sleep": 0.0,
+                                            "meta": {}}
+    # the same arguments (spelled differently) are the same call
+    again = rt.submit("lookup", {"mode": "a", "amount_cents": "100"}, operation_ref="reuse/1")
+    assert not again.created
+
+
+def test_needs_input_refuses_identical_arguments_and_runs_changed_ones(
+    rt: ToolQueue, provider: redis.Redis
+) -> None:
+    ref = rt.submit("pay", {"mode": "invalid", "amount_cents": 0}).operation_ref
+    env = rt.wait(ref, timeout=20)
+    assert not env.ok and env.code == "INVALID_INPUT" and env.next_action == "correct_input"
+    assert rt.get(ref).state is State.NEEDS_INPUT  # type: ignore[union-attr]
+
+    with pytest.raises(errors.InvalidArguments):
+        rt.provide_input(ref, {"mode": "invalid", "amount_cents": "0"})
+    rt.provide_input(ref, {"mode": "invalid", "amount_cents": 5})
+    env = rt.wait(ref, timeout=20)
+    assert env.ok and env.result["attempt"] == 2
+    assert effects(provider, ref) == 1
+
+
+def test_approval_is_bound_to_the_arguments_it_approved(rt: ToolQueue) -> None:
+    ref = rt.submit("pay", {"mode": "approval"}).operation_ref
+    env = rt.wait(ref, timeout=20)
+    assert not env.ok and env.next_action == "request_approval"
+    rt.approve(ref)
+    env = rt.wait(ref, timeout=20)
+    assert env.ok and env.result["attempt"] == 2
+    rec = rt.get(ref)
+    assert rec is not None
+    assert json.loads(rt.ledger.fields(ref, "args")["args"])["mode"] == "approval"
+
+
+def test_wait_returns_the_current_envelope_or_raises_on_timeout(rt: ToolQueue) -> None:
+    ref = rt.submit("pay", {"sleep": 1.5}).operation_ref
+    with pytest.raises(TimeoutError):
+        rt.wait(ref, timeout=0.2)
+    assert rt.wait(ref, timeout=20).ok
+    with pytest.raises(errors.OperationNotFound):
+        rt.wait("no/such/ref", timeout=0.1)

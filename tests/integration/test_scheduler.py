@@ -1,0 +1,121 @@
+"""The scheduler service against a real server (issue 4)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.integration.conftest import APP, seen
+from toolq import State, ToolQueue
+from toolq.ledger import Transition
+
+
+def _park(rt: ToolQueue, n: int, prefix: str) -> list[str]:
+    """Submit n operations and move them to waiting_retry, all due now."""
+    refs = [f"{prefix}/{i}" for i in range(n)]
+    now = int(time.time() * 1000)
+    pipe = rt.redis.pipeline(transaction=False)
+    for ref in refs:
+        rt.submit("lookup", {"mode": ref}, operation_ref=ref)
+    for i in range(0, n, 500):
+        batch = [
+            Transition(ref=r, states=(State.QUEUED,), to=State.RUNNING, by="test")
+            for r in refs[i : i + 500]
+        ]
+        rt.ledger.apply(batch, now)
+        batch = [
+            Transition(ref=r, states=(State.RUNNING,), to=State.WAITING_RETRY, by="test",
+                       due_ms=now, set={"retry_due": str(now)})
+            for r in refs[i : i + 500]
+        ]
+        rt.ledger.apply(batch, now)
+    pipe.execute()
+    rt.redis.delete(rt.settings.queues.calls)  # the submit messages: only dispatches count
+    return refs
+
+
+def _dispatched(rt: ToolQueue) -> int:
+    return int(rt.redis.llen(rt.settings.queues.calls))
+
+
+def _dispatches_per_ref(rt: ToolQueue, refs: list[str]) -> set[int]:
+    """How many waiting_retry -> queued transitions each ref's history holds."""
+    pipe = rt.redis.pipeline(transaction=False)
+    for ref in refs:
+        pipe.lrange(rt.ledger.keys.history(ref), 0, -1)
+    counts = set()
+    for entries in pipe.execute():
+        counts.add(sum(1 for e in entries
+                       if b'"from":"waiting_retry","to":"queued"' in e
+                       or (b'"to":"queued"' in e and b'"from":"waiting_retry"' in e)))
+    return counts
+
+
+@pytest.fixture(autouse=True)
+def clean(rt: ToolQueue) -> Iterator[None]:
+    rt.redis.flushdb()
+    yield
+
+
+def test_two_schedulers_racing_dispatch_each_item_once(
+    rt: ToolQueue, module_redis_url: str
+) -> None:
+    refs = _park(rt, 1000, "race")
+    a = start_scheduler(APP, module_redis_url)
+    b = start_scheduler(APP, module_redis_url)
+    try:
+        assert wait_until(lambda: _dispatched(rt) >= 1000, 30)
+        time.sleep(1.0)  # anything doubled would show up by now
+        assert _dispatched(rt) == 1000
+    finally:
+        stop_process(a)
+        stop_process(b)
+    attempts = {rt.ledger.fields(r, "attempt")["attempt"] for r in refs}
+    assert attempts == {"2"}
+    assert _dispatches_per_ref(rt, refs) == {1}
+
+
+def test_scheduler_killed_mid_batch_loses_and_doubles_nothing(
+    rt: ToolQueue, module_redis_url: str
+) -> None:
+    refs = _park(rt, 5000, "kill")
+    s = start_scheduler(APP, module_redis_url)
+    assert wait_until(lambda: _dispatched(rt) > 0, 20, interval=0.005)
+    kill_group(s)  # SIGKILL, mid-way through the backlog
+    partial = _dispatched(rt)
+    s = start_scheduler(APP, module_redis_url)
+    try:
+        # every item dispatched, past the hold of the batch the killed one took
+        assert wait_until(lambda: _dispatches_per_ref(rt, refs) == {1}, 30, interval=0.5)
+        time.sleep(2.5)
+    finally:
+        stop_process(s, signal.SIGTERM)
+    assert partial < 5000
+    assert _dispatches_per_ref(rt, refs) == {1}
+    attempts = {rt.ledger.fields(r, "attempt")["attempt"] for r in refs}
+    assert attempts == {"2"}
+    # each dispatch published its message (unclaimed ones may be published again)
+    assert _dispatched(rt) >= 5000
+
+
+def test_not_before_in_the_past_runs_at_once_and_absurd_one_escalates(
+    rt: ToolQueue, module_redis_url: str
+) -> None:
+    procs = [start_worker(APP, module_redis_url), start_scheduler(APP, module_redis_url)]
+    try:
+        past = rt.submit("pay", {"mode": "past_not_before"}).operation_ref
+        env = rt.wait(past, timeout=20)
+        assert env.ok and seen(rt.redis, past) == [1, 2]
+
+        absurd = rt.submit("pay", {"mode": "absurd_not_before"}).operation_ref
+        env = rt.wait(absurd, timeout=20)
+        assert not env.ok and env.code == "RETRY_BEYOND_DEADLINE"
+        assert env.next_action == "escalate"
+        assert rt.get(absurd).state is State.ESCALATED  # type: ignore[union-attr]
+    finally:
+        for p in procs:
+            stop_process(p)

@@ -1,0 +1,41 @@
+"""The HTTP API over a ToolQueue: ``toolq api`` (FastAPI + uvicorn).
+
+Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
+
+    POST /v1/tools/{name}:invoke          202 + Location: /v1/operations/{ref}   scope invoke
+    GET  /v1/operations/{ref}             ?wait=SECONDS long-polls               scope read
+    POST /v1/operations/{ref}:approve     awaiting_approval -> queued            scope approve
+    POST /v1/operations/{ref}:input       needs_input -> queued (body: args)     scope input
+    POST /v1/operations/{ref}:cancel      queued or waiting -> cancelled         scope cancel
+    GET  /v1/tools                        each tool's input schema, writes       scope read
+    GET  /v1/status                       what ``toolq status --json`` shows     scope read
+    GET  /v1/health                       Redis answers; no token needed
+    GET  /openapi.json, /docs             the generated OpenAPI document
+
+The ``Idempotency-Key`` header is the operation_ref (``X-Call-Id`` the
+optional call_id): the same key with the same arguments returns the same
+operation; with other arguments it is a 422 whose body carries the
+``IDEMPOTENCY_KEY_REUSED`` envelope. A tool failing is not an HTTP failure:
+its envelope comes back in a 200 body. HTTP errors are about the request, and
+their body is always ``{"code", "message", "field_errors"?, "envelope"?}``;
+an unexpected error is ``{"code": "INTERNAL", "message": "internal error"}``.
+While an operation is not settled, responses carry ``Retry-After`` and
+``poll_interval``.
+
+Settings (:class:`ApiSettings`, env prefix ``TOOLQ_API_``)::
+
+    TOOLQ_API_TOKENS="<agent-token>=invoke,read;<operator-token>=approve,input,cancel,read"
+    TOOLQ_API_MAX_WAIT=30          longest ?wait= (s)
+    TOOLQ_API_POLL_INTERVAL=1      what pending operations tell pollers (s)
+    TOOLQ_API_MAX_BODY_BYTES=...   413 above this (default: TOOLQ_LIMITS__MAX_ARGS_BYTES)
+
+Scopes: ``read``, ``invoke``, ``approve``, ``input``, ``cancel``; ``*`` is all
+of them. Tokens are at least 16 characters and compared in constant time.
+Without tokens there is no authentication, so :func:`serve_api` binds
+loopback only and refuses any other host.
+"""
+
+from toolq.api.app import create_app, serve_api
+from toolq.api.auth import SCOPES, ApiSettings, Tokens
+
+__all__ = ["SCOPES", "ApiSettings", "Tokens", "create_app", "serve_api"]

@@ -1,0 +1,118 @@
+"""Bearer tokens with scopes, and the loopback-only rule when there are none.
+
+Shared by the HTTP API and the MCP server's HTTP transport.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import sys
+from dataclasses import dataclass
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SCOPES = frozenset({"read", "invoke", "approve", "input", "cancel"})
+MIN_TOKEN_LENGTH = 16
+
+
+class ApiSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOOLQ_API_", extra="ignore")
+
+    #: ``TOKEN=scope,scope;TOKEN=scope``. Unset: no authentication, loopback only.
+    tokens: SecretStr | None = None
+    #: The longest a ``?wait=`` may hold a request (seconds).
+    max_wait: float = Field(default=30.0, gt=0, le=300)
+    #: What a pending operation tells pollers (``poll_interval``, ``Retry-After``).
+    poll_interval: float = Field(default=1.0, gt=0, le=60)
+    #: Request bodies above this are refused with 413; default: ``limits.max_args_bytes``.
+    max_body_bytes: int | None = Field(default=None, ge=64)
+
+    def token_table(self) -> Tokens:
+        return Tokens.parse(self.tokens.get_secret_value() if self.tokens else None)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Bearer tokens and their scopes. Empty means no authentication."""
+
+    entries: tuple[tuple[bytes, frozenset[str]], ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str | None) -> Tokens:
+        """Parse ``TOKEN=scope,scope;...``; errors never quote a token."""
+        entries: list[tuple[bytes, frozenset[str]]] = []
+        for number, raw in enumerate((spec or "").split(";"), 1):
+            part = raw.strip()
+            if not part:
+                continue
+            token, sep, scope_list = part.rpartition("=")
+            token = token.strip()
+            if not sep or not token:
+                raise ValueError(f"API token entry {number} must look like TOKEN=scope,scope")
+            if len(token) < MIN_TOKEN_LENGTH:
+                raise ValueError(
+                    f"API token entry {number} is shorter than {MIN_TOKEN_LENGTH} characters"
+                )
+            scopes = {s.strip() for s in scope_list.split(",") if s.strip()}
+            unknown = scopes - SCOPES - {"*"}
+            if unknown or not scopes:
+                raise ValueError(
+                    f"API token entry {number}: unknown or missing scopes {sorted(unknown)}; "
+                    f"use {', '.join(sorted(SCOPES))} or *"
+                )
+            entries.append((token.encode(), SCOPES if "*" in scopes else frozenset(scopes)))
+        return cls(tuple(entries))
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def scopes(self, presented: str) -> frozenset[str] | None:
+        """The presented token's scopes; every entry is compared, each in constant time."""
+        given = presented.encode()
+        found: frozenset[str] | None = None
+        for token, scopes in self.entries:
+            if hmac.compare_digest(token, given):
+                found = scopes
+        return found
+
+    def check(self, authorization: str | None, scope: str) -> tuple[int, str, str] | None:
+        """``None`` if ``authorization`` (the header) may use ``scope``; else (status, code,
+        message) of the refusal. Without tokens everything is allowed."""
+        if not self:
+            return None
+        kind, _sep, value = (authorization or "").partition(" ")
+        if kind.lower() != "bearer" or not value.strip():
+            return 401, "UNAUTHENTICATED", "a bearer token is required"
+        scopes = self.scopes(value.strip())
+        if scopes is None:
+            return 401, "UNAUTHENTICATED", "the bearer token is not valid"
+        if scope not in scopes:
+            return 403, "FORBIDDEN_SCOPE", f"this token does not have the {scope} scope"
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, tokens: Tokens, what: str = "api") -> None:
+    """Refuse a non-loopback host without tokens; say so when serving without them."""
+    if tokens:
+        return
+    if not is_loopback(host):
+        raise ValueError(
+            f"no API tokens are configured (TOOLQ_API_TOKENS): toolq {what} serves loopback "
+            f"only without them; refusing --host {host}"
+        )
+    print(
+        f"toolq {what}: no tokens configured (TOOLQ_API_TOKENS), so no authentication; "
+        f"serving on loopback only ({host})",
+        file=sys.stderr,
+    )

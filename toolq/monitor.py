@@ -1,0 +1,300 @@
+"""What a toolq deployment is doing now, read from indexes only.
+
+:func:`status_snapshot` answers with counts per tool and state, the age of the
+oldest operation in every non-terminal state, the broker's queue depths, the
+scheduler's backlog and heartbeats, live workers, and the ledger's counters.
+Every number comes from a key whose name is known in advance (``ZCARD`` and
+``ZRANGE 0 0`` of the per-tool-per-state indexes, ``LLEN`` of the queue lists,
+``HLEN`` of kombu's ``unacked`` hash, ...), all sent in one pipeline: the cost
+grows with the number of tools, not of operations, and the keyspace is never
+scanned. Worker discovery is a Celery broadcast ping that runs beside the
+pipeline, bounded by its timeout.
+
+The snapshot is a plain JSON-able dict: ``toolq status --json`` prints it and
+the HTTP API's ``GET /v1/status`` returns it. :func:`toolq.cli.monitor.render_status`
+turns it into the table ``toolq status`` shows.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from toolq.keys import Keys
+from toolq.ledger.states import PENDING_RECOVERY, TERMINAL, State
+
+if TYPE_CHECKING:
+    from toolq.queue import ToolQueue
+
+STATES: tuple[str, ...] = tuple(str(s) for s in State)
+PENDING: tuple[str, ...] = tuple(str(s) for s in PENDING_RECOVERY)
+#: States whose oldest operation's age is reported (finished ones do not age).
+AGED: tuple[str, ...] = tuple(str(s) for s in State if s not in TERMINAL)
+#: A scheduler whose last heartbeat is older than this is not counted as live.
+SCHEDULER_ALIVE_MS = 15_000
+#: Counters every tool reports, 0 when the ledger has not counted one yet.
+COUNTERS: tuple[str, ...] = (
+    "submitted", "attempts", "succeeded", "failed", "escalated", "cancelled", "unknown",
+    "no_verifier", "verify_found", "verify_not_found", "verify_recheck", "verify_failed",
+    "verify_escalated", "verify_published", "duplicates_prevented", "lease_lost",
+    "republished", "dispatched",
+)  # fmt: skip
+
+# kombu's Redis transport: a queue with priorities keeps one list per step
+# (``name``, ``name\x06\x163``, ...), and every delivered, unacknowledged
+# message in one hash until it is acked or restored.
+_KOMBU_PRIORITY_SEP = "\x06\x16"
+_KOMBU_PRIORITY_STEPS = (3, 6, 9)
+KOMBU_UNACKED_KEY = "unacked"
+
+WorkerProbe = Callable[[], dict[str, Any]]
+
+# Tools seen by the previous snapshot of a ToolQueue, so that the next one
+# needs a single round trip even for tools its registry does not know.
+_seen_tools: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the numbers live: the ledger's keys and the broker's queue lists."""
+
+    keys: Keys
+    queues: tuple[str, ...] = ("toolq.calls", "toolq.verify")
+    unacked_key: str = KOMBU_UNACKED_KEY
+
+
+def status_snapshot(
+    tq: ToolQueue,
+    *,
+    now_ms: int | None = None,
+    workers: bool = True,
+    worker_timeout: float = 0.5,
+) -> dict[str, Any]:
+    """The deployment's status as a JSON-able dict (see the module docstring).
+
+    ``workers=False`` skips the Celery ping (and its timeout): the snapshot then
+    costs one Redis round trip.
+    """
+    q = tq.settings.queues
+    sources = Sources(tq.ledger.keys, (q.calls, q.verify))
+    hint = frozenset(t.name for t in tq.registry) | _seen_tools.get(tq, frozenset())
+    probe = (lambda: ping_workers(tq, worker_timeout)) if workers else None
+    now = int(tq.clock() * 1000) if now_ms is None else now_ms
+    snap = read_status(tq.redis, sources, now_ms=now, tools_hint=hint, workers=probe)
+    _seen_tools[tq] = frozenset(snap["tools"])
+    return snap
+
+
+def ping_workers(tq: ToolQueue, timeout: float = 0.5) -> dict[str, Any]:
+    """Live Celery workers: the nodes that answer a broadcast ping within ``timeout``."""
+    try:
+        replies = tq.celery.control.inspect(timeout=timeout).ping() or {}
+    except Exception as exc:  # a broken broadcast must not take the status down with it
+        return {"checked": True, "live": None, "names": [], "error": type(exc).__name__}
+    names = sorted(str(n) for n in replies)
+    return {"checked": True, "live": len(names), "names": names}
+
+
+def read_status(
+    client: redis.Redis,
+    sources: Sources,
+    *,
+    now_ms: int,
+    tools_hint: Iterable[str] = (),
+    workers: WorkerProbe | None = None,
+) -> dict[str, Any]:
+    """Read and shape the snapshot: one pipeline for the tools in ``tools_hint``.
+
+    Tools the ledger knows but the hint did not name cost one more round trip.
+    """
+    probe = _Background(workers) if workers is not None else None
+    guess = sorted(set(tools_hint))
+    pipe = client.pipeline(transaction=False)
+    _queue_common(pipe, sources, now_ms)
+    for tool in guess:
+        _queue_tool(pipe, sources.keys, tool)
+    replies = iter(pipe.execute())
+    common = _parse_common(replies, sources)
+    per_tool = {tool: _parse_tool(replies) for tool in guess}
+    ledger_tools = common["tools"] | {name.partition("|")[0] for name in common["stats"]}
+    missing = sorted(ledger_tools - set(guess))
+    if missing:
+        pipe = client.pipeline(transaction=False)
+        for tool in missing:
+            _queue_tool(pipe, sources.keys, tool)
+        more = iter(pipe.execute())
+        per_tool.update({tool: _parse_tool(more) for tool in missing})
+    snap = shape(
+        now_ms=now_ms,
+        prefix=sources.keys.prefix,
+        tools={t: per_tool[t] for t in sorted(ledger_tools)},
+        stats=common["stats"],
+        queues=common["queues"],
+        unacked=common["unacked"],
+        due=common["due"],
+        schedulers=common["schedulers"],
+    )
+    snap["workers"] = probe.result() if probe is not None else {"checked": False}
+    return snap
+
+
+# --------------------------------------------------------------------------- the reads
+
+
+def _queue_keys(queue: str) -> list[str]:
+    return [queue, *(f"{queue}{_KOMBU_PRIORITY_SEP}{step}" for step in _KOMBU_PRIORITY_STEPS)]
+
+
+def _queue_common(pipe: Any, src: Sources, now_ms: int) -> None:
+    k = src.keys
+    pipe.smembers(k.tools)
+    pipe.hgetall(k.stats)
+    pipe.zcard(k.due)
+    pipe.zcount(k.due, "-inf", now_ms)
+    pipe.zrange(k.due, 0, 0, withscores=True)
+    pipe.hgetall(k.schedulers)
+    for queue in src.queues:
+        for key in _queue_keys(queue):
+            pipe.llen(key)
+    pipe.hlen(src.unacked_key)
+
+
+def _parse_common(replies: Iterator[Any], src: Sources) -> dict[str, Any]:
+    tools = {_s(t) for t in next(replies)}
+    stats = {_s(k): int(v) for k, v in next(replies).items()}
+    backlog, due_now, first = int(next(replies)), int(next(replies)), next(replies)
+    schedulers = {_s(k): int(float(v)) for k, v in next(replies).items()}
+    queues = {q: sum(int(next(replies)) for _ in _queue_keys(q)) for q in src.queues}
+    return {
+        "tools": tools,
+        "stats": stats,
+        "due": (backlog, due_now, int(first[0][1]) if first else None),
+        "schedulers": schedulers,
+        "queues": queues,
+        "unacked": int(next(replies)),
+    }
+
+
+def _queue_tool(pipe: Any, keys: Keys, tool: str) -> None:
+    for state in STATES:
+        pipe.zcard(keys.index(tool, state))
+    for state in AGED:
+        pipe.zrange(keys.index(tool, state), 0, 0, withscores=True)
+
+
+def _parse_tool(replies: Iterator[Any]) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
+    counts = {state: int(next(replies)) for state in STATES}
+    oldest: dict[str, tuple[str, int]] = {}
+    for state in AGED:
+        first = next(replies)
+        if first:
+            oldest[state] = (_s(first[0][0]), int(first[0][1]))
+    return counts, oldest
+
+
+# --------------------------------------------------------------------------- shaping (pure)
+
+
+def shape(
+    *,
+    now_ms: int,
+    prefix: str,
+    tools: dict[str, tuple[dict[str, int], dict[str, tuple[str, int]]]],
+    stats: dict[str, int],
+    queues: dict[str, int],
+    unacked: int,
+    due: tuple[int, int, int | None],
+    schedulers: dict[str, int],
+) -> dict[str, Any]:
+    """The snapshot from what was read; pure, so it is tested without Redis.
+
+    ``tools`` maps a tool to its counts per state and, per non-terminal state,
+    the (ref, entered-ms) of its oldest operation; ``due`` is (backlog, due now,
+    earliest due ms); ``schedulers`` maps a scheduler id to its last beat (ms).
+    """
+    per_tool: dict[str, Any] = {}
+    totals = dict.fromkeys(STATES, 0)
+    total_oldest: dict[str, dict[str, Any]] = {}
+    counted: dict[str, dict[str, int]] = {}
+    for key, n in stats.items():
+        tool, _, name = key.partition("|")
+        counted.setdefault(tool, {})[name] = n
+    for tool, (counts, oldest) in tools.items():
+        counters = {**dict.fromkeys(COUNTERS, 0), **counted.get(tool, {})}
+        aged = {state: _aged(ref, since, now_ms) for state, (ref, since) in oldest.items()}
+        per_tool[tool] = {
+            "states": dict(counts),
+            "pending_recovery": sum(counts[s] for s in PENDING),
+            "oldest": aged,
+            "counters": counters,
+        }
+        for state, n in counts.items():
+            totals[state] = totals.get(state, 0) + n
+        for state, item in aged.items():
+            if state not in total_oldest or item["age_s"] > total_oldest[state]["age_s"]:
+                total_oldest[state] = {"tool": tool, **item}
+    backlog, due_now, next_due = due
+    instances = [
+        {"id": sid, "last_beat_ms": beat, "age_s": _secs(now_ms - beat),
+         "alive": now_ms - beat <= SCHEDULER_ALIVE_MS}
+        for sid, beat in sorted(schedulers.items())
+    ]  # fmt: skip
+    return {
+        "at": _iso(now_ms),
+        "now_ms": now_ms,
+        "prefix": prefix,
+        "tools": per_tool,
+        "totals": {
+            "states": totals,
+            "pending_recovery": sum(totals[s] for s in PENDING),
+            "oldest": total_oldest,
+        },
+        "queues": {"depth": dict(queues), "unacked": unacked},
+        "scheduler": {
+            "backlog": backlog,
+            "due_now": due_now,
+            "next_due_ms": next_due,
+            "next_due_in_s": None if next_due is None else _secs(next_due - now_ms),
+            "live": sum(1 for i in instances if i["alive"]),
+            "instances": instances,
+        },
+    }
+
+
+def _aged(ref: str, since_ms: int, now_ms: int) -> dict[str, Any]:
+    return {"ref": ref, "since": _iso(since_ms), "age_s": _secs(max(0, now_ms - since_ms))}
+
+
+def _secs(ms: int) -> float:
+    return round(ms / 1000, 3)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Background:
+    """Runs a probe on a daemon thread while the pipeline is out."""
+
+    def __init__(self, fn: WorkerProbe) -> None:
+        self._fn = fn
+        self._out: dict[str, Any] = {"checked": True, "live": None, "names": []}
+        self._thread = threading.Thread(target=self._run, name="toolq-status-ping", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self._out = self._fn()
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        return self._out

@@ -1,0 +1,312 @@
+"""A whole local toolq stack as child processes: what ``toolq up`` and ``toolq demo`` run.
+
+    with Stack(StackConfig(app="toolq.examples.invoices:tq", calls_workers=2)) as stack:
+        print(stack.redis_url)
+        stack.kill_worker(0)      # SIGKILL a calls worker's process group, as a crash would
+        stack.restart_worker(0)
+
+The server is an embedded Valkey (:class:`toolq.embedded.EmbeddedServer`)
+unless a URL is given. Every role is ``python -m toolq.cli ROLE`` in a
+process group of its own (so a signal reaches a prefork pool too), armed on
+Linux with ``PR_SET_PDEATHSIG`` so nothing outlives a SIGKILLed parent.
+Children are forked from one long-lived thread: the death signal fires when
+the *thread* that forked a child exits. :meth:`Stack.stop` stops them in
+reverse order: the API, the workers, the scheduler (SIGTERM, then SIGKILL
+after a timeout), then the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from toolq.embedded import EmbeddedServer, _pdeathsig_preexec, _spawner
+from toolq.errors import ToolqError
+from toolq.settings import QueueSettings
+
+__all__ = ["Child", "Stack", "StackConfig", "StackError", "free_port", "process_group_of"]
+
+
+class StackError(ToolqError):
+    """The stack could not be started."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def process_group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+@dataclass
+class StackConfig:
+    app: str
+    #: None: start an embedded Valkey.
+    redis_url: str | None = None
+    #: The embedded server's data directory; None is a temporary one, removed on stop.
+    data_dir: Path | None = None
+    appendonly: bool = True
+    calls_workers: int = 1
+    verify_workers: int = 1
+    concurrency: int = 4
+    pool: str = "threads"
+    loglevel: str = "WARNING"
+    #: The scheduler serves metrics here (one endpoint for the stack).
+    metrics_port: int | None = None
+    api_port: int | None = None
+    api_host: str = "127.0.0.1"
+    #: Extra environment for every child (TOOLQ_* settings, tool configuration).
+    env: dict[str, str] = field(default_factory=dict)
+    #: Where children's output goes: a file per child here, else inherited.
+    log_dir: Path | None = None
+    queues: QueueSettings = field(default_factory=QueueSettings)
+
+
+@dataclass
+class Child:
+    role: str  # scheduler | calls | verify | api
+    name: str  # e.g. calls-1
+    argv: list[str]
+    popen: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+class Stack:
+    """Start, watch, and stop the processes of one local deployment."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.server: EmbeddedServer | None = None
+        self._url = config.redis_url
+        self.children: list[Child] = []
+        self.started_at: float | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def redis_url(self) -> str:
+        if self._url is None:
+            raise StackError("the stack has no server before start()")
+        return self._url
+
+    @property
+    def embedded(self) -> bool:
+        return self.server is not None
+
+    @property
+    def workers(self) -> list[Child]:
+        """Calls workers: what :meth:`kill_worker` indexes."""
+        return [c for c in self.children if c.role == "calls"]
+
+    @property
+    def metrics_url(self) -> str | None:
+        p = self.config.metrics_port
+        return f"http://127.0.0.1:{p}/metrics" if p else None
+
+    @property
+    def api_url(self) -> str | None:
+        p = self.config.api_port
+        return f"http://{self.config.api_host}:{p}" if p else None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Stack:
+        cfg = self.config
+        try:
+            if self._url is None:
+                self.server = EmbeddedServer(cfg.data_dir, appendonly=cfg.appendonly)
+                self.server.start()
+                self._url = str(self.server.url)
+            if cfg.log_dir is not None:
+                cfg.log_dir.mkdir(parents=True, exist_ok=True)
+            self.children = self._plan()
+            for child in self.children:
+                self._spawn(child)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.monotonic()
+        return self
+
+    def _plan(self) -> list[Child]:
+        cfg = self.config
+        common = ["--app", cfg.app, "--loglevel", cfg.loglevel]
+        plan = [Child("scheduler", "scheduler", ["scheduler", *common, *self._metrics_args()])]
+        for role, count, queue in (
+            ("calls", cfg.calls_workers, cfg.queues.calls),
+            ("verify", cfg.verify_workers, cfg.queues.verify),
+        ):
+            for i in range(1, count + 1):
+                name = f"{role}-{i}"
+                argv = [
+                    "worker",
+                    *common,
+                    "--queues",
+                    queue,
+                    "--pool",
+                    cfg.pool,
+                    "--concurrency",
+                    str(cfg.concurrency),
+                    "--hostname",
+                    f"{name}@%h",
+                ]
+                plan.append(Child(role, name, argv))
+        if cfg.api_port:
+            plan.append(
+                Child(
+                    "api",
+                    "api",
+                    ["api", "--app", cfg.app, "--host", cfg.api_host, "--port", str(cfg.api_port)],
+                )
+            )
+        return plan
+
+    def _metrics_args(self) -> list[str]:
+        p = self.config.metrics_port
+        return ["--metrics-port", str(p)] if p else []
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.config.env)
+        # Passed in the environment, not argv: a URL with a password stays out of `ps`.
+        env["TOOLQ_REDIS_URL"] = self.redis_url
+        env.pop("TOOLQ_APP", None)
+        return env
+
+    def _spawn(self, child: Child) -> None:
+        cfg = self.config
+        out: IO[bytes] | None = None
+        if cfg.log_dir is not None:
+            out = open(cfg.log_dir / f"{child.name}.log", "ab")  # noqa: SIM115 - kept open
+        child.log = out
+        argv = [sys.executable, "-m", "toolq.cli", *child.argv]
+        env = self._env()
+
+        def launch() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                start_new_session=True,
+                preexec_fn=_pdeathsig_preexec(),
+            )
+
+        child.popen = _spawner.popen(launch)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop everything this stack started, in reverse order. Safe to call twice."""
+        stages = [
+            [c for c in self.children if c.role == "api"],
+            [c for c in self.children if c.role in ("calls", "verify")],
+            [c for c in self.children if c.role == "scheduler"],
+        ]
+        for stage in stages:
+            _terminate(stage, timeout)
+        for child in self.children:
+            if child.log is not None:
+                child.log.close()
+                child.log = None
+        if self.server is not None:
+            self.server.stop(timeout=timeout)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ watching
+
+    def exited(self) -> list[Child]:
+        """Children that are no longer running (a healthy stack has none)."""
+        return [c for c in self.children if c.popen is not None and not c.running]
+
+    def pids(self) -> dict[str, int]:
+        out = {c.name: c.pid for c in self.children if c.pid is not None and c.running}
+        if self.server is not None and self.server.running:
+            out["valkey"] = self.server.pid
+        return out
+
+    def worker_of(self, pid: int) -> int | None:
+        """The index (in :attr:`workers`) of the calls worker whose group holds ``pid``."""
+        group = process_group_of(pid)
+        for i, child in enumerate(self.workers):
+            if child.pid is not None and (child.pid == pid or child.pid == group):
+                return i
+        return None
+
+    # ------------------------------------------------------------------ chaos helpers
+
+    def kill_worker(self, index: int, sig: int = signal.SIGKILL) -> int:
+        """Signal calls worker ``index``'s whole process group; returns its pid."""
+        child = self.workers[index]
+        if child.popen is None:
+            raise StackError(f"{child.name} was never started")
+        pid = child.popen.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        if sig == signal.SIGKILL:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=10)
+        return pid
+
+    def restart_worker(self, index: int, timeout: float = 10.0) -> int:
+        """Stop calls worker ``index`` if it still runs, start a new one; returns its pid."""
+        child = self.workers[index]
+        _terminate([child], timeout)
+        if child.log is not None:
+            child.log.close()
+        self._spawn(child)
+        assert child.popen is not None
+        return child.popen.pid
+
+
+def _terminate(children: Sequence[Child], timeout: float) -> None:
+    """SIGTERM each child's group, wait for all, SIGKILL the groups that remain."""
+    live = [c for c in children if c.popen is not None]
+    for c in live:
+        if c.running:
+            _killpg(c, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for c in live:
+        assert c.popen is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            c.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for c in live:
+        assert c.popen is not None
+        # Even after a clean exit: a pool child must not outlive its leader.
+        _killpg(c, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            c.popen.wait(timeout=5)
+
+
+def _killpg(child: Child, sig: int) -> None:
+    if child.popen is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.popen.pid, sig)
