@@ -49,7 +49,7 @@ SCENARIOS: dict[str, tuple[str, float, str]] = {
 
 @dataclass
 class DemoOptions:
-    ops: int = 40
+    ops: int = 60
     seed: int = 7
     timeout: float = 120.0
     calls_workers: int = 2
@@ -134,12 +134,11 @@ class Agent:
                 next_submit = time.monotonic() + gap
             states = self.states()
             self.act(states)
-            if self.opts.progress and time.monotonic() - last_progress >= 1.0:
+            if time.monotonic() - last_progress >= 1.0:
                 last_progress = time.monotonic()
                 self.progress(states, len(todo))
             if not todo and all(s in TERMINAL for s in states.values()) and not self._reads_due():
-                if self.opts.progress:
-                    self.progress(states, 0)
+                self.progress(states, 0)
                 return True
             time.sleep(0.05)
         return False
@@ -215,7 +214,8 @@ class Agent:
         self.say(f"submitted {len(states)} ({left} to go) | " + "  ".join(parts))
 
     def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.started:6.1f}s] {text}", file=self.err, flush=True)
+        if self.opts.progress:
+            print(f"[{time.monotonic() - self.started:6.1f}s] {text}", file=self.err, flush=True)
 
 
 # --------------------------------------------------------------------------- the report
@@ -310,76 +310,14 @@ def build_report(
     }
 
 
-def render(report: dict[str, Any]) -> str:
-    r = report
-    u, d, s, p = (
-        r["unknowns"],
-        r["duplicates_prevented"],
-        r["side_effects"],
-        r["pending_recovery_s"],
-    )
-    lines = [
-        f"toolq demo: {r['operations']} operations in {r.get('duration_s', 0):.1f} s",
-        "",
-        "Operations by final state",
-    ]
-    for state, n in r["by_state"].items():
-        tools = ", ".join(
-            f"{k.split('|')[0]} {v}"
-            for k, v in r["by_tool_state"].items()
-            if k.endswith(f"|{state}")
-        )
-        lines.append(f"  {state:<18} {n:>4}   ({tools})")
-    causes = ", ".join(f"{k} {v}" for k, v in sorted(u["causes"].items())) or "none"
-    lines += [
-        "",
-        "Unknown outcomes resolved by verification",
-        f"  operations verified      {u['operations_verified']:>4}   (why: {causes})",
-        f"  found committed          {u['found_committed']:>4}   -> succeeded, nothing re-sent",
-        f"  not found after window   {u['not_found_redispatched']:>4}   "
-        "-> re-dispatched with the same operation_ref",
-        f"  escalated                {u['escalated']:>4}",
-        "",
-        "Duplicate writes prevented",
-        f"  deliveries refused by the ledger claim    {d['ledger_refused_deliveries']:>4}",
-        f"  repeats the provider had to deduplicate   {d['provider_replays']:>4}",
-        "",
-        "Side effects per operation_ref (the provider's own records)",
-        f"  succeeded writes {s['succeeded_writes']}, with exactly one side effect "
-        f"{s['exactly_one']}; side effects in all {s['total']}",
-    ]
-    for v in s["violations"]:
-        lines.append(
-            f"  VIOLATION {v['operation_ref']}: {v['state']} with {v['side_effects']} "
-            "side effect(s)"
-        )
-    lines += [
-        "",
-        f"Time in pending recovery ({p['operations']} operations)",
-        f"  p50 {p['p50']:.2f} s   p95 {p['p95']:.2f} s   max {p['max']:.2f} s",
-        "",
-        "Escalations per tool",
-    ]
-    lines += [f"  {t:<18} {n:>4}" for t, n in sorted(r["escalations"].items())] or ["  none"]
-    k = r.get("worker_killed") or {}
-    if k:
-        lines += [
-            "",
-            f"Worker killed mid-write: {k['worker']} (pid {k['pid']}) at {k['at_s']} s "
-            f"during {k['ref']}",
-        ]
-    if r["unfinished"]:
-        lines.append(f"\nUNFINISHED operations: {', '.join(r['unfinished'][:10])}")
-    lines += ["", "RESULT: " + ("OK" if r["ok"] else "FAILED")]
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- running it
 
 
 def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
     """Start everything, run the workload, stop everything; returns the report."""
-    from toolq.cli.common import load_app
+    from pydantic import SecretStr
+
+    from toolq.examples import invoices
 
     started = time.monotonic()
     provider = InvoiceProvider(
@@ -406,9 +344,11 @@ def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
         provider.start()
         stack.config.env["TOOLQ_EXAMPLE_PROVIDER_URL"] = provider.url
         stack.start()
-        tq: ToolQueue = load_app(APP, stack.redis_url)
+        tq = invoices.tq  # this process only submits and reads: the workers run the tools
         recovery = tq.settings.recovery.model_copy(update={"unclaimed_after": 5.0})
-        tq.settings = tq.settings.model_copy(update={"recovery": recovery})
+        tq.settings = tq.settings.model_copy(
+            update={"redis_url": SecretStr(stack.redis_url), "recovery": recovery}
+        )
         agent = Agent(tq, stack, provider, opts, err)
         agent.say(
             f"stack up: valkey {stack.redis_url}, scheduler, {opts.calls_workers} calls "

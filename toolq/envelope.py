@@ -324,6 +324,12 @@ def json_schema() -> dict[str, Any]:
     schema = _ADAPTER.json_schema(mode="serialization")
     # MCP requires an object schema at the top; both shapes are objects.
     schema["type"] = "object"
+    # to_dict() drops only absent optional fields, so these are always written
+    # (pydantic leaves fields with defaults out of "required").
+    always = {"ToolSuccess": ("ok", "commit_state", "result"), "ToolError": ("ok", "safe_details")}
+    for name, fields in always.items():
+        required = schema["$defs"][name].setdefault("required", [])
+        required[:0] = [field for field in fields if field not in required]
     schema.setdefault("title", "ToolqEnvelope")
     schema.setdefault(
         "description", "A toolq tool result: ToolSuccess (ok=true) or ToolError (ok=false)."

@@ -219,6 +219,7 @@ class MetricsServer:
 
     host: str
     port: int
+    tq: ToolQueue
     _server: WSGIServer
     _thread: threading.Thread
 
@@ -230,6 +231,9 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+        with _setup_lock:
+            if _collector.tq is self.tq:
+                _collector.tq = None
 
 
 _collector = LedgerCollector()
@@ -257,7 +261,7 @@ def start_metrics_server(port: int, tq: ToolQueue, role: str) -> MetricsServer:
         server, thread = start_http_server(port, addr=host)
     except OSError as exc:
         raise ToolqError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
-    return MetricsServer(host, int(server.server_address[1]), server, thread)
+    return MetricsServer(host, int(server.server_address[1]), tq, server, thread)
 
 
 def _version() -> str:

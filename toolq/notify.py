@@ -7,6 +7,7 @@ published. No polling loop, no Redis round trip while it waits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import defaultdict
@@ -32,8 +33,7 @@ class Notifier:
             self._watch[ref].add(ev)
             if self._thread is None or not self._thread.is_alive():
                 self._ready.clear()
-                self._thread = threading.Thread(target=self._run, name="toolq-notify",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="toolq-notify", daemon=True)
                 self._thread.start()
         # A notification sent before the subscription exists would be missed:
         # callers read the record after this returns, so wait for it.
@@ -61,7 +61,7 @@ class Notifier:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             try:
                 pubsub.subscribe(self.channel)
                 # The subscribe reply confirms the subscription before anyone reads.
@@ -84,7 +84,5 @@ class Notifier:
                 self._wake_all()
                 self._stop.wait(0.2)
             finally:
-                try:
+                with contextlib.suppress(Exception):  # closing a broken connection
                     pubsub.close()
-                except Exception:  # noqa: S110 - closing a broken connection
-                    pass

@@ -1,12 +1,12 @@
 """``ToolQueue``: the Python API agents and runtimes use.
 
-    tq = ToolQueue(redis_url="redis://127.0.0.1:6379/0")
+tq = ToolQueue(redis_url="redis://127.0.0.1:6379/0")
 
-    @tq.tool(writes=True, consistency_window=2.0, max_attempts=5)
-    def create_invoice(args: CreateInvoice, ctx: CallContext) -> Invoice: ...
+@tq.tool(writes=True, consistency_window=2.0, max_attempts=5)
+def create_invoice(args: CreateInvoice, ctx: CallContext) -> Invoice: ...
 
-    ref = tq.submit("create_invoice", {...}, operation_ref="run_81/step_4").operation_ref
-    env = tq.wait(ref, timeout=30.0)
+ref = tq.submit("create_invoice", {...}, operation_ref="run_81/step_4").operation_ref
+env = tq.wait(ref, timeout=30.0)
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class ToolQueue:
             self._ledger = None
             self._runtime = None
             if self._celery is not None:
-                self._celery.conf.broker_url = redis_url
+                self._celery.conf.update(broker_url=redis_url)
 
     def _make_celery(self) -> Celery:
         url: str | None
@@ -194,11 +194,11 @@ class ToolQueue:
         app.toolq = self  # type: ignore[attr-defined]
         tq = self
 
-        @app.task(name=RUN_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+        @app.task(name=RUN_TASK, ignore_result=True)
         def run(ref: str, attempt: int) -> str:
             return tq.runtime.run_attempt(ref, int(attempt))
 
-        @app.task(name=VERIFY_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+        @app.task(name=VERIFY_TASK, ignore_result=True)
         def verify(ref: str, attempt: int, vcheck: int) -> str:
             return tq.runtime.run_check(ref, int(attempt), int(vcheck))
 
@@ -223,6 +223,8 @@ class ToolQueue:
     @overload
     def tool(
         self,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         writes: bool = True,
@@ -408,8 +410,14 @@ class ToolQueue:
     def approve(self, ref: str) -> State:
         """Approve an operation awaiting approval, bound to its current arguments."""
         f = self._fields_in(ref, State.AWAITING_APPROVAL)
-        return self._requeue(ref, f, by="operator:approve", code="APPROVED",
-                             extra={"approved_fp": f["fp"]}, expect_field="fp")
+        return self._requeue(
+            ref,
+            f,
+            by="operator:approve",
+            code="APPROVED",
+            extra={"approved_fp": f["fp"]},
+            expect_field="fp",
+        )
 
     def provide_input(self, ref: str, args: Any) -> State:
         """Replace the arguments of an operation that needs input; identical ones are refused."""
@@ -422,8 +430,14 @@ class ToolQueue:
                 "the arguments are identical to the ones that needed fixing",
                 code_hint="ARGUMENTS_UNCHANGED",
             )
-        return self._requeue(ref, f, by="operator:input", code="INPUT_PROVIDED",
-                             extra={"args": canonical, "fp": fp}, expect_field="blocked_fp")
+        return self._requeue(
+            ref,
+            f,
+            by="operator:input",
+            code="INPUT_PROVIDED",
+            extra={"args": canonical, "fp": fp},
+            expect_field="blocked_fp",
+        )
 
     def cancel(self, ref: str) -> State:
         """Cancel an operation that has not started a write (queued or waiting on someone)."""
@@ -431,23 +445,45 @@ class ToolQueue:
         state = State(f["state"])
         if state is State.CANCELLED:
             return state
-        cancellable = (State.QUEUED, State.WAITING_RETRY, State.NEEDS_INPUT,
-                       State.AWAITING_APPROVAL)
+        cancellable = (
+            State.QUEUED,
+            State.WAITING_RETRY,
+            State.NEEDS_INPUT,
+            State.AWAITING_APPROVAL,
+        )
         if state not in cancellable:
             raise errors.InvalidState(
                 f"operation is {state}; only queued or waiting operations can be cancelled",
                 state=str(state),
             )
         env = outcome.cancelled_envelope(ref, f["tool"], f.get("call_id"))
-        t = Transition(ref=ref, states=(state,), to=State.CANCELLED, by="operator:cancel",
-                       code="CANCELLED", expect={"*": {"rev": f["rev"]}}, envelope=env,
-                       remove_due=True, ttl=self.settings.recovery.retention,
-                       stats=("cancelled",))
+        t = Transition(
+            ref=ref,
+            states=(state,),
+            to=State.CANCELLED,
+            by="operator:cancel",
+            code="CANCELLED",
+            expect={"*": {"rev": f["rev"]}},
+            envelope=env,
+            remove_due=True,
+            ttl=self.settings.recovery.retention,
+            stats=("cancelled",),
+        )
         return self._apply(t)
 
     def _fields(self, ref: str) -> dict[str, str]:
-        f = self.ledger.fields(ref, "state", "tool", "call_id", "fp", "blocked_fp", "attempt",
-                               "max_attempts", "rev", "deadline")
+        f = self.ledger.fields(
+            ref,
+            "state",
+            "tool",
+            "call_id",
+            "fp",
+            "blocked_fp",
+            "attempt",
+            "max_attempts",
+            "rev",
+            "deadline",
+        )
         if "state" not in f:
             raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
         return f
@@ -455,35 +491,60 @@ class ToolQueue:
     def _fields_in(self, ref: str, state: State) -> dict[str, str]:
         f = self._fields(ref)
         if f["state"] != state:
-            raise errors.InvalidState(f"operation is {f['state']}, not {state}",
-                                      state=f["state"])
+            raise errors.InvalidState(f"operation is {f['state']}, not {state}", state=f["state"])
         return f
 
-    def _requeue(self, ref: str, f: dict[str, str], *, by: str, code: str,
-                 extra: dict[str, str], expect_field: str) -> State:
+    def _requeue(
+        self,
+        ref: str,
+        f: dict[str, str],
+        *,
+        by: str,
+        code: str,
+        extra: dict[str, str],
+        expect_field: str,
+    ) -> State:
         state = State(f["state"])
         attempt = int(f.get("attempt") or 0)
         now_ms = int(self.clock() * 1000)
         expect = {"*": {"rev": f["rev"], expect_field: f.get(expect_field, "")}}
         if attempts_remaining(attempt, int(f.get("max_attempts") or 0)) == 0:
-            env = outcome.escalation_envelope("ATTEMPTS_EXHAUSTED", ref, f["tool"],
-                                              f.get("call_id"))
-            t = Transition(ref=ref, states=(state,), to=State.ESCALATED, by=by,
-                           code="ATTEMPTS_EXHAUSTED", expect=expect, envelope=env,
-                           remove_due=True, ttl=self.settings.recovery.retention,
-                           stats=("escalated",))
+            env = outcome.escalation_envelope(
+                "ATTEMPTS_EXHAUSTED", ref, f["tool"], f.get("call_id")
+            )
+            t = Transition(
+                ref=ref,
+                states=(state,),
+                to=State.ESCALATED,
+                by=by,
+                code="ATTEMPTS_EXHAUSTED",
+                expect=expect,
+                envelope=env,
+                remove_due=True,
+                ttl=self.settings.recovery.retention,
+                stats=("escalated",),
+            )
         else:
-            t = Transition(ref=ref, states=(state,), to=State.QUEUED, by=by, code=code,
-                           expect=expect, attempt_incr=1, set={**extra, "repubs": "0"},
-                           push=self.messages.run(ref, attempt + 1),
-                           due_ms=now_ms + self.policy.unclaimed_after_ms)
+            t = Transition(
+                ref=ref,
+                states=(state,),
+                to=State.QUEUED,
+                by=by,
+                code=code,
+                expect=expect,
+                attempt_incr=1,
+                set={**extra, "repubs": "0"},
+                push=self.messages.run(ref, attempt + 1),
+                due_ms=now_ms + self.policy.unclaimed_after_ms,
+            )
         return self._apply(t)
 
     def _apply(self, t: Transition) -> State:
         res = self.ledger.apply_one(t, int(self.clock() * 1000))
         if res != "ok":
-            raise errors.InvalidState(f"operation changed meanwhile (now {res}); read it again",
-                                      state=res)
+            raise errors.InvalidState(
+                f"operation changed meanwhile (now {res}); read it again", state=res
+            )
         return t.to
 
     # ------------------------------------------------------------------ info

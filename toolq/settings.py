@@ -32,7 +32,7 @@ class QueueSettings(BaseModel):
 
 class RecoverySettings(BaseModel):
     #: A ``queued`` operation no worker claimed within this is published again
-    #: (backing off ×2 each time): a lost message must not strand an operation.
+    #: (backing off x2 each time): a lost message must not strand an operation.
     unclaimed_after: float = Field(default=60.0, gt=0)
     approval_timeout: float = Field(default=86400.0, gt=0)
     input_timeout: float = Field(default=86400.0, gt=0)

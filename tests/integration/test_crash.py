@@ -66,7 +66,9 @@ def test_pool_child_killed_mid_write_settles_through_verification(
 
 
 def test_whole_worker_killed_mid_write_with_its_message_lost(
-    rt: ToolQueue, provider: redis.Redis, worker: list[subprocess.Popen[bytes]],
+    rt: ToolQueue,
+    provider: redis.Redis,
+    worker: list[subprocess.Popen[bytes]],
     module_redis_url: str,
 ) -> None:
     # Given a write that has committed and is still inside the tool
@@ -91,7 +93,9 @@ def test_whole_worker_killed_mid_write_with_its_message_lost(
 
 
 def test_whole_worker_killed_then_its_message_redelivered(
-    rt: ToolQueue, provider: redis.Redis, worker: list[subprocess.Popen[bytes]],
+    rt: ToolQueue,
+    provider: redis.Redis,
+    worker: list[subprocess.Popen[bytes]],
     module_redis_url: str,
 ) -> None:
     ref = rt.submit("pay", {"sleep": 30}, operation_ref="crash/redeliver").operation_ref

@@ -30,8 +30,7 @@ def processes(rt: ToolQueue, module_redis_url: str) -> Iterator[None]:
 
 
 def test_a_call_that_succeeds_records_a_committed_envelope(rt: ToolQueue) -> None:
-    sub = rt.submit("pay", {"amount_cents": "250"}, operation_ref="run_1/step_1",
-                    call_id="call_1")
+    sub = rt.submit("pay", {"amount_cents": "250"}, operation_ref="run_1/step_1", call_id="call_1")
     env = rt.wait(sub.operation_ref, timeout=20)
 
     assert env.ok and env.commit_state == "committed"
@@ -40,7 +39,9 @@ def test_a_call_that_succeeds_records_a_committed_envelope(rt: ToolQueue) -> Non
     rec = rt.get("run_1/step_1")
     assert rec is not None and rec.state is State.SUCCEEDED
     assert [(h.from_, h.to) for h in rec.history] == [
-        (None, State.QUEUED), (State.QUEUED, State.RUNNING), (State.RUNNING, State.SUCCEEDED)
+        (None, State.QUEUED),
+        (State.QUEUED, State.RUNNING),
+        (State.RUNNING, State.SUCCEEDED),
     ]
 
 
@@ -81,9 +82,7 @@ def test_every_attempt_sends_the_same_operation_ref(rt: ToolQueue, provider: red
     assert effects(provider, ref) == 1
 
 
-def test_a_message_delivered_twice_runs_the_tool_once(
-    rt: ToolQueue, provider: redis.Redis
-) -> None:
+def test_a_message_delivered_twice_runs_the_tool_once(rt: ToolQueue, provider: redis.Redis) -> None:
     # Given a slow write, and a second copy of its message in the queue
     ref = rt.submit("pay", {"sleep": 1.0}, operation_ref="dup/1").operation_ref
     queue, message = rt.messages.run(ref, 1)
@@ -157,8 +156,12 @@ def test_a_reused_ref_with_other_arguments_is_refused_with_an_envelope(rt: ToolQ
     env = info.value.envelope
     assert env is not None and env.code == "IDEMPOTENCY_KEY_REUSED"
     rec = rt.get("reuse/1")
-    assert rec is not None and rec.args == {"mode": "a", "amount_cents": 100, "sleep": 0.0,
-                                            "meta": {}}
+    assert rec is not None and rec.args == {
+        "mode": "a",
+        "amount_cents": 100,
+        "sleep": 0.0,
+        "meta": {},
+    }
     # the same arguments (spelled differently) are the same call
     again = rt.submit("lookup", {"mode": "a", "amount_cents": "100"}, operation_ref="reuse/1")
     assert not again.created

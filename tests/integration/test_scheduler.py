@@ -28,8 +28,14 @@ def _park(rt: ToolQueue, n: int, prefix: str) -> list[str]:
         ]
         rt.ledger.apply(batch, now)
         batch = [
-            Transition(ref=r, states=(State.RUNNING,), to=State.WAITING_RETRY, by="test",
-                       due_ms=now, set={"retry_due": str(now)})
+            Transition(
+                ref=r,
+                states=(State.RUNNING,),
+                to=State.WAITING_RETRY,
+                by="test",
+                due_ms=now,
+                set={"retry_due": str(now)},
+            )
             for r in refs[i : i + 500]
         ]
         rt.ledger.apply(batch, now)
@@ -49,9 +55,14 @@ def _dispatches_per_ref(rt: ToolQueue, refs: list[str]) -> set[int]:
         pipe.lrange(rt.ledger.keys.history(ref), 0, -1)
     counts = set()
     for entries in pipe.execute():
-        counts.add(sum(1 for e in entries
-                       if b'"from":"waiting_retry","to":"queued"' in e
-                       or (b'"to":"queued"' in e and b'"from":"waiting_retry"' in e)))
+        counts.add(
+            sum(
+                1
+                for e in entries
+                if b'"from":"waiting_retry","to":"queued"' in e
+                or (b'"to":"queued"' in e and b'"from":"waiting_retry"' in e)
+            )
+        )
     return counts
 
 

@@ -392,8 +392,13 @@ def test_json_schema_covers_both_shapes() -> None:
     schema = json_schema()
     assert schema["type"] == "object"
     assert {"ToolSuccess", "ToolError"} <= set(schema["$defs"])
+    assert {"ok", "commit_state", "result", "verification"} <= set(
+        schema["$defs"]["ToolSuccess"]["required"]
+    )
     error_def = schema["$defs"]["ToolError"]
     assert set(error_def["required"]) >= {
+        "ok",
+        "safe_details",
         "code",
         "category",
         "commit_state",
@@ -415,3 +420,5 @@ def test_published_examples_validate_against_the_schema(text: str) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(json.loads(text), json_schema())
     jsonschema.validate(to_dict(parse_envelope(success())), json_schema())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({k: v for k, v in json.loads(text).items() if k != "ok"}, json_schema())

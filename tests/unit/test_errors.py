@@ -333,7 +333,7 @@ def test_log_message_is_scrubbed_and_kept_off_the_envelope() -> None:
 
 def test_tool_failures_are_keyword_constructed() -> None:
     with pytest.raises(TypeError):
-        InvalidInput("to", "format")  # type: ignore[misc]
+        InvalidInput("to", "format")  # type: ignore[call-arg]
     exc = RateLimited(retry_after=1, code="QUOTA_EXCEEDED", limit=100)
     assert (exc.code, exc.safe_details, exc.retry_after) == ("QUOTA_EXCEEDED", {"limit": 100}, 1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -22,6 +23,7 @@ from toolq.envelope import (
     NextAction,
     ToolError,
     ToolSuccess,
+    json_schema,
     parse_envelope,
     to_dict,
 )
@@ -42,6 +44,10 @@ try:  # imported here so that its import time is not one test's time
     import mcp.types as mcp_types
 except ImportError:  # pragma: no cover - mcp is an optional extra
     mcp_types = None  # type: ignore[assignment]
+try:  # not a declared dev dependency: present through mcp
+    SCHEMA_CHECK: Any = importlib.import_module("jsonschema").Draft202012Validator(json_schema())
+except ImportError:  # pragma: no cover
+    SCHEMA_CHECK = None
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 
@@ -85,7 +91,7 @@ SUCCESS = ToolSuccess(
     operation="create_invoice",
     call_id="call_1",
     result={"invoice_id": "inv_42", "total": 12.5, "lines": [1, 2]},
-    verification={"checked_at": NOW, "evidence_ref": "inv_42"},  # type: ignore[arg-type]
+    verification={"checked_at": NOW, "evidence_ref": "inv_42"},
 )
 FAILURE = make_error(
     code="INVALID_RECIPIENT_ADDRESS",
@@ -426,6 +432,8 @@ def test_any_envelope_round_trips_through_json_and_every_renderer(env: AnyEnvelo
 
     assert parse_envelope(to_json(env)) == env
     assert parse_envelope(json.loads(to_json(env))) == env
+    if SCHEMA_CHECK is not None:
+        SCHEMA_CHECK.validate(to_dict(env))
 
     mcp = json.loads(json.dumps(to_mcp_result(env)))
     assert parse_envelope(mcp["structuredContent"]) == env

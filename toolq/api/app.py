@@ -1,6 +1,8 @@
-"""The FastAPI app factory and the routes (see :mod:`toolq.api` for the table)."""
+"""The FastAPI app factory and the routes (see :mod:`toolq.api` for the table).
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: FastAPI reads the routes'
+annotations at runtime, and one of them (``Wait``) is built per app.
+"""
 
 import contextlib
 import math
@@ -74,7 +76,7 @@ CallId = Annotated[
 ]
 
 
-def create_app(tq: ToolQueue, settings: ApiSettings | None = None) -> FastAPI:
+def create_app(tq: "ToolQueue", settings: ApiSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``tq``; ``ValueError`` if the tokens are malformed."""
     from toolq import __version__
 
@@ -199,7 +201,7 @@ def _retry_after(rec: OperationRecord, poll: float) -> int:
 
 
 def serve_api(
-    tq: ToolQueue,
+    tq: "ToolQueue",
     host: str = "127.0.0.1",
     port: int = 8000,
     *,

@@ -24,11 +24,14 @@ DEFAULT_APP = "toolq.examples.invoices:tq"
 
 
 class CliError(click.ClickException):
-    """One clear line on stderr and exit code 2... or the code given."""
+    """One clear line on stderr and a non-zero exit (2 unless told)."""
+
+    exit_code = 2
 
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click declares exit_code a class variable; this instance differs.
+        vars(self)["exit_code"] = exit_code
 
 
 def app_option(f: F) -> F:
@@ -94,7 +97,7 @@ def load_app(app_path: str, redis_url: str | None = None) -> Any:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
-    obj = module
+    obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -124,7 +127,7 @@ def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None
 def parse_json_args(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise CliError(f"--args is not valid JSON: {exc.msg} at position {exc.pos}") from None
 
 
@@ -140,8 +143,9 @@ def handle_errors(f: F) -> F:
         except RequestRefused as exc:
             fields = getattr(exc, "field_errors", None) or []
             detail = "; ".join(f"{fe.field}: {fe.rule}" for fe in fields[:5])
-            raise CliError(f"{exc.code}: {exc.message}" + (f" ({detail})" if detail else "")) \
-                from None
+            raise CliError(
+                f"{exc.code}: {exc.message}" + (f" ({detail})" if detail else "")
+            ) from None
         except ToolqError as exc:
             raise CliError(str(exc)) from None
         except redis.RedisError as exc:

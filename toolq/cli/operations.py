@@ -25,17 +25,34 @@ def _common(f: Any) -> Any:
 
 @click.command()
 @click.argument("tool")
-@click.option("--args", "args_json", required=True, metavar="JSON",
-              help='The arguments as a JSON object, e.g. \'{"customer": "c1"}\'.')
+@click.option(
+    "--args",
+    "args_json",
+    required=True,
+    metavar="JSON",
+    help='The arguments as a JSON object, e.g. \'{"customer": "c1"}\'.',
+)
 @click.option("--ref", default=None, help="The operation_ref (idempotency key); made if omitted.")
 @click.option("--call-id", default=None, help="The agent framework's tool-call id.")
-@click.option("--wait", "wait_s", type=click.FloatRange(0, 3600), default=None,
-              help="Wait up to this many seconds and print the envelope.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(0, 3600),
+    default=None,
+    help="Wait up to this many seconds and print the envelope.",
+)
 @_common
 @handle_errors
-def submit(tool: str, args_json: str, ref: str | None, call_id: str | None,
-           wait_s: float | None, app_path: str | None, redis_url: str | None,
-           state_dir: Path) -> None:
+def submit(
+    tool: str,
+    args_json: str,
+    ref: str | None,
+    call_id: str | None,
+    wait_s: float | None,
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+) -> None:
     """Submit a call to TOOL; prints its operation_ref."""
     args = parse_json_args(args_json)
     tq = open_app(app_path, redis_url, state_dir)
@@ -55,8 +72,9 @@ def submit(tool: str, args_json: str, ref: str | None, call_id: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the record (with its state) as JSON.")
 @_common
 @handle_errors
-def show(ref: str, as_json: bool, app_path: str | None, redis_url: str | None,
-         state_dir: Path) -> None:
+def show(
+    ref: str, as_json: bool, app_path: str | None, redis_url: str | None, state_dir: Path
+) -> None:
     """Show an operation: its state and the timeline of its transitions."""
     tq = open_app(app_path, redis_url, state_dir)
     rec = tq.get(ref)
@@ -65,18 +83,22 @@ def show(ref: str, as_json: bool, app_path: str | None, redis_url: str | None,
     if as_json:
         echo_json(rec.model_dump(mode="json", by_alias=True))
         return
-    click.echo(f"{rec.operation_ref}  {rec.tool}  {rec.state}  attempt {rec.attempt}/"
-               f"{rec.max_attempts}")
+    click.echo(
+        f"{rec.operation_ref}  {rec.tool}  {rec.state}  attempt {rec.attempt}/{rec.max_attempts}"
+    )
     start = rec.history[0].at if rec.history else 0
     for h in rec.history:
         frm = h.from_ or "-"
         code = f"  {h.code}" if h.code else ""
-        click.echo(f"  +{(h.at - start) / 1000:8.3f}s  {frm:>17} -> {h.to:<17} "
-                   f"#{h.attempt}  {h.by}{code}")
+        click.echo(
+            f"  +{(h.at - start) / 1000:8.3f}s  {frm:>17} -> {h.to:<17} #{h.attempt}  {h.by}{code}"
+        )
     if rec.envelope is not None:
         env = rec.envelope
-        click.echo(f"envelope: ok={str(env.ok).lower()}"
-                   + ("" if env.ok else f" code={env.code} next_action={env.next_action}"))
+        click.echo(
+            f"envelope: ok={str(env.ok).lower()}"
+            + ("" if env.ok else f" code={env.code} next_action={env.next_action}")
+        )
 
 
 @click.command()
@@ -91,12 +113,18 @@ def approve(ref: str, app_path: str | None, redis_url: str | None, state_dir: Pa
 
 @click.command(name="input")
 @click.argument("ref")
-@click.option("--args", "args_json", required=True, metavar="JSON",
-              help="The corrected arguments (identical ones are refused).")
+@click.option(
+    "--args",
+    "args_json",
+    required=True,
+    metavar="JSON",
+    help="The corrected arguments (identical ones are refused).",
+)
 @_common
 @handle_errors
-def input_(ref: str, args_json: str, app_path: str | None, redis_url: str | None,
-           state_dir: Path) -> None:
+def input_(
+    ref: str, args_json: str, app_path: str | None, redis_url: str | None, state_dir: Path
+) -> None:
     """Give corrected arguments to an operation that needs input."""
     args = parse_json_args(args_json)
     tq = open_app(app_path, redis_url, state_dir)

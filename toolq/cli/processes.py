@@ -23,48 +23,93 @@ def _metrics(port: int | None, tq: Any, role: str) -> None:
 @app_option
 @redis_option
 @state_dir_option
-@click.option("--queues", "-Q", default=None, metavar="Q1,Q2",
-              help="Queues to serve (default: toolq.calls and toolq.verify).")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 1024), default=None,
-              help="Pool size (Celery's default: the number of CPUs).")
-@click.option("--pool", "-P", type=click.Choice(["prefork", "threads", "solo"]), default=None,
-              help="Celery pool (default prefork; threads suits I/O-bound tools).")
+@click.option(
+    "--queues",
+    "-Q",
+    default=None,
+    metavar="Q1,Q2",
+    help="Queues to serve (default: toolq.calls and toolq.verify).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Pool size (Celery's default: the number of CPUs).",
+)
+@click.option(
+    "--pool",
+    "-P",
+    type=click.Choice(["prefork", "threads", "solo"]),
+    default=None,
+    help="Celery pool (default prefork; threads suits I/O-bound tools).",
+)
 @click.option("--autoscale", default=None, metavar="MAX,MIN", help="Celery autoscaling.")
 @click.option("--hostname", "-n", default=None, help="Celery node name.")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
-@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
-              help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port.",
+)
 @handle_errors
-def worker(app_path: str | None, redis_url: str | None, state_dir: Path, queues: str | None,
-           concurrency: int | None, pool: str | None, autoscale: str | None,
-           hostname: str | None, loglevel: str, metrics_port: int | None) -> None:
+def worker(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+    queues: str | None,
+    concurrency: int | None,
+    pool: str | None,
+    autoscale: str | None,
+    hostname: str | None,
+    loglevel: str,
+    metrics_port: int | None,
+) -> None:
     """Run a Celery worker that serves toolq's queues (Celery supervises the pool)."""
     from toolq.workers.main import run_worker
 
     tq = open_app(app_path, redis_url, state_dir)
     _metrics(metrics_port, tq, "worker")
-    run_worker(tq, queues=queues, concurrency=concurrency, pool=pool, autoscale=autoscale,
-               loglevel=loglevel, hostname=hostname)
+    run_worker(
+        tq,
+        queues=queues,
+        concurrency=concurrency,
+        pool=pool,
+        autoscale=autoscale,
+        loglevel=loglevel,
+        hostname=hostname,
+    )
 
 
 @click.command()
 @app_option
 @redis_option
 @state_dir_option
-@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
-              help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port.",
+)
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @handle_errors
-def scheduler(app_path: str | None, redis_url: str | None, state_dir: Path,
-              metrics_port: int | None, loglevel: str) -> None:
+def scheduler(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+    metrics_port: int | None,
+    loglevel: str,
+) -> None:
     """Run the scheduler: delayed retries, lease sweeps, republishing, timeouts.
 
     Safe to run more than one.
     """
     from toolq.scheduler.service import Scheduler
 
-    logging.basicConfig(level=loglevel.upper(),
-                        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+    )
     tq = open_app(app_path, redis_url, state_dir)
     _metrics(metrics_port, tq, "scheduler")
     on_tick = None

@@ -148,8 +148,19 @@ class Ledger:
     ) -> SubmitResult:
         out = self._submit(
             args=[
-                self.prefix, ref, tool, args_json, fp, call_id, now_ms, max_attempts,
-                deadline_ms, str(state), due_ms, queue, message,
+                self.prefix,
+                ref,
+                tool,
+                args_json,
+                fp,
+                call_id,
+                now_ms,
+                max_attempts,
+                deadline_ms,
+                str(state),
+                due_ms,
+                queue,
+                message,
             ]
         )
         return SubmitResult(_s(out[0]), State(_s(out[1])))
@@ -164,9 +175,12 @@ class Ledger:
         kind: str = "run",
         vcheck: int = 0,
     ) -> Claim:
-        out = [_s(x) for x in self._claim(
-            args=[self.prefix, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
-        )]
+        out = [
+            _s(x)
+            for x in self._claim(
+                args=[self.prefix, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
+            )
+        ]
         outcome = out[0]
         if outcome == "claimed":
             return Claim(
@@ -225,9 +239,7 @@ class Ledger:
         items: list[dict[str, str]] = []
         for i in range(0, len(raw), width + 2):
             row = {"ref": _s(raw[i]), "due_score": _s(raw[i + 1])}
-            row.update(
-                {name: _s(raw[i + 2 + j]) for j, name in enumerate(scripts.DUE_FIELDS)}
-            )
+            row.update({name: _s(raw[i + 2 + j]) for j, name in enumerate(scripts.DUE_FIELDS)})
             items.append(row)
         return items
 

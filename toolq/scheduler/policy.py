@@ -17,7 +17,7 @@ class Jitter:
     """Jitter added after ``not_before`` (never before it).
 
     ``full``: uniform in [0, J]; ``equal``: J/2 + uniform in [0, J/2]; ``none``: 0,
-    where J = min(max_seconds, ratio × the delay being waited).
+    where J = min(max_seconds, ratio x the delay being waited).
     """
 
     kind: Literal["full", "equal", "none"] = "full"
@@ -58,12 +58,12 @@ def attempts_remaining(attempt: int, max_attempts: int) -> int:
 
 
 def republish_delay_ms(unclaimed_after_ms: int, republished: int) -> int:
-    """How long to wait before publishing an unclaimed message again (×2 each time, ≤ 1 h)."""
+    """How long to wait before publishing an unclaimed message again (x2 each time, ≤ 1 h)."""
     return int(min(unclaimed_after_ms * (2 ** min(republished, 16)), 3_600_000))
 
 
 def verify_backoff_ms(backoff_s: float, failures: int) -> int:
-    """Delay before re-checking after the verifier failed ``failures`` times (×2, ≤ 5 min)."""
+    """Delay before re-checking after the verifier failed ``failures`` times (x2, ≤ 5 min)."""
     return int(min(backoff_s * 1000 * (2 ** max(0, failures - 1)), 300_000))
 
 

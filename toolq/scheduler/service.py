@@ -99,8 +99,7 @@ class Scheduler:
             d = decide(snap, now, timeouts)
             stats.actions[d.action] = stats.actions.get(d.action, 0) + 1
             tool = tq.registry.get(snap.tool) if snap.tool in tq.registry else None
-            t = outcome.for_decision(d, snap, tool, row.get("call_id", ""), now, policy,
-                                     messages)
+            t = outcome.for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
             if t is None:
                 if d.action is Action.DROP:
                     tq.redis.zrem(tq.ledger.keys.due, snap.ref)

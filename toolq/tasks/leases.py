@@ -3,10 +3,10 @@ script call, every lease the process holds, while its tools run."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
-import itertools
 import threading
 import time
 import uuid

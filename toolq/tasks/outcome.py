@@ -93,7 +93,11 @@ _ESCALATIONS: dict[str, tuple[Category, str, str]] = {
 
 
 def success_envelope(
-    ref: str, tool: str, call_id: str | None, result: Any, now: datetime,
+    ref: str,
+    tool: str,
+    call_id: str | None,
+    result: Any,
+    now: datetime,
     evidence_ref: str | None = None,
 ) -> ToolSuccess:
     return ToolSuccess(
@@ -106,7 +110,10 @@ def success_envelope(
 
 
 def unknown_envelope(
-    ref: str, tool: str, call_id: str | None, verification_tool: str | None,
+    ref: str,
+    tool: str,
+    call_id: str | None,
+    verification_tool: str | None,
     code: str = "OUTCOME_UNKNOWN",
 ) -> ToolError:
     details = {"verification_tool": verification_tool} if verification_tool else {}
@@ -168,8 +175,13 @@ def cancelled_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
 
 def needs_approval_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
     return errors.error_envelope(
-        errors.NeedsApproval(), writes=True, operation_ref=ref, operation=tool,
-        call_id=call_id, attempts_remaining=0, now=ms_to_dt(0),
+        errors.NeedsApproval(),
+        writes=True,
+        operation_ref=ref,
+        operation=tool,
+        call_id=call_id,
+        attempts_remaining=0,
+        now=ms_to_dt(0),
     )
 
 
@@ -242,7 +254,7 @@ def after_failure(
         verification_tool=tool.verification_tool,
         safe_detail_keys=tool.options.safe_details,
     )
-    base = {
+    base: dict[str, Any] = {
         "ref": a.ref,
         "states": (State.RUNNING,),
         "expect": {"running": {"attempt": str(a.attempt), "lease_holder": a.holder}},
@@ -251,8 +263,18 @@ def after_failure(
         "delete": ("lease_holder", "lease_until"),
     }
     if env.commit_state is CommitState.UNKNOWN:
-        return enter_verifying(a.ref, tool, a.call_id, a.vcheck, a.attempt, now_ms, policy,
-                               messages, env=env, base=base)
+        return enter_verifying(
+            a.ref,
+            tool,
+            a.call_id,
+            a.vcheck,
+            a.attempt,
+            now_ms,
+            policy,
+            messages,
+            env=env,
+            base=base,
+        )
     directive, action = env.retry.directive, env.next_action
     if directive is Directive.AFTER_DELAY:
         assert env.retry.not_before is not None
@@ -265,25 +287,35 @@ def after_failure(
         if code is not None:
             esc = escalation_envelope(code, a.ref, tool.name, a.call_id)
             return _terminal(
-                Transition(**base | {"code": code}, to=State.ESCALATED, envelope=esc,
-                           stats=("escalated",)),
+                Transition(
+                    **base | {"code": code}, to=State.ESCALATED, envelope=esc, stats=("escalated",)
+                ),
                 policy,
             )
         due = jittered_due(nb_ms, now_ms, tool.options.jitter, rng)
-        return Transition(**base, to=State.WAITING_RETRY, envelope=env, due_ms=due,
-                          set={"retry_due": str(due)})
+        return Transition(
+            **base, to=State.WAITING_RETRY, envelope=env, due_ms=due, set={"retry_due": str(due)}
+        )
     if directive is Directive.AFTER_INPUT_FIX:
-        return Transition(**base, to=State.NEEDS_INPUT, envelope=env,
-                          set={"blocked_fp": a.fp},
-                          due_ms=now_ms + policy.input_timeout_ms)
+        return Transition(
+            **base,
+            to=State.NEEDS_INPUT,
+            envelope=env,
+            set={"blocked_fp": a.fp},
+            due_ms=now_ms + policy.input_timeout_ms,
+        )
     if action is NextAction.REQUEST_APPROVAL:
-        return Transition(**base, to=State.AWAITING_APPROVAL, envelope=env,
-                          due_ms=now_ms + policy.approval_timeout_ms)
+        return Transition(
+            **base,
+            to=State.AWAITING_APPROVAL,
+            envelope=env,
+            due_ms=now_ms + policy.approval_timeout_ms,
+        )
     if action is NextAction.ESCALATE:
-        return _terminal(Transition(**base, to=State.ESCALATED, envelope=env,
-                                    stats=("escalated",)), policy)
-    return _terminal(Transition(**base, to=State.FAILED, envelope=env, stats=("failed",)),
-                     policy)
+        return _terminal(
+            Transition(**base, to=State.ESCALATED, envelope=env, stats=("escalated",)), policy
+        )
+    return _terminal(Transition(**base, to=State.FAILED, envelope=env, stats=("failed",)), policy)
 
 
 def enter_verifying(
@@ -306,8 +338,12 @@ def enter_verifying(
     env = env or unknown_envelope(ref, tool.name, call_id, tool.verification_tool)
     if tool.verify_fn is None:
         return _terminal(
-            Transition(**base, to=State.ESCALATED, envelope=env,
-                       stats=("unknown", "escalated", "no_verifier")),
+            Transition(
+                **base,
+                to=State.ESCALATED,
+                envelope=env,
+                stats=("unknown", "escalated", "no_verifier"),
+            ),
             policy,
         )
     nxt = vcheck + 1
@@ -350,41 +386,69 @@ class Check:
 
 
 def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transition:
-    env = success_envelope(c.ref, c.tool.name, c.call_id, result, ms_to_dt(now_ms),
-                           evidence_ref=f"verification:{c.tool.verification_tool}")
+    env = success_envelope(
+        c.ref,
+        c.tool.name,
+        c.call_id,
+        result,
+        ms_to_dt(now_ms),
+        evidence_ref=f"verification:{c.tool.verification_tool}",
+    )
     return _terminal(
-        Transition(**c.base(), to=State.SUCCEEDED, envelope=env, code="VERIFIED_COMMITTED",
-                   stats=("succeeded", "verify_found"),
-                   delete=("vholder", "vlease_until", "lease_holder", "lease_until")),
+        Transition(
+            **c.base(),
+            to=State.SUCCEEDED,
+            envelope=env,
+            code="VERIFIED_COMMITTED",
+            stats=("succeeded", "verify_found"),
+            delete=("vholder", "vlease_until", "lease_holder", "lease_until"),
+        ),
         policy,
     )
 
 
-def verified_not_found(
-    c: Check, now_ms: int, policy: Policy, messages: Messages
-) -> Transition:
+def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages) -> Transition:
     window_end = c.uncertain_at_ms + int(c.tool.options.consistency_window * 1000)
     if now_ms < window_end:
         # Too early to believe "not found": look again when the window has passed.
-        return Transition(**c.base(), to=State.VERIFYING, quiet=True, due_ms=window_end,
-                          delete=("vholder", "vlease_until"), stats=("verify_recheck",))
+        return Transition(
+            **c.base(),
+            to=State.VERIFYING,
+            quiet=True,
+            due_ms=window_end,
+            delete=("vholder", "vlease_until"),
+            stats=("verify_recheck",),
+        )
     if attempts_remaining(c.attempt, c.max_attempts) == 0 or (
         c.deadline_ms and now_ms > c.deadline_ms
     ):
-        code = "ATTEMPTS_EXHAUSTED" if attempts_remaining(c.attempt, c.max_attempts) == 0 \
+        code = (
+            "ATTEMPTS_EXHAUSTED"
+            if attempts_remaining(c.attempt, c.max_attempts) == 0
             else "DEADLINE_EXCEEDED"
+        )
         esc = escalation_envelope(code, c.ref, c.tool.name, c.call_id)
         return _terminal(
-            Transition(**c.base(), to=State.ESCALATED, envelope=esc, code=code,
-                       stats=("verify_not_found", "escalated"),
-                       delete=("vholder", "vlease_until")),
+            Transition(
+                **c.base(),
+                to=State.ESCALATED,
+                envelope=esc,
+                code=code,
+                stats=("verify_not_found", "escalated"),
+                delete=("vholder", "vlease_until"),
+            ),
             policy,
         )
     nxt = c.attempt + 1
     return Transition(
-        **c.base(), to=State.QUEUED, code="VERIFIED_NOT_COMMITTED", attempt_incr=1,
-        push=messages.run(c.ref, nxt), due_ms=now_ms + policy.unclaimed_after_ms,
-        stats=("verify_not_found",), delete=("vholder", "vlease_until"),
+        **c.base(),
+        to=State.QUEUED,
+        code="VERIFIED_NOT_COMMITTED",
+        attempt_incr=1,
+        push=messages.run(c.ref, nxt),
+        due_ms=now_ms + policy.unclaimed_after_ms,
+        stats=("verify_not_found",),
+        delete=("vholder", "vlease_until"),
         set={"repubs": "0"},
     )
 
@@ -394,16 +458,23 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
     if failures >= c.tool.options.verify_checks:
         esc = escalation_envelope("VERIFICATION_UNAVAILABLE", c.ref, c.tool.name, c.call_id)
         return _terminal(
-            Transition(**c.base(), to=State.ESCALATED, envelope=esc,
-                       code="VERIFICATION_UNAVAILABLE",
-                       stats=("verify_escalated", "escalated"),
-                       delete=("vholder", "vlease_until")),
+            Transition(
+                **c.base(),
+                to=State.ESCALATED,
+                envelope=esc,
+                code="VERIFICATION_UNAVAILABLE",
+                stats=("verify_escalated", "escalated"),
+                delete=("vholder", "vlease_until"),
+            ),
             policy,
         )
     return Transition(
-        **c.base(), to=State.VERIFYING, quiet=True,
+        **c.base(),
+        to=State.VERIFYING,
+        quiet=True,
         due_ms=now_ms + verify_backoff_ms(c.tool.options.verify_backoff, failures),
-        set={"vfail": str(failures)}, delete=("vholder", "vlease_until"),
+        set={"vfail": str(failures)},
+        delete=("vholder", "vlease_until"),
         stats=("verify_failed",),
     )
 
@@ -427,35 +498,87 @@ def for_decision(
         return None
     if d.action is Action.RESCHEDULE:
         assert d.at_ms is not None
-        return Transition(ref=s.ref, states=(s.state,), to=s.state, by=by, quiet=True,
-                          expect=guard, due_ms=d.at_ms)
+        return Transition(
+            ref=s.ref,
+            states=(s.state,),
+            to=s.state,
+            by=by,
+            quiet=True,
+            expect=guard,
+            due_ms=d.at_ms,
+        )
     if d.action is Action.ESCALATE:
         assert d.code is not None
         env = escalation_envelope(d.code, s.ref, s.tool, call_id)
-        return _terminal(Transition(ref=s.ref, states=(s.state,), to=State.ESCALATED, by=by,
-                                    code=d.code, expect=guard, envelope=env,
-                                    stats=("escalated",)), policy)
+        return _terminal(
+            Transition(
+                ref=s.ref,
+                states=(s.state,),
+                to=State.ESCALATED,
+                by=by,
+                code=d.code,
+                expect=guard,
+                envelope=env,
+                stats=("escalated",),
+            ),
+            policy,
+        )
     if d.action is Action.DISPATCH:
-        return Transition(ref=s.ref, states=(State.WAITING_RETRY,), to=State.QUEUED, by=by,
-                          expect=guard, attempt_incr=1, push=messages.run(s.ref, s.attempt + 1),
-                          due_ms=now_ms + policy.unclaimed_after_ms,
-                          set={"repubs": "0"}, stats=("dispatched",))
+        return Transition(
+            ref=s.ref,
+            states=(State.WAITING_RETRY,),
+            to=State.QUEUED,
+            by=by,
+            expect=guard,
+            attempt_incr=1,
+            push=messages.run(s.ref, s.attempt + 1),
+            due_ms=now_ms + policy.unclaimed_after_ms,
+            set={"repubs": "0"},
+            stats=("dispatched",),
+        )
     if d.action is Action.REPUBLISH:
-        return Transition(ref=s.ref, states=(State.QUEUED,), to=State.QUEUED, by=by, quiet=True,
-                          expect=guard, push=messages.run(s.ref, s.attempt),
-                          due_ms=now_ms + republish_delay_ms(policy.unclaimed_after_ms,
-                                                             s.repubs + 1),
-                          set={"repubs": str(s.repubs + 1)}, stats=("republished",))
+        return Transition(
+            ref=s.ref,
+            states=(State.QUEUED,),
+            to=State.QUEUED,
+            by=by,
+            quiet=True,
+            expect=guard,
+            push=messages.run(s.ref, s.attempt),
+            due_ms=now_ms + republish_delay_ms(policy.unclaimed_after_ms, s.repubs + 1),
+            set={"repubs": str(s.repubs + 1)},
+            stats=("republished",),
+        )
     if d.action is Action.VERIFY:
         nxt = s.vcheck + 1
-        return Transition(ref=s.ref, states=(State.VERIFYING,), to=State.VERIFYING, by=by,
-                          quiet=True, expect=guard, push=messages.verify(s.ref, s.attempt, nxt),
-                          set={"vcheck": str(nxt)}, delete=("vholder", "vlease_until"),
-                          due_ms=now_ms + policy.unclaimed_after_ms, stats=("verify_published",))
+        return Transition(
+            ref=s.ref,
+            states=(State.VERIFYING,),
+            to=State.VERIFYING,
+            by=by,
+            quiet=True,
+            expect=guard,
+            push=messages.verify(s.ref, s.attempt, nxt),
+            set={"vcheck": str(nxt)},
+            delete=("vholder", "vlease_until"),
+            due_ms=now_ms + policy.unclaimed_after_ms,
+            stats=("verify_published",),
+        )
     if d.action is Action.LEASE_EXPIRED:
-        return lease_lost(s.ref, tool, s.tool, call_id, s.attempt, s.max_attempts,
-                          s.vcheck, now_ms, policy, messages,
-                          expect={"*": {"rev": str(s.rev)}}, by="scheduler:lease_sweep")
+        return lease_lost(
+            s.ref,
+            tool,
+            s.tool,
+            call_id,
+            s.attempt,
+            s.max_attempts,
+            s.vcheck,
+            now_ms,
+            policy,
+            messages,
+            expect={"*": {"rev": str(s.rev)}},
+            by="scheduler:lease_sweep",
+        )
     raise AssertionError(d.action)  # pragma: no cover
 
 
@@ -476,22 +599,38 @@ def lease_lost(
 ) -> Transition:
     """A running attempt lost its worker: a write's outcome is unknown, a read runs again."""
     base: dict[str, Any] = {
-        "ref": ref, "states": (State.RUNNING,), "expect": expect, "by": by,
-        "code": "LEASE_EXPIRED", "delete": ("lease_holder", "lease_until"),
+        "ref": ref,
+        "states": (State.RUNNING,),
+        "expect": expect,
+        "by": by,
+        "code": "LEASE_EXPIRED",
+        "delete": ("lease_holder", "lease_until"),
     }
     if tool is None or tool.writes:
         if tool is None:
             env = unknown_envelope(ref, tool_name, call_id, None)
-            return _terminal(Transition(**base, to=State.ESCALATED, envelope=env,
-                                        stats=("lease_lost", "escalated")), policy)
-        t = enter_verifying(ref, tool, call_id, vcheck, attempt, now_ms, policy, messages,
-                            base=base)
+            return _terminal(
+                Transition(
+                    **base, to=State.ESCALATED, envelope=env, stats=("lease_lost", "escalated")
+                ),
+                policy,
+            )
+        t = enter_verifying(
+            ref, tool, call_id, vcheck, attempt, now_ms, policy, messages, base=base
+        )
         t.stats = ("lease_lost", *t.stats)
         return t
     if attempts_remaining(attempt, max_attempts) == 0:
         esc = escalation_envelope("ATTEMPTS_EXHAUSTED", ref, tool_name, call_id)
-        return _terminal(Transition(**base, to=State.ESCALATED, envelope=esc,
-                                    stats=("lease_lost", "escalated")), policy)
-    return Transition(**base, to=State.QUEUED, attempt_incr=1, stats=("lease_lost",),
-                      push=messages.run(ref, attempt + 1),
-                      due_ms=now_ms + policy.unclaimed_after_ms)
+        return _terminal(
+            Transition(**base, to=State.ESCALATED, envelope=esc, stats=("lease_lost", "escalated")),
+            policy,
+        )
+    return Transition(
+        **base,
+        to=State.QUEUED,
+        attempt_incr=1,
+        stats=("lease_lost",),
+        push=messages.run(ref, attempt + 1),
+        due_ms=now_ms + policy.unclaimed_after_ms,
+    )

@@ -62,20 +62,31 @@ class Runtime:
     def run_attempt(self, ref: str, attempt: int) -> str:
         """Serve one delivery of ``toolq.run``; returns what happened (for logs and tests)."""
         holder = self.leases.new_holder()
-        claim = _patient(lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(),
-                                                  self.lease_ms, "run"), 10.0)
+        claim = _patient(
+            lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(), self.lease_ms, "run"),
+            10.0,
+        )
         if claim.outcome == "held":
             return self._held(ref, attempt, claim, holder)
         if claim.outcome != "claimed":
-            log.info("delivery of %s attempt %d refused: %s", ref, attempt,
-                     claim.state or claim.outcome)
+            log.info(
+                "delivery of %s attempt %d refused: %s", ref, attempt, claim.state or claim.outcome
+            )
             return claim.outcome
         tool = self._tool_or_release(ref, attempt, claim, holder)
         if tool is None:
             return "unknown_tool"
-        a = outcome.Attempt(ref=ref, tool=tool, call_id=claim.call_id, attempt=attempt,
-                            max_attempts=claim.max_attempts, deadline_ms=claim.deadline_ms,
-                            fp=claim.fp, vcheck=claim.vcheck, holder=holder)
+        a = outcome.Attempt(
+            ref=ref,
+            tool=tool,
+            call_id=claim.call_id,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            deadline_ms=claim.deadline_ms,
+            fp=claim.fp,
+            vcheck=claim.vcheck,
+            holder=holder,
+        )
         ctx = self._context(ref, tool, claim, attempt)
         with self.leases.hold(ref, attempt, "run", holder):
             try:
@@ -84,27 +95,42 @@ class Runtime:
                     self.after_call_hook(ref, attempt)
                 t = outcome.after_success(a, result, self.now_ms(), self.policy)
             except Exception as exc:
-                log.warning("tool %s failed for %s attempt %d", tool.name, ref, attempt,
-                            exc_info=True)
-                t = outcome.after_failure(a, exc, self.now_ms(), self.policy, self.messages,
-                                          self.rng)
+                log.warning(
+                    "tool %s failed for %s attempt %d", tool.name, ref, attempt, exc_info=True
+                )
+                t = outcome.after_failure(
+                    a, exc, self.now_ms(), self.policy, self.messages, self.rng
+                )
             return self._record(t)
 
     def _held(self, ref: str, attempt: int, claim: Claim, holder: str) -> str:
         """Another process claimed this attempt. Drop the copy, unless that process is gone."""
         if claim.lease_until_ms > self.now_ms() and not holder_is_dead(claim.holder):
-            log.info("duplicate delivery of %s attempt %d dropped (held by a live worker)",
-                     ref, attempt)
+            log.info(
+                "duplicate delivery of %s attempt %d dropped (held by a live worker)", ref, attempt
+            )
             return "duplicate"
         tool = self.registry.get(claim.tool) if claim.tool in self.registry else None
         t = outcome.lease_lost(
-            ref, tool, claim.tool, claim.call_id, attempt, claim.max_attempts, claim.vcheck,
-            self.now_ms(), self.policy, self.messages,
+            ref,
+            tool,
+            claim.tool,
+            claim.call_id,
+            attempt,
+            claim.max_attempts,
+            claim.vcheck,
+            self.now_ms(),
+            self.policy,
+            self.messages,
             expect={"running": {"attempt": str(attempt), "lease_holder": claim.holder}},
             by=f"{holder}:redelivery",
         )
-        log.warning("%s attempt %d: its worker died mid-call; %s", ref, attempt,
-                    "verifying" if t.to == "verifying" else t.to)
+        log.warning(
+            "%s attempt %d: its worker died mid-call; %s",
+            ref,
+            attempt,
+            "verifying" if t.to == "verifying" else t.to,
+        )
         return self._record(t)
 
     def _tool_or_release(
@@ -116,12 +142,17 @@ class Runtime:
         log.error("tool %s is not registered in this worker; %s left queued", claim.tool, ref)
         from toolq.ledger.states import State
 
-        self._record(Transition(
-            ref=ref, states=(State.RUNNING,), to=State.QUEUED, by=holder,
-            expect={"running": {"attempt": str(attempt), "lease_holder": holder}},
-            delete=("lease_holder", "lease_until"),
-            due_ms=self.now_ms() + self.policy.unclaimed_after_ms,
-        ))
+        self._record(
+            Transition(
+                ref=ref,
+                states=(State.RUNNING,),
+                to=State.QUEUED,
+                by=holder,
+                expect={"running": {"attempt": str(attempt), "lease_holder": holder}},
+                delete=("lease_holder", "lease_until"),
+                due_ms=self.now_ms() + self.policy.unclaimed_after_ms,
+            )
+        )
         return None
 
     def _context(self, ref: str, tool: Tool[Any], claim: Claim, attempt: int) -> CallContext:
@@ -141,19 +172,32 @@ class Runtime:
     def run_check(self, ref: str, attempt: int, vcheck: int) -> str:
         """Serve one delivery of ``toolq.verify``: look the operation up, record the verdict."""
         holder = self.leases.new_holder()
-        claim = _patient(lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(),
-                                                  self.lease_ms, "verify", vcheck), 10.0)
+        claim = _patient(
+            lambda: self.ledger.claim(
+                ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck
+            ),
+            10.0,
+        )
         if claim.outcome != "claimed":
             return claim.outcome
         if claim.tool not in self.registry:
-            log.error("tool %s is not registered in this worker; %s not verified here",
-                      claim.tool, ref)
+            log.error(
+                "tool %s is not registered in this worker; %s not verified here", claim.tool, ref
+            )
             return "unknown_tool"
         tool = self.registry.get(claim.tool)
-        c = outcome.Check(ref=ref, tool=tool, call_id=claim.call_id, attempt=attempt,
-                          max_attempts=claim.max_attempts, deadline_ms=claim.deadline_ms,
-                          vcheck=vcheck, vfail=claim.vfail,
-                          uncertain_at_ms=claim.uncertain_at_ms, holder=holder)
+        c = outcome.Check(
+            ref=ref,
+            tool=tool,
+            call_id=claim.call_id,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            deadline_ms=claim.deadline_ms,
+            vcheck=vcheck,
+            vfail=claim.vfail,
+            uncertain_at_ms=claim.uncertain_at_ms,
+            holder=holder,
+        )
         ctx = self._context(ref, tool, claim, attempt)
         assert tool.verify_fn is not None
         with self.leases.hold(ref, attempt, "verify", holder):

@@ -24,8 +24,15 @@ def worker_argv(
     hostname: str | None = None,
 ) -> list[str]:
     q = tq.settings.queues
-    argv = ["worker", "-Q", queues or f"{q.calls},{q.verify}", "--loglevel", loglevel,
-            "--without-mingle", "--without-gossip"]
+    argv = [
+        "worker",
+        "-Q",
+        queues or f"{q.calls},{q.verify}",
+        "--loglevel",
+        loglevel,
+        "--without-mingle",
+        "--without-gossip",
+    ]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
     if pool:

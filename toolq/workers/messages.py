@@ -37,11 +37,10 @@ class MessageFactory:
     def raw(self, task: str, args: list[Any], queue: str) -> str:
         task_id = uuid4().hex
         tm = self.app.amqp.as_task_v2(
-            task_id, task, args=args, origin=self.origin, ignore_result=True
+            task_id, task, args=tuple(args), origin=self.origin, ignore_result=True
         )
-        content_type, content_encoding, body = dumps(tm.body, serializer="json")
-        if isinstance(body, str):
-            body = body.encode(content_encoding or "utf-8")
+        content_type, content_encoding, data = dumps(tm.body, serializer="json")
+        body: bytes = data.encode(content_encoding or "utf-8") if isinstance(data, str) else data
         properties = dict(tm.properties)
         properties.update(
             delivery_mode=2,

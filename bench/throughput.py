@@ -1,0 +1,349 @@
+"""toolq against bare Celery: throughput, I/O-bound share, Redis cost, latency, 1 ms RTT.
+
+Both sides run on the same server at the same time, each with its own worker
+(same pool, same broker settings, ``bench.bare_app``); runs alternate
+A B A B and the tables give medians. toolq runs with one scheduler beside
+its worker, as it would be deployed (the scheduler is woken by lease
+changes, and its commands are counted with toolq's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import procs
+from bench.clients import make_client
+from bench.common import commandstats, diff_stats, fmt, median, percentile
+from bench.load import LoadResult, closed_loop, open_loop
+from bench.report import table
+
+SIDES = ("toolq", "bare")
+APP = "bench.apps:tq"
+WARMUP = 300
+
+
+@dataclass
+class Pair:
+    """Running workers for both sides on one pool, and a client for each."""
+
+    url: str
+    pool: str
+    concurrency: int
+    kind: str = "noop"
+    children: list[procs.Child] = field(default_factory=list)
+    clients: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def pair(
+    url: str, pool: str, concurrency: int, kind: str = "noop", client_url: str | None = None,
+    tag: str = "",
+) -> Iterator[Pair]:  # fmt: skip
+    """Start a toolq worker + scheduler and a bare Celery worker on ``url``."""
+    p = Pair(url, pool, concurrency, kind)
+    name = f"{tag}{pool}{concurrency}"
+    try:
+        p.children.append(procs.toolq_worker(f"tq-worker-{name}", APP, url, pool=pool,
+                                             concurrency=concurrency, queues="toolq.calls"))
+        p.children.append(procs.toolq_scheduler(f"tq-scheduler-{name}", APP, url))
+        p.children.append(procs.bare_worker(f"bare-worker-{name}", url, pool=pool,
+                                            concurrency=concurrency, queues="bare.calls"))
+        for side in SIDES:
+            p.clients[side] = make_client(side, client_url or url, kind)
+            warm = closed_loop(p.clients[side].call, WARMUP, min(32, 2 * concurrency))
+            if warm.errors:
+                raise RuntimeError(f"{side} warm-up failed; see {procs.LOG_DIR}")
+        yield p
+    finally:
+        for c in p.clients.values():
+            with contextlib.suppress(Exception):
+                c.close()
+        for ch in p.children:
+            ch.stop()
+
+
+def interleaved(
+    p: Pair, stats_client: Any, calls: int, repeats: int, concurrency: int, label: str
+) -> dict[str, list[dict[str, Any]]]:
+    """``repeats`` rounds of A B (order flipped every round); commandstats per run."""
+    out: dict[str, list[dict[str, Any]]] = {s: [] for s in SIDES}
+    for r in range(repeats):
+        order = SIDES if r % 2 == 0 else SIDES[::-1]
+        for side in order:
+            before = commandstats(stats_client)
+            res = closed_loop(p.clients[side].call, calls, concurrency)
+            cmds = diff_stats(before, commandstats(stats_client))
+            failures = getattr(p.clients[side], "failures", 0)
+            out[side].append({"rate": res.rate, "seconds": res.seconds, "errors": res.errors,
+                              "p50_ms": percentile(res.latencies_ms, 50),
+                              "p99_ms": percentile(res.latencies_ms, 99),
+                              "commands": cmds, "failures": failures})  # fmt: skip
+            print(f"  [{label}] round {r + 1}/{repeats} {side:5s} {res.rate:8.1f} calls/s "
+                  f"({res.seconds:.1f} s, errors {res.errors})", flush=True)  # fmt: skip
+    return out
+
+
+def _summ(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        "rate": median([r["rate"] for r in runs]),
+        "min": min(r["rate"] for r in runs),
+        "max": max(r["rate"] for r in runs),
+        "p50_ms": median([r["p50_ms"] for r in runs]),
+        "p99_ms": median([r["p99_ms"] for r in runs]),
+    }
+
+
+def _ratios(runs: dict[str, list[dict[str, Any]]]) -> list[float]:
+    """Per-round toolq/bare ratios (each round's two runs are adjacent in time)."""
+    return [t["rate"] / b["rate"] for t, b in zip(runs["toolq"], runs["bare"], strict=True)]
+
+
+# ---------------------------------------------------------------------------- (a) + (c)
+
+
+def throughput(url: str, calls: int, repeats: int, concurrency: int,
+               pools: list[tuple[str, int]]) -> dict[str, Any]:  # fmt: skip
+    import redis
+
+    stats = redis.Redis.from_url(url)
+    results: dict[str, Any] = {"calls": calls, "repeats": repeats, "concurrency": concurrency,
+                               "pools": {}}  # fmt: skip
+    for pool, conc in pools:
+        print(f"throughput: {pool} -c {conc}, {calls} calls x {repeats} rounds", flush=True)
+        with pair(url, pool, conc) as p:
+            runs = interleaved(p, stats, calls, repeats, concurrency, f"{pool} -c {conc}")
+        results["pools"][f"{pool} -c {conc}"] = runs
+    return results
+
+
+def render_throughput(res: dict[str, Any]) -> str:
+    rows = []
+    for pool, runs in res["pools"].items():
+        t, b = _summ(runs["toolq"]), _summ(runs["bare"])
+        ratios = _ratios(runs)
+        rows.append((pool, f"{fmt(t['rate'])} ({fmt(t['min'])}–{fmt(t['max'])})",
+                     f"{fmt(b['rate'])} ({fmt(b['min'])}–{fmt(b['max'])})",
+                     f"**{t['rate'] / b['rate']:.2f}**", f"{median(ratios):.2f}",
+                     f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}",
+                     f"{fmt(t['p99_ms'])} / {fmt(b['p99_ms'])}"))  # fmt: skip
+    return (
+        f"## (a) Throughput: no-op write, toolq vs bare Celery\n\n"
+        f"{res['calls']:,} calls per run, {res['concurrency']} client threads in flight "
+        f"(closed loop, one client process), {res['repeats']} rounds of A B alternating; "
+        f"medians (min–max). toolq: submit → worker (claim, tool, record) → `wait`; "
+        f"bare: `send_task` → worker → `AsyncResult.get` (Redis result backend).\n\n"
+        + table(("pool", "toolq calls/s", "bare calls/s", "ratio of medians",
+                 "median of per-round ratios", "p50 ms toolq / bare",
+                 "p99 ms toolq / bare"), rows)  # fmt: skip
+    )
+
+
+def render_commands(res: dict[str, Any], rt: dict[str, Any] | None) -> str:
+    """(c): commands per call from the throughput runs; round trips from the proxy run."""
+    parts = ["## (c) Redis commands and round trips per call\n"]
+    pools = res["pools"]
+    pool = next(iter(pools))
+    per: dict[str, dict[str, float]] = {}
+    for side in SIDES:
+        runs = pools[pool][side]
+        calls = res["calls"]
+        names = {k for r in runs for k in r["commands"]}
+        per[side] = {k: median([r["commands"].get(k, 0) / calls for r in runs]) for k in names}
+    rows = []
+    for side in SIDES:
+        d = per[side]
+        total = sum(d.values())
+        ev = d.get("evalsha", 0.0)
+        rows.append((side, f"{total:.1f}", f"{ev:.2f}", f"{total - ev:.1f}"))
+    parts.append(
+        f"From `INFO commandstats` around each {pool} throughput run (medians; the counts "
+        "include commands that Lua scripts run inside the server, and every process: "
+        "client, worker, scheduler).\n\n"
+        + table(("side", "commands/call (all)", "EVALSHA/call",
+                 "other commands/call (incl. inside scripts)"), rows)  # fmt: skip
+    )
+    top = sorted(set(per["toolq"]) | set(per["bare"]),
+                 key=lambda k: -(per["toolq"].get(k, 0) + per["bare"].get(k, 0)))  # fmt: skip
+    parts.append("\nPer command:\n\n" + table(
+        ("command", "toolq/call", "bare/call"),
+        [(k, f"{per['toolq'].get(k, 0):.2f}", f"{per['bare'].get(k, 0):.2f}") for k in top
+         if per["toolq"].get(k, 0) >= 0.005 or per["bare"].get(k, 0) >= 0.005],
+    ))  # fmt: skip
+    if rt:
+        rows = []
+        for side in SIDES:
+            r = rt[side]
+            rows.append((side, f"{r['up_chunks_per_call']:.1f}",
+                         f"{r['up_bytes_per_call']:,.0f}", f"{r['down_bytes_per_call']:,.0f}"))
+        parts.append(
+            f"\nRound trips, counted as client→server chunks through a zero-delay proxy that "
+            f"every process connects through ({rt['calls']:,} calls, prefork -c 2; a pipeline "
+            f"or MULTI/EXEC block is one trip, a script call is one trip):\n\n"
+            + table(("side", "round trips/call", "bytes up/call", "bytes down/call"), rows)
+        )  # fmt: skip
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------- (b)
+
+
+def io_bound(url: str, calls: int, repeats: int, concurrency: int) -> dict[str, Any]:
+    import redis
+
+    stats = redis.Redis.from_url(url)
+    print(f"io: sleep 100 ms, threads -c 64, {calls} calls x {repeats}", flush=True)
+    with pair(url, "threads", 64, kind="sleep") as p:
+        runs = interleaved(p, stats, calls, repeats, concurrency, "io")
+    return {"calls": calls, "repeats": repeats, "concurrency": concurrency, "runs": runs}
+
+
+def render_io(res: dict[str, Any]) -> str:
+    rows = []
+    for side in SIDES:
+        s = _summ(res["runs"][side])
+        rows.append((side, fmt(s["rate"]), f"{s['rate'] / 640:.3f}", fmt(s["p50_ms"]),
+                     fmt(s["p99_ms"])))  # fmt: skip
+    t = _summ(res["runs"]["toolq"])["rate"] / 640
+    verdict = "met" if t >= 0.95 else "NOT met"
+    return (
+        "## (b) I/O-bound: a tool that sleeps 100 ms, threads pool of 64\n\n"
+        f"Ceiling 640 calls/s. {res['calls']:,} calls per run, {res['concurrency']} in flight, "
+        f"{res['repeats']} rounds, medians. Target ≥ 0.95 of the ceiling: **{verdict}** "
+        f"({t:.3f}).\n\n"
+        + table(("side", "calls/s", "share of 640", "p50 ms", "p99 ms"), rows)
+    )
+
+
+# ---------------------------------------------------------------------------- proxies
+
+
+@contextlib.contextmanager
+def proxy(target_url: str, delay_ms: float, tag: str) -> Iterator[tuple[str, procs.Child, Path]]:
+    """A delaying proxy in front of the server; yields (proxied url, child, stats file)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(target_url)
+    port_file = procs.LOG_DIR / f"proxy-{tag}.port"
+    stats_file = procs.LOG_DIR / f"proxy-{tag}.json"
+    for f in (port_file, stats_file):
+        f.unlink(missing_ok=True)
+    ch = procs.python_child(f"proxy-{tag}", [
+        "-m", "bench.delay_proxy", "--target", f"{parts.hostname}:{parts.port}",
+        "--delay-ms", str(delay_ms), "--port-file", str(port_file),
+        "--stats-file", str(stats_file)])  # fmt: skip
+    try:
+        if not procs.wait_for(port_file.exists, 10):
+            raise RuntimeError("proxy did not start")
+        time.sleep(0.05)
+        port = int(port_file.read_text())
+        url = parts._replace(netloc=f"{parts.hostname}:{port}").geturl()
+        yield url, ch, stats_file
+    finally:
+        ch.stop()
+
+
+def read_proxy_stats(ch: procs.Child, stats_file: Path) -> dict[str, int]:
+    import signal
+
+    stats_file.unlink(missing_ok=True)
+    ch.signal_group(signal.SIGUSR1)
+    procs.wait_for(stats_file.exists, 5)
+    data: dict[str, int] = json.loads(stats_file.read_text())
+    return data
+
+
+def round_trips(url: str, calls: int) -> dict[str, Any]:
+    print(f"round trips: {calls} calls per side through a 0 ms proxy", flush=True)
+    out: dict[str, Any] = {"calls": calls}
+    with proxy(url, 0.0, "rt") as (purl, ch, sf), pair(purl, "prefork", 2, tag="rt-") as p:
+        for side in SIDES:
+            before = read_proxy_stats(ch, sf)
+            closed_loop(p.clients[side].call, calls, 32)
+            after = read_proxy_stats(ch, sf)
+            d = {k: after[k] - before[k] for k in after}
+            out[side] = {
+                "up_chunks_per_call": d["up_chunks"] / calls,
+                "up_bytes_per_call": d["up_bytes"] / calls,
+                "down_bytes_per_call": d["down_bytes"] / calls,
+            }
+            print(f"  {side}: {out[side]}", flush=True)
+    return out
+
+
+def delayed(url: str, calls: int, repeats: int, concurrency: int, delay_ms: float,
+            base: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    import redis
+
+    stats = redis.Redis.from_url(url)
+    print(f"delay: {delay_ms} ms each way per chunk, {calls} calls x {repeats}", flush=True)
+    with proxy(url, delay_ms, "delay") as (purl, _ch, _sf), \
+            pair(purl, "prefork", 2, tag="delay-") as p:  # fmt: skip
+        runs = interleaved(p, stats, calls, repeats, concurrency, f"+{delay_ms} ms")
+    out: dict[str, Any] = {"calls": calls, "repeats": repeats, "delay_ms": delay_ms,
+                           "concurrency": concurrency, "runs": runs}  # fmt: skip
+    if base is not None:
+        out["base"] = {s: _summ(base[s])["rate"] for s in SIDES}
+    return out
+
+
+def render_delay(res: dict[str, Any]) -> str:
+    t, b = _summ(res["runs"]["toolq"]), _summ(res["runs"]["bare"])
+    ratio = t["rate"] / b["rate"]
+    rows = [("+%g ms per chunk" % res["delay_ms"], fmt(t["rate"]), fmt(b["rate"]),
+             f"**{ratio:.2f}**", f"{median(_ratios(res['runs'])):.2f}",
+             f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}")]  # fmt: skip
+    if "base" in res:
+        bt, bb = res["base"]["toolq"], res["base"]["bare"]
+        rows.insert(0, ("none (from (a))", fmt(bt), fmt(bb), f"{bt / bb:.2f}", "", ""))
+    return (
+        "## (e) With 1 ms between every process and Redis\n\n"
+        f"Every process (client, workers, scheduler) connects through `bench/delay_proxy.py`, "
+        f"which holds each chunk {res['delay_ms']} ms in each direction (so a round trip costs "
+        f"≥ {2 * res['delay_ms']:g} ms more). prefork -c 2, {res['calls']:,} calls per run, "
+        f"{res['concurrency']} in flight, {res['repeats']} rounds A B, medians.\n\n"
+        + table(("added delay", "toolq calls/s", "bare calls/s", "ratio of medians",
+                 "median per-round ratio", "p50 ms toolq / bare"), rows)  # fmt: skip
+    )
+
+
+# ---------------------------------------------------------------------------- (d)
+
+
+def latency(url: str, rate: float, seconds: float, repeats: int) -> dict[str, Any]:
+    print(f"latency: open loop at {rate:.0f} calls/s for {seconds:.0f} s x {repeats}", flush=True)
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in SIDES}
+    with pair(url, "prefork", 2, tag="lat-") as p:
+        for r in range(repeats):
+            for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+                res: LoadResult = open_loop(p.clients[side].call, rate, seconds)
+                row = {"p50_ms": percentile(res.latencies_ms, 50),
+                       "p90_ms": percentile(res.latencies_ms, 90),
+                       "p99_ms": percentile(res.latencies_ms, 99),
+                       "achieved": len(res.latencies_ms) / res.seconds, "errors": res.errors}
+                runs[side].append(row)  # fmt: skip
+                print(f"  [lat] {side:5s} p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms",
+                      flush=True)  # fmt: skip
+    return {"rate": rate, "seconds": seconds, "repeats": repeats, "runs": runs}
+
+
+def render_latency(res: dict[str, Any]) -> str:
+    m = {s: {k: median([r[k] for r in res["runs"][s]]) for k in ("p50_ms", "p90_ms", "p99_ms")}
+         for s in SIDES}  # fmt: skip
+    rows = [(s, fmt(m[s]["p50_ms"]), fmt(m[s]["p90_ms"]), fmt(m[s]["p99_ms"])) for s in SIDES]
+    rows.append(("**toolq − bare**", f"**{m['toolq']['p50_ms'] - m['bare']['p50_ms']:+.1f}**",
+                 f"{m['toolq']['p90_ms'] - m['bare']['p90_ms']:+.1f}",
+                 f"**{m['toolq']['p99_ms'] - m['bare']['p99_ms']:+.1f}**"))  # fmt: skip
+    return (
+        "## (d) Added latency at half load\n\n"
+        f"Paced open-loop client at {res['rate']:.0f} calls/s (half the lower of the two "
+        f"prefork -c 2 maxima from (a)) for {res['seconds']:.0f} s per run, {res['repeats']} "
+        "rounds A B; latency from the scheduled send time to `wait`/`get` returning "
+        "(medians of per-run percentiles).\n\n"
+        + table(("side", "p50 ms", "p90 ms", "p99 ms"), rows)
+    )

@@ -1,0 +1,367 @@
+"""The status snapshot: its reads (fakeredis), its shaping, its table and its metrics."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import fakeredis
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from toolq.cli.monitor import render_status
+from toolq.keys import Keys
+from toolq.ledger import Ledger, State, Transition
+from toolq.metrics import (
+    DISPATCH_LAG_SECONDS,
+    LedgerCollector,
+    observe_recovery,
+    observe_tick,
+    snapshot_metrics,
+)
+from toolq.monitor import (
+    COUNTERS,
+    PENDING,
+    SCHEDULER_ALIVE_MS,
+    STATES,
+    Sources,
+    ping_workers,
+    read_status,
+    shape,
+)
+from toolq.scheduler.service import TickStats
+
+NOW = 1_700_000_000_000
+CALLS, VERIFY = "toolq.calls", "toolq.verify"
+
+
+class CountingClient:
+    """Only pipelines, and every command and round trip they send, are allowed."""
+
+    def __init__(self, inner: fakeredis.FakeRedis) -> None:
+        self.inner = inner
+        self.round_trips = 0
+        self.commands: list[str] = []
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self.inner.pipeline(transaction=transaction)
+        execute = pipe.execute
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.round_trips += 1
+            self.commands += [str(c[0][0]).upper() for c in pipe.command_stack]
+            return execute(*args, **kwargs)
+
+        pipe.execute = counted
+        return pipe
+
+
+def _submit(ledger: Ledger, ref: str, tool: str, at: int, state: State = State.QUEUED) -> None:
+    res = ledger.submit(
+        ref=ref, tool=tool, args_json="{}", fp=ref, call_id="", now_ms=at, max_attempts=5,
+        deadline_ms=at + 3_600_000, state=state, due_ms=at + 60_000, queue=CALLS,
+        message="m" if state is State.QUEUED else "",
+    )  # fmt: skip
+    assert res.outcome == "created"
+
+
+def _move(ledger: Ledger, ref: str, to: State, at: int) -> None:
+    """queued -> running (a claim) -> ``to``, entering ``to`` at ``at``."""
+    assert ledger.claim(ref, 1, "w1", at, 15_000).outcome == "claimed"
+    if to is not State.RUNNING:
+        t = Transition(ref=ref, states=(State.RUNNING,), to=to, by="test", due_ms=at + 5_000)
+        assert ledger.apply_one(t, at) == "ok"
+
+
+@pytest.fixture
+def ledger(fake_redis: fakeredis.FakeRedis) -> Ledger:
+    return Ledger(fake_redis)
+
+
+def _read(ledger: Ledger, **kw: Any) -> dict[str, Any]:
+    return read_status(ledger.redis, Sources(ledger.keys, (CALLS, VERIFY)), now_ms=NOW, **kw)
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def test_counts_states_and_ages_the_oldest_of_each_unfinished_state(ledger: Ledger) -> None:
+    # Given invoices in several states, entered at known times
+    for i in range(4):
+        _submit(ledger, f"inv/{i}", "create_invoice", NOW - 90_000 + i * 1000)
+    _move(ledger, "inv/0", State.WAITING_RETRY, NOW - 65_000)
+    _move(ledger, "inv/1", State.WAITING_RETRY, NOW - 5_000)
+    _move(ledger, "inv/2", State.VERIFYING, NOW - 12_000)
+    _submit(ledger, "mail/0", "send_email", NOW - 30_000, State.AWAITING_APPROVAL)
+
+    snap = _read(ledger)
+
+    inv = snap["tools"]["create_invoice"]
+    assert inv["states"] == {**dict.fromkeys(STATES, 0), "queued": 1, "waiting_retry": 2,
+                             "verifying": 1}  # fmt: skip
+    assert inv["pending_recovery"] == 3
+    assert inv["oldest"]["waiting_retry"] == {
+        "ref": "inv/0", "since": "2023-11-14T22:12:15.000+00:00", "age_s": 65.0,
+    }  # fmt: skip
+    assert inv["oldest"]["verifying"]["age_s"] == 12.0
+    assert inv["oldest"]["queued"] == {
+        "ref": "inv/3", "since": "2023-11-14T22:11:53.000+00:00", "age_s": 87.0,
+    }  # fmt: skip
+    assert "succeeded" not in inv["oldest"]
+    assert snap["tools"]["send_email"]["oldest"]["awaiting_approval"]["age_s"] == 30.0
+    assert snap["totals"]["pending_recovery"] == 4
+    assert snap["totals"]["states"]["waiting_retry"] == 2
+    assert snap["totals"]["oldest"]["awaiting_approval"]["tool"] == "send_email"
+    assert inv["counters"]["submitted"] == 4
+    assert inv["counters"]["attempts"] == 4
+    assert set(COUNTERS) <= set(inv["counters"])
+
+
+def test_one_round_trip_when_the_tools_are_known_and_never_a_scan(ledger: Ledger) -> None:
+    _submit(ledger, "a", "create_invoice", NOW - 1000)
+    _submit(ledger, "b", "send_email", NOW - 1000)
+    client = CountingClient(ledger.redis)
+    sources = Sources(ledger.keys, (CALLS, VERIFY))
+
+    snap = read_status(client, sources, now_ms=NOW,  # type: ignore[arg-type]
+                       tools_hint=["create_invoice", "send_email"])  # fmt: skip
+
+    assert client.round_trips == 1
+    assert set(snap["tools"]) == {"create_invoice", "send_email"}
+    assert not {"KEYS", "SCAN", "ZRANGEBYSCORE", "HSCAN", "SSCAN"} & set(client.commands)
+
+
+def test_tools_the_hint_missed_cost_one_more_round_trip(ledger: Ledger) -> None:
+    _submit(ledger, "a", "create_invoice", NOW - 1000)
+    client = CountingClient(ledger.redis)
+
+    snap = read_status(client, Sources(ledger.keys), now_ms=NOW,  # type: ignore[arg-type]
+                       tools_hint=["not_in_the_ledger"])  # fmt: skip
+
+    assert client.round_trips == 2
+    assert list(snap["tools"]) == ["create_invoice"]  # hinted tools with no data are left out
+    assert snap["tools"]["create_invoice"]["states"]["queued"] == 1
+
+
+def test_queue_depths_count_every_priority_list_and_the_unacked_hash(ledger: Ledger) -> None:
+    r = ledger.redis
+    r.lpush(CALLS, "m1", "m2")
+    r.lpush(f"{CALLS}\x06\x163", "m3")
+    r.lpush(f"{VERIFY}\x06\x169", "v1")
+    r.hset("unacked", mapping={"tag1": "x", "tag2": "y"})
+
+    snap = _read(ledger)
+
+    assert snap["queues"] == {"depth": {CALLS: 3, VERIFY: 1}, "unacked": 2}
+
+
+def test_scheduler_backlog_due_now_and_heartbeats(ledger: Ledger) -> None:
+    r, keys = ledger.redis, ledger.keys
+    r.zadd(keys.due, {"a": NOW - 2000, "b": NOW, "c": NOW + 30_000})
+    r.hset(keys.schedulers, mapping={"s-live": NOW - 1000, "s-dead": NOW - 60_000})
+
+    sched = _read(ledger)["scheduler"]
+
+    assert (sched["backlog"], sched["due_now"]) == (3, 2)
+    assert sched["next_due_ms"] == NOW - 2000
+    assert sched["next_due_in_s"] == -2.0
+    assert sched["live"] == 1
+    assert [(i["id"], i["alive"]) for i in sched["instances"]] == [
+        ("s-dead", False), ("s-live", True),
+    ]  # fmt: skip
+
+
+def test_an_empty_ledger_reads_as_zeros(ledger: Ledger) -> None:
+    snap = _read(ledger)
+
+    assert snap["tools"] == {}
+    assert snap["totals"]["pending_recovery"] == 0
+    assert snap["scheduler"]["next_due_ms"] is None
+    assert snap["workers"] == {"checked": False}
+
+
+def test_the_worker_probe_runs_and_its_answer_is_included(ledger: Ledger) -> None:
+    answer = {"checked": True, "live": 2, "names": ["celery@a", "celery@b"]}
+
+    assert _read(ledger, workers=lambda: answer)["workers"] == answer
+
+
+def test_a_failing_worker_ping_is_reported_not_raised() -> None:
+    def broken(timeout: float) -> Any:
+        raise ConnectionError("broker gone")
+
+    tq = SimpleNamespace(celery=SimpleNamespace(control=SimpleNamespace(inspect=broken)))
+
+    out = ping_workers(tq, 0.1)  # type: ignore[arg-type]
+
+    assert out == {"checked": True, "live": None, "names": [], "error": "ConnectionError"}
+
+
+def test_ping_replies_become_sorted_names() -> None:
+    replies = {"celery@b": {"ok": "pong"}, "celery@a": {"ok": "pong"}}
+    inspect = SimpleNamespace(ping=lambda: replies)
+    tq = SimpleNamespace(celery=SimpleNamespace(control=SimpleNamespace(inspect=lambda timeout:
+                                                                        inspect)))  # fmt: skip
+
+    assert ping_workers(tq, 0.1) == {  # type: ignore[arg-type]
+        "checked": True, "live": 2, "names": ["celery@a", "celery@b"],
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- shaping
+
+
+def _shape(**kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = dict(now_ms=NOW, prefix="toolq", tools={}, stats={}, queues={},
+                                unacked=0, due=(0, 0, None), schedulers={})  # fmt: skip
+    return shape(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("beat_age_ms", "alive"),
+    [(0, True), (SCHEDULER_ALIVE_MS, True), (SCHEDULER_ALIVE_MS + 1, False)],
+)
+def test_a_scheduler_is_live_within_15_seconds_of_its_beat(beat_age_ms: int, alive: bool) -> None:
+    snap = _shape(schedulers={"s": NOW - beat_age_ms})
+
+    assert snap["scheduler"]["live"] == int(alive)
+
+
+def test_counters_are_split_by_tool_and_unknown_names_are_kept() -> None:
+    counts = dict.fromkeys(STATES, 0)
+    stats = {"a|verify_found": 3, "a|brand_new": 1, "b|escalated": 2}
+
+    snap = _shape(tools={"a": (counts, {}), "b": (counts, {})}, stats=stats)
+
+    a, b = snap["tools"]["a"]["counters"], snap["tools"]["b"]["counters"]
+    assert (a["verify_found"], a["brand_new"], a["escalated"]) == (3, 1, 0)
+    assert (b["escalated"], b["verify_found"]) == (2, 0)
+
+
+def test_totals_keep_the_oldest_across_tools() -> None:
+    counts = {**dict.fromkeys(STATES, 0), "verifying": 1}
+    tools = {
+        "a": (counts, {"verifying": ("a/1", NOW - 5000)}),
+        "b": (counts, {"verifying": ("b/1", NOW - 9000)}),
+    }
+
+    snap = _shape(tools=tools)
+
+    assert snap["totals"]["oldest"]["verifying"]["ref"] == "b/1"
+    assert snap["totals"]["states"]["verifying"] == 2
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def test_the_table_shows_counts_ages_and_the_recovery_counters() -> None:
+    counts = {**dict.fromkeys(STATES, 0), "waiting_retry": 2, "succeeded": 7}
+    snap = _shape(
+        tools={"create_invoice": (counts, {"waiting_retry": ("x", NOW - 65_000)})},
+        stats={"create_invoice|verify_found": 4, "create_invoice|verify_not_found": 1,
+               "create_invoice|duplicates_prevented": 3},
+        queues={CALLS: 5, VERIFY: 0},
+        due=(9, 1, NOW - 100),
+    )  # fmt: skip
+    snap["workers"] = {"checked": True, "live": 1, "names": ["celery@w1"]}
+
+    text = render_status(snap, source="redis://127.0.0.1:6379/0")
+
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("TOOL") and "RETRY" in line)
+    row = lines[lines.index(header) + 1]
+    assert row.split()[:4] == ["create_invoice", "0", "0", "2"]
+    assert "2 (1m05s)" in row
+    assert "4/1/0" in text
+    assert "toolq.calls 5" in text
+    assert "due now 1" in text and "next now" in text
+    assert "none live" in text  # a backlog and no scheduler
+    assert "live 1  (celery@w1)" in text
+
+
+def test_the_table_of_an_empty_ledger() -> None:
+    text = render_status(_shape())
+
+    assert "no operations in the ledger" in text
+    assert "not checked" in text
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def _families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_snapshot_metrics_name_every_series(ledger: Ledger) -> None:
+    _submit(ledger, "a", "create_invoice", NOW - 4000)
+    _move(ledger, "a", State.VERIFYING, NOW - 3000)
+
+    registry = CollectorRegistry()
+
+    class One:
+        def collect(self) -> Any:
+            return snapshot_metrics(_read(ledger))
+
+    registry.register(One())  # type: ignore[arg-type]
+    fams = _families(generate_latest(registry).decode())
+
+    for name in ("toolq_operations", "toolq_pending_recovery_oldest_seconds",
+                 "toolq_attempts", "toolq_verification_verdicts", "toolq_duplicates_prevented",
+                 "toolq_escalations", "toolq_queue_messages", "toolq_scheduler_backlog"):
+        assert name in fams, name  # fmt: skip
+    verifying = [s for s in fams["toolq_operations"].samples if s.labels["state"] == "verifying"]
+    assert [s.value for s in verifying] == [1]
+    oldest = {s.labels["state"]: s.value for s in
+              fams["toolq_pending_recovery_oldest_seconds"].samples}  # fmt: skip
+    assert oldest == {**dict.fromkeys(PENDING, 0.0), "verifying": 3.0}
+    verdicts = {s.labels["verdict"] for s in fams["toolq_verification_verdicts"].samples
+                if s.name.endswith("_total")}  # fmt: skip
+    assert verdicts == {"found", "not_found", "recheck", "lookup_failed", "escalated"}
+
+
+def test_an_unreachable_ledger_scrapes_as_down() -> None:
+    tq = SimpleNamespace(settings=SimpleNamespace(queues=SimpleNamespace(calls=CALLS,
+                                                                         verify=VERIFY)))  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(_Unreachable(tq)))  # type: ignore[arg-type]
+
+    fams = _families(generate_latest(registry).decode())
+
+    assert [s.value for s in fams["toolq_ledger_up"].samples] == [0]
+    assert "toolq_operations" not in fams
+
+
+class _Unreachable:
+    def __init__(self, inner: Any) -> None:
+        self.settings = inner.settings
+        self.registry: list[Any] = []
+        self.clock = lambda: NOW / 1000
+
+    @property
+    def ledger(self) -> Any:
+        return SimpleNamespace(keys=Keys())
+
+    @property
+    def redis(self) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+
+
+def test_observe_tick_feeds_the_dispatch_lag_histogram() -> None:
+    before = _count(DISPATCH_LAG_SECONDS)
+
+    observe_tick(TickStats(taken=2, applied=2, actions={"dispatch": 2}, lags_ms=[12, 40]))
+
+    assert _count(DISPATCH_LAG_SECONDS) == before + 2
+
+
+def test_observe_recovery_accepts_a_state_label() -> None:
+    observe_recovery("create_invoice", 12.5, state="verifying")
+    observe_recovery("create_invoice", -1)  # clock skew never makes a negative observation
+
+
+def _count(hist: Any) -> float:
+    return next(s.value for m in hist.collect() for s in m.samples if s.name.endswith("_count"))

@@ -1,0 +1,165 @@
+"""The scheduler's pure decisions, as tables, with an injected clock and random source."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toolq.ledger.states import State
+from toolq.scheduler.policy import (
+    Action,
+    Jitter,
+    Snapshot,
+    Timeouts,
+    attempts_remaining,
+    decide,
+    jittered_due,
+    republish_delay_ms,
+    sleep_seconds,
+    verify_backoff_ms,
+)
+
+T = Timeouts(unclaimed_after_ms=60_000, approval_timeout_ms=10_000, input_timeout_ms=20_000)
+NOW = 1_000_000
+
+
+def snap(state: State, **kw: int | str) -> Snapshot:
+    base: dict[str, int | str] = dict(
+        ref="r",
+        state=state,
+        tool="t",
+        attempt=1,
+        max_attempts=3,
+        deadline_ms=0,
+        lease_until_ms=0,
+        entered_ms=NOW,
+        vlease_until_ms=0,
+        vholder="",
+        vcheck=1,
+        retry_due_ms=0,
+        repubs=0,
+        rev=1,
+    )
+    base.update(kw)
+    return Snapshot(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("s", "action", "code", "at"),
+    [
+        (snap(State.WAITING_RETRY, retry_due_ms=NOW), Action.DISPATCH, None, None),
+        (snap(State.WAITING_RETRY, retry_due_ms=NOW + 5), Action.RESCHEDULE, None, NOW + 5),
+        (
+            snap(State.WAITING_RETRY, retry_due_ms=NOW, attempt=3),
+            Action.ESCALATE,
+            "ATTEMPTS_EXHAUSTED",
+            None,
+        ),
+        (
+            snap(State.WAITING_RETRY, retry_due_ms=NOW, deadline_ms=NOW - 1),
+            Action.ESCALATE,
+            "DEADLINE_EXCEEDED",
+            None,
+        ),
+        (snap(State.QUEUED), Action.REPUBLISH, None, None),
+        (snap(State.RUNNING, lease_until_ms=NOW + 1), Action.RESCHEDULE, None, NOW + 1),
+        (snap(State.RUNNING, lease_until_ms=NOW), Action.LEASE_EXPIRED, None, None),
+        (snap(State.VERIFYING), Action.VERIFY, None, None),
+        (
+            snap(State.VERIFYING, vholder="w", vlease_until_ms=NOW + 9),
+            Action.RESCHEDULE,
+            None,
+            NOW + 9,
+        ),
+        (snap(State.VERIFYING, vholder="w", vlease_until_ms=NOW - 1), Action.VERIFY, None, None),
+        (
+            snap(State.AWAITING_APPROVAL, entered_ms=NOW - 10_000),
+            Action.ESCALATE,
+            "APPROVAL_TIMEOUT",
+            None,
+        ),
+        (snap(State.AWAITING_APPROVAL, entered_ms=NOW - 1), Action.RESCHEDULE, None, NOW + 9_999),
+        (snap(State.NEEDS_INPUT, entered_ms=NOW - 20_000), Action.ESCALATE, "INPUT_TIMEOUT", None),
+        (snap(State.SUCCEEDED), Action.DROP, None, None),
+        (snap(State.CANCELLED), Action.DROP, None, None),
+    ],
+)
+def test_decide(s: Snapshot, action: Action, code: str | None, at: int | None) -> None:
+    d = decide(s, NOW, T)
+    assert (d.action, d.code, d.at_ms) == (action, code, at)
+
+
+@given(
+    not_before=st.integers(0, 10**7),
+    now=st.integers(0, 10**7),
+    kind=st.sampled_from(["full", "equal", "none"]),
+    ratio=st.floats(0, 2),
+    cap=st.floats(0, 30),
+    seed=st.integers(),
+)
+def test_jitter_is_never_before_not_before_and_within_bounds(
+    not_before: int, now: int, kind: str, ratio: float, cap: float, seed: int
+) -> None:
+    j = Jitter(kind=kind, ratio=ratio, max_seconds=cap)  # type: ignore[arg-type]
+    due = jittered_due(not_before, now, j, random.Random(seed))
+    base = max(not_before, now)
+    assert base <= due <= base + j.bound_ms(base - now)
+    if kind == "equal":
+        assert due >= base + j.bound_ms(base - now) // 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "delay", "lo", "hi"),
+    [
+        ("full", 10_000, 0, 1000),
+        ("equal", 10_000, 500, 1000),
+        ("none", 10_000, 0, 0),
+        ("full", 100_000, 0, 5000),
+        ("full", 0, 0, 0),
+    ],
+)
+def test_jitter_table(kind: str, delay: int, lo: int, hi: int) -> None:
+    j = Jitter(kind=kind)  # type: ignore[arg-type]
+    extras = {j.extra_ms(delay, random.Random(s)) for s in range(200)}
+    assert min(extras) >= lo and max(extras) <= hi
+    if hi > lo:
+        assert len(extras) > 10  # it does spread
+
+
+def test_a_past_not_before_is_due_now() -> None:
+    assert jittered_due(NOW - 5000, NOW, Jitter(), random.Random(1)) == NOW
+
+
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "left"), [(1, 5, 4), (5, 5, 0), (6, 5, 0), (0, 1, 1)]
+)
+def test_attempts_remaining(attempt: int, max_attempts: int, left: int) -> None:
+    assert attempts_remaining(attempt, max_attempts) == left
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "expected"),
+    [
+        (republish_delay_ms, (1000, 0), 1000),
+        (republish_delay_ms, (1000, 3), 8000),
+        (republish_delay_ms, (60_000, 40), 3_600_000),
+        (verify_backoff_ms, (1.0, 1), 1000),
+        (verify_backoff_ms, (1.0, 3), 4000),
+        (verify_backoff_ms, (1.0, 30), 300_000),
+        (sleep_seconds, (None, NOW, 5.0), 5.0),
+        (sleep_seconds, (NOW + 250, NOW, 5.0), 0.25),
+        (sleep_seconds, (NOW - 1, NOW, 5.0), 0.0),
+    ],
+)
+def test_delays(fn: object, args: tuple[object, ...], expected: float) -> None:
+    assert fn(*args) == expected  # type: ignore[operator]
+
+
+def test_bad_jitter_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Jitter(kind="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Jitter(ratio=-1)

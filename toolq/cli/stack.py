@@ -1,0 +1,361 @@
+"""``toolq up`` (the whole local stack, in the foreground) and ``toolq demo``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from toolq.cli.common import DEFAULT_APP, CliError, app_option, redis_option, state_dir_option
+from toolq.redact import redact_url
+from toolq.state import clear_state, read_state, write_state
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _port(value: int | None) -> int | None:
+    """0 picks a free port; None stays off."""
+    if value == 0:
+        from toolq.stack import free_port
+
+        return free_port()
+    return value
+
+
+def _api_available() -> bool:
+    from toolq.cli import main
+
+    return "api" in main.commands
+
+
+def _check_not_running(state_dir: Path) -> None:
+    data = read_state(state_dir)
+    pid = data.get("pid") if data else None
+    if isinstance(pid, int) and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return  # a stale file from a run that was killed
+        except PermissionError:
+            pass
+        raise CliError(f"toolq up is already running here (pid {pid}, state in {state_dir})")
+
+
+@click.command()
+@app_option
+@redis_option
+@state_dir_option
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Embedded Valkey's data directory (append-only file on) [default: STATE_DIR/data].",
+)
+@click.option("--calls-workers", type=click.IntRange(0, 64), default=1, show_default=True)
+@click.option("--verify-workers", type=click.IntRange(0, 64), default=1, show_default=True)
+@click.option("--concurrency", "-c", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option(
+    "--pool",
+    "-P",
+    type=click.Choice(["prefork", "threads", "solo"]),
+    default="threads",
+    show_default=True,
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=9464,
+    show_default=True,
+    help="The scheduler serves Prometheus metrics here (0: any free port).",
+)
+@click.option("--no-metrics", is_flag=True, help="Serve no metrics endpoint.")
+@click.option(
+    "--api/--no-api",
+    "api",
+    default=True,
+    show_default=True,
+    help="Run the HTTP API (`toolq api`) too.",
+)
+@click.option("--api-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--api-port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="0: any free port.",
+)
+@click.option(
+    "--example-provider/--no-example-provider",
+    "example_provider",
+    default=None,
+    help="Serve the example invoice provider for the example tools [default: when "
+    "the app is the example and TOOLQ_EXAMPLE_PROVIDER_URL is unset].",
+)
+@click.option("--loglevel", "-l", default="WARNING", show_default=True)
+def up(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+    data_dir: Path | None,
+    calls_workers: int,
+    verify_workers: int,
+    concurrency: int,
+    pool: str,
+    metrics_port: int,
+    no_metrics: bool,
+    api: bool,
+    api_host: str,
+    api_port: int,
+    example_provider: bool | None,
+    loglevel: str,
+) -> None:
+    """Run the whole local stack in the foreground until Ctrl-C or SIGTERM.
+
+    Without --redis-url (or TOOLQ_REDIS_URL) an embedded Valkey is started with its data in
+    --data-dir, so a restart keeps the ledger. The server URL and the app are recorded in
+    --state-dir, where every other toolq command run in this directory finds them.
+    """
+    from toolq.examples.provider import InvoiceProvider
+    from toolq.stack import Stack, StackConfig
+
+    _check_not_running(state_dir)
+    app = app_path or DEFAULT_APP
+    if example_provider is None:
+        example_provider = app == DEFAULT_APP and not os.environ.get("TOOLQ_EXAMPLE_PROVIDER_URL")
+    notes: list[str] = []
+    metrics: int | None = None
+    if not no_metrics:
+        if importlib.util.find_spec("toolq.metrics") is None:
+            notes.append("metrics    skipped: toolq.metrics is not available")
+        else:
+            metrics = _port(metrics_port)
+    api_port_used: int | None = None
+    if api:
+        if _api_available():
+            api_port_used = _port(api_port)
+        else:
+            notes.append("api        skipped: `toolq api` is not available in this install")
+    config = StackConfig(
+        app=app,
+        redis_url=redis_url,
+        data_dir=None if redis_url else (data_dir or state_dir / "data"),
+        calls_workers=calls_workers,
+        verify_workers=verify_workers,
+        concurrency=concurrency,
+        pool=pool,
+        loglevel=loglevel,
+        metrics_port=metrics,
+        api_port=api_port_used,
+        api_host=api_host,
+    )
+    stack = Stack(config)
+    provider = InvoiceProvider() if example_provider else None
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    exit_code = 0
+    try:
+        if provider is not None:
+            provider.start()
+            config.env["TOOLQ_EXAMPLE_PROVIDER_URL"] = provider.url
+        try:
+            stack.start()
+        except Exception as exc:
+            raise CliError(f"cannot start the stack: {type(exc).__name__}: {exc}") from None
+        state = {
+            "redis_url": stack.redis_url,
+            "app": app,
+            "pid": os.getpid(),
+            "metrics_url": stack.metrics_url,
+            "api_url": stack.api_url,
+            "embedded": stack.embedded,
+            "started_at": time.time(),
+        }
+        write_state(state, state_dir)
+        _print_banner(stack, app, state_dir, provider.url if provider else None, notes)
+        while True:
+            dead = stack.exited()
+            if dead:
+                c = dead[0]
+                code = c.popen.returncode if c.popen is not None else None
+                click.echo(
+                    f"toolq up: {c.name} exited (code {code}); stopping everything", err=True
+                )
+                exit_code = 1
+                break
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        click.echo("toolq up: stopping…", err=True)
+    finally:
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # a second SIGTERM must not cut stop()
+        try:
+            stack.stop()
+            if provider is not None:
+                provider.stop()
+        finally:
+            clear_state(state_dir)
+            signal.signal(signal.SIGTERM, previous)
+    if exit_code:
+        sys.exit(exit_code)
+    click.echo("toolq up: stopped", err=True)
+
+
+def _print_banner(
+    stack: Any, app: str, state_dir: Path, provider_url: str | None, notes: list[str]
+) -> None:
+    where = f"embedded Valkey, data in {stack.config.data_dir}" if stack.embedded else "external"
+    lines = [f"toolq up: serving on {redact_url(stack.redis_url)} ({where})", f"  app        {app}"]
+    for child in stack.children:
+        lines.append(f"  {child.name:<10} pid {child.pid}")
+    if stack.metrics_url:
+        lines.append(f"  metrics    {stack.metrics_url}")
+    if stack.api_url:
+        lines.append(f"  api        {stack.api_url}")
+    if provider_url:
+        lines.append(f"  provider   {provider_url} (example invoice service)")
+    lines += [f"  {n}" for n in notes]
+    lines += [
+        f"  state      {state_dir}/state.json: toolq commands run here find this server",
+        "Ctrl-C to stop.",
+    ]
+    click.echo("\n".join(lines))
+
+
+@click.command()
+@click.option(
+    "--ops",
+    type=click.IntRange(10, 5000),
+    default=40,
+    show_default=True,
+    help="Workload size (operations the agent starts).",
+)
+@click.option("--seed", type=int, default=7, show_default=True)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(10, 3600),
+    default=180.0,
+    show_default=True,
+    help="Give up (and fail) after this many seconds.",
+)
+@click.option("--calls-workers", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option(
+    "--provider-dedup/--no-provider-dedup",
+    default=True,
+    show_default=True,
+    help="Whether the provider deduplicates by Idempotency-Key. Off, only toolq "
+    "stands between a retry and a duplicate write.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+def demo(
+    ops: int,
+    seed: int,
+    timeout: float,
+    calls_workers: int,
+    provider_dedup: bool,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Run the real stack against a provider that misbehaves on purpose, and report.
+
+    Embedded Valkey, the scheduler, calls workers and a verify worker; validation errors,
+    rate limits, conflicts, approvals, lost replies, timeouts before commit, and a worker
+    SIGKILLed mid-write. Exits non-zero unless every succeeded write has exactly one side
+    effect at the provider and every operation finished.
+    """
+    from toolq.demo import DemoOptions, run_demo
+
+    opts = DemoOptions(
+        ops=ops,
+        seed=seed,
+        timeout=timeout,
+        calls_workers=calls_workers,
+        provider_dedup=provider_dedup,
+        progress=not quiet,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        report = run_demo(opts)
+    except KeyboardInterrupt:
+        click.echo("toolq demo: interrupted; everything it started is stopped", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        raise CliError(f"demo failed: {type(exc).__name__}: {exc}", exit_code=1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    click.echo(json.dumps(report, indent=2) if as_json else render_report(report))
+    if not report["ok"]:
+        sys.exit(1)
+
+
+def render_report(r: dict[str, Any]) -> str:
+    """The demo's report as text (``--json`` prints the dict itself)."""
+    u, d, s, p = (
+        r["unknowns"],
+        r["duplicates_prevented"],
+        r["side_effects"],
+        r["pending_recovery_s"],
+    )
+    lines = [
+        f"toolq demo: {r['operations']} operations in {r.get('duration_s', 0):.1f} s",
+        "",
+        "Operations by final state",
+    ]
+    for state, n in r["by_state"].items():
+        tools = ", ".join(
+            f"{k.split('|')[0]} {v}"
+            for k, v in r["by_tool_state"].items()
+            if k.endswith(f"|{state}")
+        )
+        lines.append(f"  {state:<18} {n:>4}   ({tools})")
+    causes = ", ".join(f"{k} {v}" for k, v in sorted(u["causes"].items())) or "none"
+    lines += [
+        "",
+        "Unknown outcomes resolved by verification",
+        f"  operations verified      {u['operations_verified']:>4}   (why: {causes})",
+        f"  found committed          {u['found_committed']:>4}   -> succeeded, nothing re-sent",
+        f"  not found after window   {u['not_found_redispatched']:>4}   "
+        "-> re-dispatched with the same operation_ref",
+        f"  escalated                {u['escalated']:>4}",
+        "",
+        "Duplicate writes prevented",
+        f"  deliveries refused by the ledger claim    {d['ledger_refused_deliveries']:>4}",
+        f"  repeats the provider had to deduplicate   {d['provider_replays']:>4}",
+        "",
+        "Side effects per operation_ref (the provider's own records)",
+        f"  succeeded writes {s['succeeded_writes']}, with exactly one side effect "
+        f"{s['exactly_one']}; side effects in all {s['total']}",
+    ]
+    lines += [
+        f"  VIOLATION {v['operation_ref']}: {v['state']} with {v['side_effects']} side effect(s)"
+        for v in s["violations"]
+    ]
+    lines += [
+        "",
+        f"Time in pending recovery ({p['operations']} operations)",
+        f"  p50 {p['p50']:.2f} s   p95 {p['p95']:.2f} s   max {p['max']:.2f} s",
+        "",
+        "Escalations per tool",
+    ]
+    lines += [f"  {t:<18} {n:>4}" for t, n in sorted(r["escalations"].items())] or ["  none"]
+    k = r.get("worker_killed") or {}
+    if k:
+        lines += [
+            "",
+            f"Worker killed mid-write: {k['worker']} (pid {k['pid']}) at {k['at_s']} s "
+            f"during {k['ref']}; settled by the lease sweep and verification",
+        ]
+    if r["unfinished"]:
+        lines += ["", f"UNFINISHED operations: {', '.join(r['unfinished'][:10])}"]
+    lines += ["", "RESULT: " + ("OK" if r["ok"] else "FAILED")]
+    return "\n".join(lines)
+
+
+COMMANDS = [up, demo]
