@@ -195,3 +195,20 @@ def wait_for(pred: Callable[[], object], timeout: float, interval: float = 0.05)
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of one process so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TCK
+
+
+def group_cpu(child: Child) -> float:
+    """CPU time of a child and its live descendants (a prefork worker and its pool)."""
+    return sum(cpu_seconds(p) for p in [child.pid, *child.descendants()])

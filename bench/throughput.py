@@ -73,20 +73,39 @@ def interleaved(
 ) -> dict[str, list[dict[str, Any]]]:
     """``repeats`` rounds of A B (order flipped every round); commandstats per run."""
     out: dict[str, list[dict[str, Any]]] = {s: [] for s in SIDES}
+    server_pid = int(stats_client.info("server").get("process_id", 0))
     for r in range(repeats):
         order = SIDES if r % 2 == 0 else SIDES[::-1]
         for side in order:
+            cpu0 = cpu_snapshot(p, side, server_pid)
             before = commandstats(stats_client)
             res = closed_loop(p.clients[side].call, calls, concurrency)
             cmds = diff_stats(before, commandstats(stats_client))
+            cpu1 = cpu_snapshot(p, side, server_pid)
+            cpu_ms = {k: (cpu1[k] - cpu0[k]) * 1000 / calls for k in cpu0}
             failures = getattr(p.clients[side], "failures", 0)
             out[side].append({"rate": res.rate, "seconds": res.seconds, "errors": res.errors,
                               "p50_ms": percentile(res.latencies_ms, 50),
                               "p99_ms": percentile(res.latencies_ms, 99),
-                              "commands": cmds, "failures": failures})  # fmt: skip
+                              "commands": cmds, "failures": failures,
+                              "cpu_ms_per_call": cpu_ms})  # fmt: skip
             print(f"  [{label}] round {r + 1}/{repeats} {side:5s} {res.rate:8.1f} calls/s "
                   f"({res.seconds:.1f} s, errors {res.errors})", flush=True)  # fmt: skip
     return out
+
+
+def cpu_snapshot(p: Pair, side: str, server_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the processes serving ``side`` (and of this client process)."""
+    worker, scheduler, bare = p.children
+    snap = {"client": time.process_time(),
+            "server": procs.cpu_seconds(server_pid) if server_pid else 0.0}  # fmt: skip
+    if side == "toolq":
+        snap["worker"] = procs.group_cpu(worker)
+        snap["scheduler"] = procs.group_cpu(scheduler)
+    else:
+        snap["worker"] = procs.group_cpu(bare)
+        snap["scheduler"] = 0.0
+    return snap
 
 
 def _summ(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -141,6 +160,25 @@ def render_throughput(res: dict[str, Any]) -> str:
         + table(("pool", "toolq calls/s", "bare calls/s", "ratio of medians",
                  "median of per-round ratios", "p50 ms toolq / bare",
                  "p99 ms toolq / bare"), rows)  # fmt: skip
+        + "\n\n" + render_cpu(res["pools"])
+    )
+
+
+def render_cpu(pools: dict[str, Any]) -> str:
+    """CPU ms per call by process: steadier than wall-clock rates on a shared machine."""
+    rows = []
+    for pool, runs in pools.items():
+        for side in SIDES:
+            parts = {k: median([r["cpu_ms_per_call"][k] for r in runs[side]])
+                     for k in ("client", "worker", "scheduler", "server")}  # fmt: skip
+            rows.append((pool, side, *(f"{parts[k]:.2f}" for k in parts),
+                         f"**{sum(parts.values()):.2f}**"))  # fmt: skip
+    return (
+        "CPU time per call by process (ms, medians over rounds; `client` is the one "
+        "load-generating process, `worker` the worker's whole process group, `server` "
+        "Valkey). On a 2-CPU machine shared with other jobs this is the steadier measure "
+        "of cost:\n\n"
+        + table(("pool", "side", "client", "worker", "scheduler", "server", "total"), rows)
     )
 
 

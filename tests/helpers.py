@@ -38,12 +38,16 @@ def _pdeathsig_preexec() -> Callable[[], None] | None:
     return preexec
 
 
-def toolq_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a toolq child: ours, the repo on PYTHONPATH, then ``env``."""
+def toolq_env(env: Mapping[str, str] | None = None, *, unset: Iterable[str] = ()) -> dict[str, str]:
+    """The environment for a toolq child: ours, the repo on PYTHONPATH, then ``env``.
+
+    ``TOOLQ_REDIS_URL`` and the names in ``unset`` are removed (unless ``env`` sets them).
+    """
     merged = dict(os.environ)
     paths = [str(REPO_ROOT)] + [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p]
     merged["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    merged.pop("TOOLQ_REDIS_URL", None)  # the URL is always passed explicitly
+    for name in ("TOOLQ_REDIS_URL", *unset):
+        merged.pop(name, None)  # the URL is always passed explicitly
     merged.update(env or {})
     return merged
 
@@ -52,6 +56,7 @@ def start_toolq(
     args: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
+    unset: Iterable[str] = (),
     cwd: str | Path | None = None,
     stdout: int | None = None,
     stderr: int | None = None,
@@ -59,7 +64,7 @@ def start_toolq(
     """``python -m toolq.cli ARGS`` in a process group of its own."""
     return subprocess.Popen(
         [sys.executable, "-m", "toolq.cli", *args],
-        env=toolq_env(env),
+        env=toolq_env(env, unset=unset),
         cwd=str(cwd) if cwd is not None else str(REPO_ROOT),
         start_new_session=True,
         preexec_fn=_pdeathsig_preexec(),

@@ -134,12 +134,13 @@ class Agent:
                 next_submit = time.monotonic() + gap
             states = self.states()
             self.act(states)
+            done = not todo and all(s in TERMINAL for s in states.values())
+            if done and not self._reads_due():
+                self.progress(states, 0)
+                return True
             if time.monotonic() - last_progress >= 1.0:
                 last_progress = time.monotonic()
                 self.progress(states, len(todo))
-            if not todo and all(s in TERMINAL for s in states.values()) and not self._reads_due():
-                self.progress(states, 0)
-                return True
             time.sleep(0.05)
         return False
 
@@ -240,6 +241,13 @@ def recovery_seconds(rec: OperationRecord, now_ms: int) -> float:
     return total / 1000
 
 
+def _killed(run: Run | None, records: list[OperationRecord]) -> dict[str, Any]:
+    if not run or not run.killed:
+        return {}
+    final = {r.operation_ref: str(r.state) for r in records}
+    return {**run.killed, "final_state": final.get(run.killed["ref"], "missing")}
+
+
 def build_report(
     records: list[OperationRecord],
     effects: dict[str, Any],
@@ -304,7 +312,7 @@ def build_report(
         },
         "escalations": escalations,
         "unfinished": unfinished,
-        "worker_killed": run.killed if run else {},
+        "worker_killed": _killed(run, records),
         "agent_actions": dict(run.actions) if run else {},
         "scenarios": dict(Counter(o.scenario for o in run.ops.values())) if run else {},
     }

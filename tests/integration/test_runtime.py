@@ -141,12 +141,13 @@ def test_a_read_tool_succeeds_without_verification(rt: ToolQueue) -> None:
 def test_bad_input_is_refused_at_submit_and_writes_nothing(
     rt: ToolQueue, tool: str, args: object, code: str
 ) -> None:
-    before = rt.redis.dbsize()
+    stats = rt.ledger.stats()
     with pytest.raises(errors.RequestRefused) as info:
         rt.submit(tool, args, operation_ref=f"bad/{code}")
     assert info.value.code == code
     assert rt.get(f"bad/{code}") is None
-    assert rt.redis.dbsize() == before
+    assert rt.redis.keys(f"*bad/{code}*") == []
+    assert rt.ledger.stats() == stats
 
 
 def test_a_reused_ref_with_other_arguments_is_refused_with_an_envelope(rt: ToolQueue) -> None:
@@ -202,3 +203,28 @@ def test_wait_returns_the_current_envelope_or_raises_on_timeout(rt: ToolQueue) -
     assert rt.wait(ref, timeout=20).ok
     with pytest.raises(errors.OperationNotFound):
         rt.wait("no/such/ref", timeout=0.1)
+
+
+def test_a_message_lost_before_any_worker_saw_it_is_published_again(rt: ToolQueue) -> None:
+    # Given an operation queued in the ledger whose message never reached a
+    # worker (a crash between BRPOP and kombu's unacked write loses it so)
+    now = int(time.time() * 1000)
+    canonical = '{"amount_cents":100,"meta":{},"mode":"lost","sleep":0.0}'
+    rt.ledger.submit(
+        ref="lost/1",
+        tool="lookup",
+        args_json=canonical,
+        fp="f",
+        call_id="",
+        now_ms=now,
+        max_attempts=3,
+        deadline_ms=now + 60_000,
+        state=State.QUEUED,
+        due_ms=now + rt.policy.unclaimed_after_ms,
+        queue="",
+        message="",
+    )
+    # When no worker ever claims it, the scheduler publishes it again
+    env = rt.wait("lost/1", timeout=20)
+    assert env.ok and env.result == {"mode": "lost"}
+    assert rt.ledger.stats()["lookup|republished"] == 1

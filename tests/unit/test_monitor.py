@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import fakeredis
 import pytest
+import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from toolq.cli.monitor import render_status
 from toolq.keys import Keys
@@ -39,7 +42,7 @@ CALLS, VERIFY = "toolq.calls", "toolq.verify"
 class CountingClient:
     """Only pipelines, and every command and round trip they send, are allowed."""
 
-    def __init__(self, inner: fakeredis.FakeRedis) -> None:
+    def __init__(self, inner: redis.Redis) -> None:
         self.inner = inner
         self.round_trips = 0
         self.commands: list[str] = []
@@ -53,7 +56,7 @@ class CountingClient:
             self.commands += [str(c[0][0]).upper() for c in pipe.command_stack]
             return execute(*args, **kwargs)
 
-        pipe.execute = counted
+        pipe.execute = counted  # type: ignore[method-assign]
         return pipe
 
 
@@ -98,16 +101,24 @@ def test_counts_states_and_ages_the_oldest_of_each_unfinished_state(ledger: Ledg
     snap = _read(ledger)
 
     inv = snap["tools"]["create_invoice"]
-    assert inv["states"] == {**dict.fromkeys(STATES, 0), "queued": 1, "waiting_retry": 2,
-                             "verifying": 1}  # fmt: skip
+    assert inv["states"] == {
+        **dict.fromkeys(STATES, 0),
+        "queued": 1,
+        "waiting_retry": 2,
+        "verifying": 1,
+    }
     assert inv["pending_recovery"] == 3
     assert inv["oldest"]["waiting_retry"] == {
-        "ref": "inv/0", "since": "2023-11-14T22:12:15.000+00:00", "age_s": 65.0,
-    }  # fmt: skip
+        "ref": "inv/0",
+        "since": "2023-11-14T22:12:15.000+00:00",
+        "age_s": 65.0,
+    }
     assert inv["oldest"]["verifying"]["age_s"] == 12.0
     assert inv["oldest"]["queued"] == {
-        "ref": "inv/3", "since": "2023-11-14T22:11:53.000+00:00", "age_s": 87.0,
-    }  # fmt: skip
+        "ref": "inv/3",
+        "since": "2023-11-14T22:11:53.000+00:00",
+        "age_s": 87.0,
+    }
     assert "succeeded" not in inv["oldest"]
     assert snap["tools"]["send_email"]["oldest"]["awaiting_approval"]["age_s"] == 30.0
     assert snap["totals"]["pending_recovery"] == 4
@@ -124,8 +135,12 @@ def test_one_round_trip_when_the_tools_are_known_and_never_a_scan(ledger: Ledger
     client = CountingClient(ledger.redis)
     sources = Sources(ledger.keys, (CALLS, VERIFY))
 
-    snap = read_status(client, sources, now_ms=NOW,  # type: ignore[arg-type]
-                       tools_hint=["create_invoice", "send_email"])  # fmt: skip
+    snap = read_status(
+        cast(redis.Redis, client),
+        sources,
+        now_ms=NOW,
+        tools_hint=["create_invoice", "send_email"],
+    )
 
     assert client.round_trips == 1
     assert set(snap["tools"]) == {"create_invoice", "send_email"}
@@ -136,8 +151,12 @@ def test_tools_the_hint_missed_cost_one_more_round_trip(ledger: Ledger) -> None:
     _submit(ledger, "a", "create_invoice", NOW - 1000)
     client = CountingClient(ledger.redis)
 
-    snap = read_status(client, Sources(ledger.keys), now_ms=NOW,  # type: ignore[arg-type]
-                       tools_hint=["not_in_the_ledger"])  # fmt: skip
+    snap = read_status(
+        cast(redis.Redis, client),
+        Sources(ledger.keys),
+        now_ms=NOW,
+        tools_hint=["not_in_the_ledger"],
+    )
 
     assert client.round_trips == 2
     assert list(snap["tools"]) == ["create_invoice"]  # hinted tools with no data are left out
@@ -167,9 +186,8 @@ def test_scheduler_backlog_due_now_and_heartbeats(ledger: Ledger) -> None:
     assert sched["next_due_ms"] == NOW - 2000
     assert sched["next_due_in_s"] == -2.0
     assert sched["live"] == 1
-    assert [(i["id"], i["alive"]) for i in sched["instances"]] == [
-        ("s-dead", False), ("s-live", True),
-    ]  # fmt: skip
+    alive = [(i["id"], i["alive"]) for i in sched["instances"]]
+    assert alive == [("s-dead", False), ("s-live", True)]
 
 
 def test_an_empty_ledger_reads_as_zeros(ledger: Ledger) -> None:
@@ -201,20 +219,31 @@ def test_a_failing_worker_ping_is_reported_not_raised() -> None:
 def test_ping_replies_become_sorted_names() -> None:
     replies = {"celery@b": {"ok": "pong"}, "celery@a": {"ok": "pong"}}
     inspect = SimpleNamespace(ping=lambda: replies)
-    tq = SimpleNamespace(celery=SimpleNamespace(control=SimpleNamespace(inspect=lambda timeout:
-                                                                        inspect)))  # fmt: skip
+    tq = SimpleNamespace(
+        celery=SimpleNamespace(control=SimpleNamespace(inspect=lambda timeout: inspect))
+    )
 
     assert ping_workers(tq, 0.1) == {  # type: ignore[arg-type]
-        "checked": True, "live": 2, "names": ["celery@a", "celery@b"],
-    }  # fmt: skip
+        "checked": True,
+        "live": 2,
+        "names": ["celery@a", "celery@b"],
+    }
 
 
 # --------------------------------------------------------------------------- shaping
 
 
 def _shape(**kw: Any) -> dict[str, Any]:
-    base: dict[str, Any] = dict(now_ms=NOW, prefix="toolq", tools={}, stats={}, queues={},
-                                unacked=0, due=(0, 0, None), schedulers={})  # fmt: skip
+    base: dict[str, Any] = dict(
+        now_ms=NOW,
+        prefix="toolq",
+        tools={},
+        stats={},
+        queues={},
+        unacked=0,
+        due=(0, 0, None),
+        schedulers={},
+    )
     return shape(**{**base, **kw})
 
 
@@ -259,11 +288,14 @@ def test_the_table_shows_counts_ages_and_the_recovery_counters() -> None:
     counts = {**dict.fromkeys(STATES, 0), "waiting_retry": 2, "succeeded": 7}
     snap = _shape(
         tools={"create_invoice": (counts, {"waiting_retry": ("x", NOW - 65_000)})},
-        stats={"create_invoice|verify_found": 4, "create_invoice|verify_not_found": 1,
-               "create_invoice|duplicates_prevented": 3},
+        stats={
+            "create_invoice|verify_found": 4,
+            "create_invoice|verify_not_found": 1,
+            "create_invoice|duplicates_prevented": 3,
+        },
         queues={CALLS: 5, VERIFY: 0},
         due=(9, 1, NOW - 100),
-    )  # fmt: skip
+    )
     snap["workers"] = {"checked": True, "live": 1, "names": ["celery@w1"]}
 
     text = render_status(snap, source="redis://127.0.0.1:6379/0")
@@ -304,28 +336,35 @@ def test_snapshot_metrics_name_every_series(ledger: Ledger) -> None:
         def collect(self) -> Any:
             return snapshot_metrics(_read(ledger))
 
-    registry.register(One())  # type: ignore[arg-type]
+    registry.register(One())
     fams = _families(generate_latest(registry).decode())
 
-    for name in ("toolq_operations", "toolq_pending_recovery_oldest_seconds",
-                 "toolq_attempts", "toolq_verification_verdicts", "toolq_duplicates_prevented",
-                 "toolq_escalations", "toolq_queue_messages", "toolq_scheduler_backlog"):
-        assert name in fams, name  # fmt: skip
+    assert {
+        "toolq_operations", "toolq_pending_recovery_oldest_seconds", "toolq_attempts",
+        "toolq_verification_verdicts", "toolq_duplicates_prevented", "toolq_escalations",
+        "toolq_queue_messages", "toolq_scheduler_backlog",
+    } <= set(fams)  # fmt: skip
     verifying = [s for s in fams["toolq_operations"].samples if s.labels["state"] == "verifying"]
     assert [s.value for s in verifying] == [1]
-    oldest = {s.labels["state"]: s.value for s in
-              fams["toolq_pending_recovery_oldest_seconds"].samples}  # fmt: skip
+    oldest = {
+        s.labels["state"]: s.value for s in fams["toolq_pending_recovery_oldest_seconds"].samples
+    }
     assert oldest == {**dict.fromkeys(PENDING, 0.0), "verifying": 3.0}
-    verdicts = {s.labels["verdict"] for s in fams["toolq_verification_verdicts"].samples
-                if s.name.endswith("_total")}  # fmt: skip
+    verdicts = {
+        s.labels["verdict"]
+        for s in fams["toolq_verification_verdicts"].samples
+        if s.name.endswith("_total")
+    }
     assert verdicts == {"found", "not_found", "recheck", "lookup_failed", "escalated"}
 
 
 def test_an_unreachable_ledger_scrapes_as_down() -> None:
-    tq = SimpleNamespace(settings=SimpleNamespace(queues=SimpleNamespace(calls=CALLS,
-                                                                         verify=VERIFY)))  # fmt: skip
+    down = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
+    settings = SimpleNamespace(queues=SimpleNamespace(calls=CALLS, verify=VERIFY))
+    tq = _Queue(settings=settings, registry=[], clock=lambda: NOW / 1000, redis=down,
+                ledger=SimpleNamespace(keys=Keys()))  # fmt: skip
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(_Unreachable(tq)))  # type: ignore[arg-type]
+    registry.register(LedgerCollector(tq))  # type: ignore[arg-type]
 
     fams = _families(generate_latest(registry).decode())
 
@@ -333,21 +372,11 @@ def test_an_unreachable_ledger_scrapes_as_down() -> None:
     assert "toolq_operations" not in fams
 
 
-class _Unreachable:
-    def __init__(self, inner: Any) -> None:
-        self.settings = inner.settings
-        self.registry: list[Any] = []
-        self.clock = lambda: NOW / 1000
+class _Queue:
+    """Stands in for a ToolQueue (hashable and weakly referenceable, like one)."""
 
-    @property
-    def ledger(self) -> Any:
-        return SimpleNamespace(keys=Keys())
-
-    @property
-    def redis(self) -> Any:
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
 
 
 def test_observe_tick_feeds_the_dispatch_lag_histogram() -> None:
@@ -364,4 +393,6 @@ def test_observe_recovery_accepts_a_state_label() -> None:
 
 
 def _count(hist: Any) -> float:
-    return next(s.value for m in hist.collect() for s in m.samples if s.name.endswith("_count"))
+    return float(
+        next(s.value for m in hist.collect() for s in m.samples if s.name.endswith("_count"))
+    )

@@ -98,8 +98,9 @@ def create_app(tq: "ToolQueue", settings: ApiSettings | None = None) -> FastAPI:
 
     route: dict[str, Any] = {"response_model": OperationView, "responses": ERROR_RESPONSES}
 
-    @app.post("/v1/tools/{name}:invoke", status_code=202, **route,
-              dependencies=[_require("invoke")])  # fmt: skip
+    @app.post(
+        "/v1/tools/{name}:invoke", status_code=202, **route, dependencies=[_require("invoke")]
+    )
     def invoke(
         name: Annotated[str, Path(max_length=64)],
         args: Arguments,

@@ -95,9 +95,13 @@ def status(
                 show()
             except redis.RedisError as exc:  # keep watching through an outage
                 click.echo(f"redis unavailable ({type(exc).__name__}); retrying", err=True)
-            time.sleep(interval)
+            _pause(interval)
     except KeyboardInterrupt:
         pass
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 @click.command()

@@ -37,6 +37,18 @@ def _api_available() -> bool:
     return "api" in main.commands
 
 
+def _ping(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client.ping()
+    except (redis.RedisError, ValueError) as exc:
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
+    finally:
+        client.close()
+
+
 def _check_not_running(state_dir: Path) -> None:
     data = read_state(state_dir)
     pid = data.get("pid") if data else None
@@ -128,6 +140,8 @@ def up(
     from toolq.stack import Stack, StackConfig
 
     _check_not_running(state_dir)
+    if redis_url:
+        _ping(redis_url)
     app = app_path or DEFAULT_APP
     if example_provider is None:
         example_provider = app == DEFAULT_APP and not os.environ.get("TOOLQ_EXAMPLE_PROVIDER_URL")
@@ -232,7 +246,7 @@ def _print_banner(
 @click.option(
     "--ops",
     type=click.IntRange(10, 5000),
-    default=40,
+    default=60,
     show_default=True,
     help="Workload size (operations the agent starts).",
 )
@@ -350,7 +364,7 @@ def render_report(r: dict[str, Any]) -> str:
         lines += [
             "",
             f"Worker killed mid-write: {k['worker']} (pid {k['pid']}) at {k['at_s']} s "
-            f"during {k['ref']}; settled by the lease sweep and verification",
+            f"during {k['ref']}: {k.get('final_state', '?')} via lease sweep and verification",
         ]
     if r["unfinished"]:
         lines += ["", f"UNFINISHED operations: {', '.join(r['unfinished'][:10])}"]

@@ -1,10 +1,10 @@
 """The Celery app factory: safe settings, explicit queues, nothing implicit.
 
-* JSON only, never pickle.
+* JSON only, for messages, results and events.
 * Late acknowledgement, requeue on worker loss, prefetch of one.
 * One visibility timeout, set everywhere Celery and kombu read it.
-* No countdown, ETA, ``self.retry`` or ``autoretry_for``: delays belong to
-  the scheduler (DESIGN.md invariant 7).
+* No Celery-side delays or retries of any kind: delays belong to the
+  scheduler (DESIGN.md invariant 7); a test greps the package for them.
 """
 
 from __future__ import annotations

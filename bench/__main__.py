@@ -1,0 +1,122 @@
+"""``python -m bench``: run the benchmarks and write bench/RESULTS.md.
+
+    python -m bench                      everything at full size (long: about an hour)
+    python -m bench throughput --calls 20000 --repeats 5
+    python -m bench io | commands | latency | delay
+    python -m bench scheduler [--sizes 1000,100000,1000000]
+    python -m bench verify [--soak 600]
+    python -m bench chaos [--ops 2000 --kills 30]
+
+Each part rewrites its own section of RESULTS.md. An embedded Valkey is
+started (appendonly off for the performance parts, on for chaos) unless
+``--redis-url`` names a server; that server's current database is flushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from bench import report
+from bench.common import server
+
+PARTS = ("throughput", "io", "commands", "latency", "delay", "scheduler", "verify", "chaos")
+
+
+def _load(name: str) -> Any:
+    path = report.RAW / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def run_part(part: str, a: argparse.Namespace, url: str) -> None:
+    from bench import throughput as tp
+
+    pools = [("prefork", 2), ("threads", a.threads)]
+    if part == "throughput":
+        res = tp.throughput(url, a.calls, a.repeats, a.concurrency, pools)
+        report.update("throughput", tp.render_throughput(res), res)
+        report.update("commands", tp.render_commands(res, _load("roundtrips")))
+    elif part == "commands":
+        rt = tp.round_trips(url, min(a.calls, 5000))
+        report.RAW.mkdir(exist_ok=True)
+        (report.RAW / "roundtrips.json").write_text(json.dumps(rt, indent=1))
+        res = _load("throughput")
+        if res is None:
+            res = tp.throughput(url, min(a.calls, 5000), 1, a.concurrency, pools[:1])
+        report.update("commands", tp.render_commands(res, rt))
+    elif part == "io":
+        res = tp.io_bound(url, a.io_calls, a.io_repeats, 128)
+        report.update("io", tp.render_io(res), res)
+    elif part == "latency":
+        base = _load("throughput")
+        if base is None:
+            raise SystemExit("run `python -m bench throughput` first: latency runs at half of it")
+        runs = base["pools"]["prefork -c 2"]
+        top = min(tp._summ(runs[s])["rate"] for s in tp.SIDES)
+        res = tp.latency(url, top / 2, a.latency_seconds, a.latency_repeats)
+        report.update("latency", tp.render_latency(res), res)
+    elif part == "delay":
+        base = _load("throughput")
+        res = tp.delayed(url, a.delay_calls, a.delay_repeats, a.concurrency, 1.0,
+                         base["pools"]["prefork -c 2"] if base else None)  # fmt: skip
+        report.update("delay", tp.render_delay(res), res)
+    elif part == "scheduler":
+        from bench import scheduler_bench
+
+        res = scheduler_bench.run(url, [int(x) for x in a.sizes.split(",")], a.drain)
+        report.update("scheduler", scheduler_bench.render(res), res)
+    elif part == "verify":
+        from bench import verify_bench
+
+        res = verify_bench.run(url, a.verify_seconds, a.soak)
+        report.update("verify", verify_bench.render(res), res)
+    else:
+        raise SystemExit(f"unknown part {part}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    ap.add_argument("part", nargs="?", default="all", choices=("all", *PARTS))
+    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=32, help="client calls in flight")
+    ap.add_argument("--threads", type=int, default=8, help="threads pool size for (a)")
+    ap.add_argument("--io-calls", type=int, default=6400)
+    ap.add_argument("--io-repeats", type=int, default=3)
+    ap.add_argument("--latency-seconds", type=float, default=30.0)
+    ap.add_argument("--latency-repeats", type=int, default=3)
+    ap.add_argument("--delay-calls", type=int, default=5000)
+    ap.add_argument("--delay-repeats", type=int, default=3)
+    ap.add_argument("--sizes", default="1000,100000,1000000")
+    ap.add_argument("--drain", type=int, default=100000)
+    ap.add_argument("--verify-seconds", type=float, default=20.0)
+    ap.add_argument("--soak", type=float, default=600.0, help="verification soak, seconds")
+    ap.add_argument("--ops", type=int, default=2000, help="chaos: operations")
+    ap.add_argument("--kills", type=int, default=30, help="chaos: worker/scheduler kills")
+    a = ap.parse_args(argv)
+
+    if a.part == "chaos":
+        from bench import chaos
+
+        return chaos.main(["--ops", str(a.ops), "--kills", str(a.kills)]
+                          + (["--redis-url", a.redis_url] if a.redis_url else []))  # fmt: skip
+    parts = [p for p in PARTS if p != "chaos"] if a.part == "all" else [a.part]
+    if a.part == "all":
+        parts = ["throughput", "commands", "io", "latency", "delay", "scheduler", "verify"]
+    with server(a.redis_url, appendonly=False) as srv:
+        report.update("env", report.env_section(srv.url, srv.note))
+        for part in parts:
+            srv.flush()
+            run_part(part, a, srv.url)
+    if a.part == "all":
+        from bench import chaos
+
+        return chaos.main(["--ops", str(a.ops), "--kills", str(a.kills)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""``toolq demo`` end to end: the README's first command, at a size that fits a test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from tests.helpers import REPO_ROOT, toolq_env
+
+
+def _demo(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "toolq.cli", "demo", "--ops", "12", "--timeout", "90", *args],
+        cwd=REPO_ROOT,
+        env=toolq_env(unset=("TOOLQ_STATE_DIR", "TOOLQ_APP")),
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    return res, time.monotonic() - started
+
+
+def test_demo_exits_0_with_exactly_one_side_effect_per_succeeded_write() -> None:
+    res, took = _demo("--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    effects = report["side_effects"]
+
+    # Exactly one side effect at the provider per succeeded write, and none elsewhere
+    assert report["ok"] is True
+    assert effects["succeeded_writes"] > 0
+    assert effects["exactly_one"] == effects["succeeded_writes"]
+    assert effects["violations"] == []
+    assert effects["total"] == effects["succeeded_writes"]
+    assert report["unfinished"] == []
+    # toolq never re-sent a committed write: the provider had nothing to deduplicate
+    assert report["duplicates_prevented"]["provider_replays"] == 0
+
+    # The misbehaviour happened and was recovered from
+    assert report["worker_killed"]["final_state"] == "succeeded"
+    unknowns = report["unknowns"]
+    assert unknowns["causes"].get("LEASE_EXPIRED", 0) >= 1  # the SIGKILLed worker
+    # crash, lost reply, timeout before commit (the kill may catch the last two first)
+    assert sum(unknowns["causes"].values()) >= 3
+    assert unknowns["found_committed"] >= 2
+    assert unknowns["not_found_redispatched"] >= 1
+    assert report["escalations"] == {"create_invoice": 1}
+    assert set(report["by_state"]) == {"succeeded", "failed", "escalated"}
+    assert report["agent_actions"] == {
+        "approved": 1,
+        "inputs_corrected": 1,
+        "reread_after_conflict": 1,
+    }
+    assert report["pending_recovery_s"]["p95"] >= report["pending_recovery_s"]["p50"] > 0
+    assert took < 60
+
+
+def test_demo_holds_without_the_providers_dedup_and_prints_a_report() -> None:
+    # Without the provider's idempotency key check, only toolq prevents duplicates.
+    res, _ = _demo("--no-provider-dedup", "--seed", "3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "RESULT: OK" in res.stdout
+    assert "with exactly one side effect" in res.stdout
+    assert "SIGKILL calls-" in res.stderr  # progress goes to stderr
+    assert "succeeded" in res.stderr

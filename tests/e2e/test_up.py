@@ -1,0 +1,121 @@
+"""``toolq up`` end to end: a real stack in a subprocess, driven by other toolq commands."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests.helpers import descendants, pid_gone, start_toolq, stop_process, toolq_env, wait_until
+from toolq.state import read_state
+
+# No URL, state dir or app from the environment: only the state directory finds them.
+UNSET = ("TOOLQ_REDIS_URL", "TOOLQ_STATE_DIR", "TOOLQ_APP")
+
+
+def _toolq(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolq.cli", *args],
+        cwd=cwd,
+        env=toolq_env(unset=UNSET),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _start_up(cwd: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    out = (cwd / "up.log").open("ab")
+    p = start_toolq(
+        ["up", "--metrics-port", "0", "--api-port", "0", *extra],
+        cwd=cwd,
+        unset=UNSET,
+        stdout=out.fileno(),
+        stderr=subprocess.STDOUT,
+    )
+    out.close()
+    return p, cwd / "up.log"
+
+
+def _wait_ready(p: subprocess.Popen[bytes], cwd: Path, log: Path) -> dict[str, object]:
+    ok = wait_until(lambda: read_state(cwd / ".toolq") or p.poll() is not None, timeout=30)
+    assert ok and p.poll() is None, log.read_text()
+    state = read_state(cwd / ".toolq")
+    assert state is not None
+    # valkey, scheduler, a calls worker, a verify worker (and the API when installed)
+    assert wait_until(lambda: len(descendants(p.pid)) >= 4, timeout=15), log.read_text()
+    return state
+
+
+def _assert_all_gone(pids: set[int]) -> None:
+    assert wait_until(lambda: all(pid_gone(pid) for pid in pids), timeout=10), [
+        pid for pid in pids if not pid_gone(pid)
+    ]
+
+
+def test_up_serves_other_commands_and_stops_everything(tmp_path: Path) -> None:
+    # Given `toolq up` running in a directory, with nothing but its state to find it by
+    p, log = _start_up(tmp_path)
+    try:
+        state = _wait_ready(p, tmp_path, log)
+        assert str(state["redis_url"]).startswith("redis://127.0.0.1:")
+        assert state["app"] == "toolq.examples.invoices:tq"
+        assert "serving on redis://127.0.0.1:" in log.read_text()
+        assert (tmp_path / ".toolq" / "data" / "valkey.conf").exists()
+
+        # When another terminal submits through the CLI in the same directory
+        args = json.dumps({"customer": "acme", "amount": 42})
+        sub = _toolq(tmp_path, "submit", "create_invoice", "--args", args, "--wait", "30")
+        assert sub.returncode == 0, sub.stderr
+        ref = sub.stdout.splitlines()[0].strip()
+        assert json.loads("".join(sub.stdout.splitlines()[1:]))["ok"] is True
+
+        # Then show and status see it, and a second `up` here is refused in one line
+        shown = _toolq(tmp_path, "show", ref, "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["state"] == "succeeded"
+        status = _toolq(tmp_path, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        states = json.loads(status.stdout)["tools"]["create_invoice"]["states"]
+        assert states.get("succeeded") == 1
+        again = _toolq(tmp_path, "up")
+        assert again.returncode != 0
+        assert len(again.stderr.strip().splitlines()) == 1
+        assert "already running" in again.stderr
+        if state.get("metrics_url"):
+            with urllib.request.urlopen(str(state["metrics_url"]), timeout=5) as resp:
+                assert resp.status == 200
+
+        pids = descendants(p.pid)
+    finally:
+        # When it gets SIGTERM
+        code = stop_process(p, signal.SIGTERM, timeout=30)
+    # Then it exits cleanly, leaves no process and no state file behind
+    assert code == 0, log.read_text()
+    _assert_all_gone(pids)
+    assert read_state(tmp_path / ".toolq") is None
+
+    # And a restart on the same data directory keeps the ledger (append-only file)
+    p, log = _start_up(tmp_path, "--no-api")
+    try:
+        _wait_ready(p, tmp_path, log)
+        shown = _toolq(tmp_path, "show", ref, "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["state"] == "succeeded"
+        pids = descendants(p.pid)
+    finally:
+        # Ctrl-C stops everything too
+        code = stop_process(p, signal.SIGINT, timeout=30)
+    assert code == 0, log.read_text()
+    _assert_all_gone(pids)
+
+
+def test_up_with_an_unreachable_server_fails_in_one_line(tmp_path: Path) -> None:
+    res = _toolq(tmp_path, "up", "--redis-url", "redis://127.0.0.1:1/0")
+    assert res.returncode != 0
+    assert res.stderr.strip().count("\n") == 0
+    assert "cannot reach Redis" in res.stderr
+    assert read_state(tmp_path / ".toolq") is None

@@ -1,0 +1,154 @@
+"""The Prometheus endpoint, served from a real ledger after a short scheduler run."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
+
+from toolq.errors import ToolqError
+from toolq.ledger import State, Transition
+from toolq.metrics import METRICS_HOST_ENV, observe_recovery, observe_tick, start_metrics_server
+from toolq.queue import ToolQueue
+from toolq.scheduler.service import Scheduler
+from toolq.tasks.registry import CallContext
+
+
+class Invoice(BaseModel):
+    amount: int
+
+
+@pytest.fixture
+def tq(redis_url: str) -> Iterator[ToolQueue]:
+    queue = ToolQueue(redis_url=redis_url)
+
+    @queue.tool(writes=True)
+    def create_invoice(args: Invoice, ctx: CallContext) -> dict[str, int]:
+        return {"amount": args.amount}
+
+    yield queue
+    queue.close()
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+def _short_run(tq: ToolQueue) -> None:
+    """Three invoices wait to retry, due now; a scheduler dispatches them and stops."""
+    now_ms = int(tq.clock() * 1000)
+    for i in range(3):
+        ref = f"inv/{i}"
+        tq.submit("create_invoice", {"amount": i}, operation_ref=ref)
+        assert tq.ledger.claim(ref, 1, "worker-1", now_ms, 15_000).outcome == "claimed"
+        t = Transition(
+            ref=ref, states=(State.RUNNING,), to=State.WAITING_RETRY, by="test", due_ms=now_ms
+        )
+        assert tq.ledger.apply_one(t, now_ms) == "ok"
+    dispatched = threading.Event()
+
+    def on_tick(stats: object) -> None:
+        observe_tick(stats)  # type: ignore[arg-type]
+        if tq.ledger.stats().get("create_invoice|dispatched", 0) >= 3:
+            dispatched.set()
+
+    sched = Scheduler(tq, on_tick=on_tick)
+    runner = threading.Thread(target=sched.run, daemon=True)
+    runner.start()
+    try:
+        assert dispatched.wait(20), "the scheduler did not dispatch the due retries"
+        # What the worker reports when an operation leaves pending recovery.
+        observe_recovery("create_invoice", 0.8, state="waiting_retry")
+    finally:
+        sched.stop()
+        runner.join(timeout=10)
+    sched._heartbeat()  # a live scheduler, as a running one would show
+    tq.submit("create_invoice", {"amount": 9}, operation_ref="inv/9")
+
+
+def test_the_endpoint_serves_the_named_series_after_a_short_run(tq: ToolQueue) -> None:
+    server = start_metrics_server(0, tq, role="scheduler")
+    try:
+        _short_run(tq)
+        text = _scrape(server.url)
+    finally:
+        server.shutdown()
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in (
+        "toolq_operations",
+        "toolq_pending_recovery_oldest_seconds",
+        "toolq_attempts",
+        "toolq_verification_verdicts",
+        "toolq_duplicates_prevented",
+        "toolq_escalations",
+        "toolq_pending_recovery_seconds",
+        "toolq_scheduler_dispatch_lag_seconds",
+        "toolq_queue_messages",
+        "toolq_queue_unacked_messages",
+        "toolq_scheduler_backlog",
+        "toolq_schedulers_live",
+        "toolq_ledger_up",
+        "toolq_process_info",
+    ):
+        assert name in families, name
+    for series in (
+        'toolq_attempts_total{tool="create_invoice"} 7.0',  # 3 + 3 retries + inv/9
+        'toolq_operations{state="queued",tool="create_invoice"} 4.0',
+        'toolq_verification_verdicts_total{tool="create_invoice",verdict="found"} 0.0',
+        'toolq_duplicates_prevented_total{tool="create_invoice"} 0.0',
+        'toolq_escalations_total{tool="create_invoice"} 0.0',
+        'toolq_dispatches_total{kind="dispatch",tool="create_invoice"} 3.0',
+        'toolq_queue_messages{queue="toolq.calls"} 7.0',
+        "toolq_ledger_up 1.0",
+        "toolq_schedulers_live 1.0",
+        'toolq_process_info{role="scheduler"',
+        'toolq_pending_recovery_seconds_bucket{le="1.0",state="waiting_retry",tool="create_invoice"}',
+        'toolq_scheduler_dispatch_lag_seconds_bucket{le="+Inf"}',
+    ):
+        assert series in text, series
+    lag = families["toolq_scheduler_dispatch_lag_seconds"]
+    count = next(s.value for s in lag.samples if s.name.endswith("_count"))
+    assert count >= 3
+
+
+def test_it_binds_to_loopback_unless_told_otherwise(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(METRICS_HOST_ENV, raising=False)
+    server = start_metrics_server(0, tq, role="worker")
+    try:
+        assert server.host == "127.0.0.1"
+        assert "toolq_ledger_up 1.0" in _scrape(server.url)
+    finally:
+        server.shutdown()
+
+
+def test_a_port_in_use_is_one_clear_error(tq: ToolQueue) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+
+        with pytest.raises(ToolqError, match=rf"cannot serve metrics on 127.0.0.1:{port}"):
+            start_metrics_server(port, tq, role="worker")
+
+
+def test_scrapes_follow_the_ledger(tq: ToolQueue) -> None:
+    server = start_metrics_server(0, tq, role="up")
+    try:
+        before = _scrape(server.url)
+        tq.submit("create_invoice", {"amount": 1}, operation_ref="inv/1")
+        after = _scrape(server.url)
+    finally:
+        server.shutdown()
+
+    assert 'toolq_operations{state="queued"' not in before
+    assert 'toolq_operations{state="queued",tool="create_invoice"} 1.0' in after

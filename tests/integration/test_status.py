@@ -1,0 +1,207 @@
+"""``toolq status`` and ``toolq schema`` against a real server."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+from pydantic import BaseModel
+
+from toolq.cli import main
+from toolq.cli import monitor as cli_monitor
+from toolq.ledger import State, Transition
+from toolq.monitor import STATES, status_snapshot
+from toolq.queue import ToolQueue
+from toolq.tasks.registry import CallContext
+
+APP = "toolq_status_test_app:tq"
+T0 = 1_700_000_000.0  # the fake clock's start (s)
+
+
+class Invoice(BaseModel):
+    amount: int
+
+
+class Refund(BaseModel):
+    payment: str
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def tq(redis_url: str, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolQueue]:
+    """An app with three tools, importable as ``--app toolq_status_test_app:tq``."""
+    queue = ToolQueue(redis_url=redis_url, clock=clock)
+
+    @queue.tool(writes=True)
+    def create_invoice(args: Invoice, ctx: CallContext) -> dict[str, int]:
+        return {"amount": args.amount}
+
+    @queue.tool(writes=True, requires_approval=True)
+    def refund_payment(args: Refund, ctx: CallContext) -> dict[str, str]:
+        return {"payment": args.payment}
+
+    @queue.tool(writes=False)
+    def lookup(args: Refund, ctx: CallContext) -> dict[str, str]:
+        return {}
+
+    module = types.ModuleType("toolq_status_test_app")
+    module.tq = queue  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "toolq_status_test_app", module)
+    yield queue
+    queue.close()
+
+
+def _populate(tq: ToolQueue, clock: Clock) -> None:
+    """inv/0 queued, inv/1 waiting_retry, inv/2 verifying, inv/3 needs_input, inv/4 running;
+    two refunds awaiting approval; one lookup cancelled."""
+    for i in range(5):
+        tq.submit("create_invoice", {"amount": i}, operation_ref=f"inv/{i}")
+        clock.now += 1
+    for i in range(2):
+        tq.submit("refund_payment", {"payment": f"p{i}"}, operation_ref=f"refund/{i}")
+    tq.submit("lookup", {"payment": "p0"}, operation_ref="look/0")
+    tq.cancel("look/0")
+    clock.now += 10  # T0 + 15
+    now_ms = int(clock.now * 1000)
+    moves = {"inv/1": State.WAITING_RETRY, "inv/2": State.VERIFYING, "inv/3": State.NEEDS_INPUT}
+    for ref in ("inv/1", "inv/2", "inv/3", "inv/4"):
+        assert tq.ledger.claim(ref, 1, "worker-1", now_ms, 15_000).outcome == "claimed"
+    for ref, to in moves.items():
+        t = Transition(ref=ref, states=(State.RUNNING,), to=to, by="test", due_ms=now_ms + 5000)
+        assert tq.ledger.apply_one(t, now_ms) == "ok"
+    clock.now += 45  # T0 + 60: the moved ones entered their state 45 s ago
+
+
+def _status(*args: str, redis_url: str) -> dict[str, object]:
+    result = CliRunner().invoke(
+        cli_monitor.status, ["--app", APP, "--redis-url", redis_url, "--no-workers", *args]
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)  # type: ignore[no-any-return]
+
+
+def test_status_json_counts_every_state_and_ages_pending_recovery(
+    tq: ToolQueue, clock: Clock, redis_url: str
+) -> None:
+    _populate(tq, clock)
+
+    snap: dict[str, object] = _status("--json", redis_url=redis_url)
+
+    tools = snap["tools"]
+    assert isinstance(tools, dict)
+    inv = tools["create_invoice"]
+    assert inv["states"] == {
+        **dict.fromkeys(STATES, 0),
+        "queued": 1, "running": 1, "waiting_retry": 1, "verifying": 1, "needs_input": 1,
+    }  # fmt: skip
+    assert inv["pending_recovery"] == 3
+    for state in ("waiting_retry", "verifying", "needs_input"):
+        assert inv["oldest"][state]["age_s"] == 45.0
+    assert inv["oldest"]["queued"] == {
+        "ref": "inv/0", "since": "2023-11-14T22:13:20.000+00:00", "age_s": 60.0,
+    }  # fmt: skip
+    refunds = tools["refund_payment"]
+    assert refunds["states"]["awaiting_approval"] == 2
+    assert refunds["oldest"]["awaiting_approval"]["age_s"] == 55.0
+    assert tools["lookup"]["states"]["cancelled"] == 1
+    assert tools["lookup"]["counters"]["cancelled"] == 1
+    assert inv["counters"]["submitted"] == 5
+    assert snap["totals"] == {
+        "states": {**dict.fromkeys(STATES, 0), "queued": 1, "running": 1, "waiting_retry": 1,
+                   "verifying": 1, "needs_input": 1, "awaiting_approval": 2, "cancelled": 1},
+        "pending_recovery": 5,
+        "oldest": snap["totals"]["oldest"],  # type: ignore[index]
+    }  # fmt: skip
+    # Every queued submit published a message; nothing has consumed one.
+    assert snap["queues"] == {"depth": {"toolq.calls": 6, "toolq.verify": 0}, "unacked": 0}
+    scheduler = snap["scheduler"]
+    assert isinstance(scheduler, dict)
+    assert scheduler["backlog"] == 7  # every unfinished operation
+    # Due by now: the moved ones (5 s after their move), inv/4's lease (15 s after its claim)
+    # and inv/0's unclaimed-message check (60 s after its submit); not the approvals.
+    assert scheduler["due_now"] == 5
+    assert scheduler["live"] == 0
+    assert snap["workers"] == {"checked": False}
+
+
+def test_status_prints_a_table(tq: ToolQueue, clock: Clock, redis_url: str) -> None:
+    _populate(tq, clock)
+
+    result = CliRunner().invoke(
+        cli_monitor.status, ["--app", APP, "--redis-url", redis_url, "--no-workers"]
+    )
+
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("create_invoice"))
+    assert "1 (45s)" in row
+    assert "refund_payment" in result.output
+    assert "toolq.calls 6" in result.output
+    assert "backlog 7" in result.output
+
+
+def test_workers_are_found_by_a_short_ping(tq: ToolQueue) -> None:
+    snap = status_snapshot(tq, workers=True, worker_timeout=0.2)
+
+    assert snap["workers"] == {"checked": True, "live": 0, "names": []}
+
+
+def test_watch_refreshes_until_ctrl_c(
+    tq: ToolQueue, clock: Clock, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _populate(tq, clock)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_monitor, "_pause", sleep)
+    args = ["--app", APP, "--redis-url", redis_url, "--no-workers", "--watch", "--json"]
+
+    result = CliRunner().invoke(cli_monitor.status, [*args, "--interval", "0.5"])
+
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 2  # one JSON document per refresh
+    assert all(json.loads(line)["totals"]["pending_recovery"] == 5 for line in lines)
+    assert sleeps == [0.5, 0.5]
+
+
+def test_an_unreachable_server_is_one_line_and_a_failure(tq: ToolQueue) -> None:
+    result = CliRunner().invoke(
+        cli_monitor.status, ["--app", APP, "--redis-url", "redis://127.0.0.1:1/0"]
+    )
+
+    assert result.exit_code != 0
+    assert result.output.strip().count("\n") == 0
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.output
+
+
+def test_schema_prints_the_envelope_json_schema() -> None:
+    result = CliRunner().invoke(main, ["schema"])
+
+    assert result.exit_code == 0, result.output
+    schema = json.loads(result.output)
+    assert schema["title"] == "ToolqEnvelope"
+    assert schema["type"] == "object"
+
+
+def test_status_and_schema_are_toolq_commands() -> None:
+    assert {"status", "schema"} <= set(main.commands)

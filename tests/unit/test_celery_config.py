@@ -1,0 +1,61 @@
+"""The Celery-on-Redis traps DESIGN.md lists, closed by configuration and by
+never using Celery's delays (the behavioural side is in tests/integration)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from toolq import ToolQueue
+from toolq.settings import QueueSettings, ToolqSettings
+from toolq.workers.app import celery_config
+
+ROOT = Path(__file__).resolve().parents[2] / "toolq"
+
+
+def test_safe_celery_settings() -> None:
+    s = ToolqSettings(
+        redis_url=SecretStr("redis://h:6379/0"), queues=QueueSettings(visibility_timeout=1234)
+    )
+    c = celery_config(s, s.url)
+    assert c["task_serializer"] == "json" and c["accept_content"] == ["json"]
+    assert c["result_accept_content"] == ["json"]
+    assert c["task_acks_late"] and c["task_reject_on_worker_lost"]
+    assert c["worker_prefetch_multiplier"] == 1
+    # one visibility timeout, everywhere Celery and kombu read it
+    assert c["broker_transport_options"]["visibility_timeout"] == 1234
+    assert c["result_backend_transport_options"]["visibility_timeout"] == 1234
+    assert c["visibility_timeout"] == 1234
+    assert {q.name for q in c["task_queues"]} == {"toolq.calls", "toolq.verify"}
+    assert c["worker_send_task_events"]  # Flower keeps working
+
+
+def test_no_celery_delay_or_retry_anywhere_in_toolq() -> None:
+    pattern = re.compile(r"\b(countdown|eta)\s*=|\.retry\(|autoretry_for|apply_async|pickle")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in ROOT.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://:s3cr3t-pw@127.0.0.1:6379/0", "rediss://user:s3cr3t-pw@cache.example:6380/2"],
+)
+def test_a_password_never_appears_in_repr_or_errors(url: str) -> None:
+    tq = ToolQueue(redis_url=url)
+    assert "s3cr3t-pw" not in repr(tq)
+    assert "s3cr3t-pw" not in repr(tq.settings)
+    assert "s3cr3t-pw" not in str(tq.describe())
+    assert tq.redis_url == url  # still usable
+
+
+def test_a_url_that_is_not_redis_is_refused() -> None:
+    with pytest.raises(ValueError, match="redis://"):
+        ToolQueue(redis_url="http://user:pw@host/")

@@ -1,0 +1,114 @@
+"""Every registered tool over MCP: ``toolq mcp`` (stdio, or streamable HTTP at ``/mcp``).
+
+Built on the low-level ``mcp.server.Server`` for full control of results:
+
+- Each tool is listed with its input schema, ``outputSchema`` = the envelope
+  union (:func:`toolq.envelope.json_schema`) and annotations: ``readOnlyHint``
+  for reads; ``destructiveHint`` and ``idempotentHint`` (from the registry)
+  for writes. No success-only output model is declared, so an error envelope
+  is never replaced by a validation message.
+- A call is submitted through the queue under the client's
+  ``_meta.operation_ref`` if it gives one (send the same ref again and you get
+  the same operation: retries are safe), else under a fresh ``mcp_<uuid>``;
+  ``_meta.call_id`` or the MCP request id becomes the call_id. It waits up to
+  ``wait_seconds`` (default 20 s). A settled operation comes back as its
+  envelope (:func:`toolq.render.to_mcp_result`: ``isError`` for ``ok=false``,
+  the whole envelope in ``structuredContent``, ``agent_message`` and compact
+  JSON in the text block). One still pending comes back as an
+  ``OPERATION_PENDING`` envelope carrying its ``operation_ref``, to follow
+  with the ``get_operation`` tool (or stop with ``cancel_operation``). Its
+  commit_state is ``unknown`` (verify_operation) while a write's attempt may
+  have started (running, verifying), else ``not_committed`` with
+  ``after_delay``/``wait_and_retry``.
+- Progress: the tool runs in a worker process, so what reaches the client as
+  ``notifications/progress`` (when it sent a progressToken) is the wait
+  itself, one notification per state the operation enters (queued, running,
+  verifying, ...); ``CallContext.progress`` inside the tool is not forwarded yet.
+- Every exception in the adapter becomes an allowlisted envelope and a log
+  line keyed by operation_ref; no exception text reaches the client.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp.server import Server
+
+from toolq.mcp_server.adapter import Adapter
+from toolq.mcp_server.envelopes import CANCEL_OPERATION, GET_OPERATION
+
+if TYPE_CHECKING:
+    from toolq.queue import ToolQueue
+
+__all__ = [
+    "CANCEL_OPERATION",
+    "GET_OPERATION",
+    "Adapter",
+    "create_server",
+    "run_stdio",
+    "serve_http",
+]
+
+INSTRUCTIONS = (
+    "Every tool call runs through toolq's queue and returns an envelope. Pass "
+    "_meta.operation_ref to make a call safe to repeat. If a call returns OPERATION_PENDING, "
+    "follow its operation_ref with get_operation; never call the tool again for it."
+)
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def create_server(
+    tq: ToolQueue, *, wait_seconds: float = 20.0, poll_interval: float = 1.0
+) -> Server[Any]:
+    """The MCP server for ``tq`` (connect ``mcp.Client(server)`` to it in tests)."""
+    from toolq import __version__
+
+    adapter = Adapter(tq, wait_seconds=wait_seconds, poll_interval=poll_interval)
+    return Server(
+        "toolq",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=adapter.list_tools,
+        on_call_tool=adapter.call_tool,
+    )
+
+
+def run_stdio(tq: ToolQueue, **options: Any) -> None:
+    """Serve MCP over stdin/stdout until the client closes it."""
+    from mcp.server.stdio import stdio_server
+
+    server = create_server(tq, **options)
+
+    async def main() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)
+
+
+def serve_http(
+    tq: ToolQueue,
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    *,
+    log_level: str = "info",
+    **options: Any,
+) -> None:
+    """Serve MCP over streamable HTTP at ``/mcp``; tokens as for the HTTP API.
+
+    With tokens, every request needs the ``invoke`` scope. Without, loopback only.
+    """
+    import uvicorn
+
+    from toolq.api.auth import ApiSettings, check_bind
+    from toolq.api.guard import RequireScope
+
+    tokens = ApiSettings().token_table()
+    check_bind(host, tokens, "mcp")
+    app: Any = create_server(tq, **options).streamable_http_app(host=host)
+    if tokens:
+        app = RequireScope(app, tokens, "invoke")
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), server_header=False)

@@ -1,0 +1,238 @@
+"""The MCP handlers over one ToolQueue: tools/list and tools/call."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+from mcp import types
+from mcp.server import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from toolq import errors
+from toolq.api.auth import SCOPES
+from toolq.envelope import AnyEnvelope, FieldError, json_schema
+from toolq.ledger.states import SETTLED, State
+from toolq.mcp_server.envelopes import (
+    CANCEL_OPERATION,
+    GET_OPERATION,
+    REF_RE,
+    CancelArgs,
+    FollowArgs,
+    forbidden_envelope,
+    pending_envelope,
+    refused_envelope,
+    unexpected_envelope,
+)
+from toolq.render import to_mcp_result
+from toolq.tasks.registry import field_errors_of
+
+if TYPE_CHECKING:
+    from toolq.queue import ToolQueue
+
+log = logging.getLogger("toolq.mcp")
+T = TypeVar("T")
+
+#: How often the wait looks at the state between wake-ups, for progress.
+STEP = 0.25
+
+
+class Adapter:
+    """The MCP handlers over one ToolQueue."""
+
+    def __init__(
+        self,
+        tq: ToolQueue,
+        *,
+        wait_seconds: float = 20.0,
+        poll_interval: float = 1.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.tq, self.wait_seconds, self.poll, self.clock = tq, wait_seconds, poll_interval, clock
+        for name in (GET_OPERATION, CANCEL_OPERATION):
+            if name in tq.registry:
+                raise ValueError(f"tool {name!r} clashes with the MCP server's own tool")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(lambda: fn(*args))
+
+    # ------------------------------------------------------------------ tools/list
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        try:
+            return types.ListToolsResult(tools=self.tools())
+        except Exception:
+            log.exception("tools/list failed")
+            raise MCPError(code=types.INTERNAL_ERROR, message="internal error") from None
+
+    def tools(self) -> list[types.Tool]:
+        envelope = json_schema()
+        listed = [
+            types.Tool(
+                name=t.name,
+                description=t.options.description or None,
+                input_schema=t.input_schema(),
+                output_schema=envelope,
+                annotations=types.ToolAnnotations(
+                    read_only_hint=not t.writes,
+                    open_world_hint=True,
+                    destructive_hint=True if t.writes else None,
+                    idempotent_hint=t.options.idempotent if t.writes else None,
+                ),
+            )
+            for t in self.tq.registry
+        ]
+        follow = types.Tool(
+            name=GET_OPERATION,
+            input_schema=FollowArgs.model_json_schema(),
+            description="Read an operation by operation_ref, waiting up to wait_seconds for it "
+            "to settle; returns its envelope (OPERATION_PENDING while it runs).",
+            output_schema=envelope,
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        )
+        cancel = types.Tool(
+            name=CANCEL_OPERATION,
+            input_schema=CancelArgs.model_json_schema(),
+            description="Cancel an operation that has not started a write (queued or waiting).",
+            output_schema=envelope,
+            annotations=types.ToolAnnotations(
+                read_only_hint=False, destructive_hint=False, idempotent_hint=True
+            ),
+        )
+        return [*listed, follow, cancel]
+
+    # ------------------------------------------------------------------ tools/call
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        try:
+            env = await self._call(ctx, params)
+        except Exception as exc:  # the last resort: even an envelope failed to build
+            log.exception("MCP call could not be answered")
+            ref = f"mcp_{uuid.uuid4().hex}"
+            env = unexpected_envelope(exc, ref, None, None, may_have_submitted=False)
+        return types.CallToolResult.model_validate(to_mcp_result(env))
+
+    async def _call(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> AnyEnvelope:
+        meta: dict[str, Any] = dict(params.meta or ctx.meta or {})
+        call_id = _text(meta.get("call_id")) or _text(ctx.request_id) or None
+        ref = f"mcp_{uuid.uuid4().hex}"
+        tool, submitted = params.name, False
+        try:
+            args = params.arguments or {}
+            if tool in (GET_OPERATION, CANCEL_OPERATION):
+                env = await self._builtin(ctx, tool, args, call_id)
+            else:
+                given = meta.get("operation_ref")
+                if given is not None:
+                    if not isinstance(given, str) or not REF_RE.match(given):
+                        raise errors.InvalidArguments(
+                            "bad operation_ref",
+                            field_errors=[FieldError(field="_meta.operation_ref", rule="pattern")],
+                        )
+                    ref = given
+                submitted = True
+                sub = await self._run(
+                    lambda: self.tq.submit(tool, args, operation_ref=ref, call_id=call_id)
+                )
+                env = await self.follow(ctx, sub.operation_ref, self.wait_seconds)
+        except errors.RequestRefused as exc:
+            env = refused_envelope(exc, ref, tool, call_id, self._max_attempts(tool))
+        except Exception as exc:
+            log.exception("MCP call of %s failed for %s", tool[:64], ref)
+            env = unexpected_envelope(
+                exc,
+                ref,
+                tool[:64] if tool in self.tq.registry else None,
+                call_id,
+                may_have_submitted=submitted and self._writes(tool),
+            )
+        return env
+
+    async def _builtin(
+        self, ctx: ServerRequestContext[Any], tool: str, args: dict[str, Any], call_id: str | None
+    ) -> AnyEnvelope:
+        try:
+            parsed = (FollowArgs if tool == GET_OPERATION else CancelArgs).model_validate(args)
+        except ValidationError as exc:
+            raise errors.InvalidArguments(
+                "bad arguments", field_errors=field_errors_of(exc)
+            ) from None
+        ref = parsed.operation_ref
+        if isinstance(parsed, CancelArgs) and "cancel" not in _scopes(ctx):
+            return forbidden_envelope(ref, call_id, "cancel")
+        try:
+            if isinstance(parsed, FollowArgs):
+                wait = self.wait_seconds if parsed.wait_seconds is None else parsed.wait_seconds
+                return await self.follow(ctx, ref, wait)
+            await self._run(self.tq.cancel, ref)
+            return await self._run(self.tq.wait, ref, 0.0)
+        except errors.RequestRefused as exc:
+            return refused_envelope(exc, ref, None, call_id)
+        except Exception as exc:  # a read of an existing operation: nothing was submitted
+            log.exception("MCP %s failed for %s", tool, ref)
+            return unexpected_envelope(exc, ref, None, call_id, may_have_submitted=False)
+
+    async def follow(
+        self, ctx: ServerRequestContext[Any], ref: str, wait_seconds: float
+    ) -> AnyEnvelope:
+        """Wait up to ``wait_seconds`` for ``ref`` to settle, reporting each state entered."""
+        deadline = time.monotonic() + wait_seconds
+        names = ("state", "tool", "attempt", "max_attempts", "call_id", "envelope")
+        last, steps = "", 0
+        while True:
+            f = await self._run(self.tq.ledger.fields, ref, *names)
+            if "state" not in f:
+                raise errors.OperationNotFound("no such operation")
+            if f["state"] != last:
+                last, steps = f["state"], steps + 1
+                await _progress(ctx, steps, f"{last} (attempt {f.get('attempt') or 0})")
+            if State(last) in SETTLED:
+                return await self._run(self.tq.wait, ref, 0.0)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return pending_envelope(
+                    ref, f, writes=self._writes(f.get("tool", "")), poll=self.poll, now=self.clock()
+                )
+            with contextlib.suppress(TimeoutError):  # it only wakes us early
+                await self._run(self.tq.wait, ref, min(STEP, remaining))
+
+    def _writes(self, tool: str) -> bool:
+        # An unknown tool name is treated as a write: the cautious reading.
+        return tool not in self.tq.registry or self.tq.registry.get(tool).writes
+
+    def _max_attempts(self, tool: str) -> int:
+        return self.tq.registry.get(tool).options.max_attempts if tool in self.tq.registry else 1
+
+
+def _scopes(ctx: ServerRequestContext[Any]) -> frozenset[str]:
+    """What the HTTP transport's token allows; everything on stdio or without tokens."""
+    scope = getattr(ctx.request, "scope", None)
+    granted = scope.get("toolq.scopes") if isinstance(scope, dict) else None
+    return granted if isinstance(granted, frozenset) else SCOPES
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    text = str(value)
+    return text if REF_RE.match(text) else None
+
+
+async def _progress(ctx: ServerRequestContext[Any], steps: int, message: str) -> None:
+    try:
+        await ctx.session.report_progress(float(steps), None, message)
+    except Exception:  # progress is best effort; the call's answer is what matters
+        log.debug("progress notification failed", exc_info=True)
