@@ -323,8 +323,6 @@ def build_report(
 
 def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
     """Start everything, run the workload, stop everything; returns the report."""
-    from pydantic import SecretStr
-
     from toolq.examples import invoices
 
     started = time.monotonic()
@@ -344,6 +342,7 @@ def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
                 "TOOLQ_EXAMPLE_PROVIDER_TIMEOUT": str(opts.provider_timeout),
                 "TOOLQ_LEASE__SECONDS": str(opts.lease_seconds),
                 "TOOLQ_RECOVERY__UNCLAIMED_AFTER": "5",
+                "TOOLQ_SCHEDULER__MAX_SLEEP": "1",
             },
         )
     )
@@ -353,10 +352,9 @@ def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
         stack.config.env["TOOLQ_EXAMPLE_PROVIDER_URL"] = provider.url
         stack.start()
         tq = invoices.tq  # this process only submits and reads: the workers run the tools
+        tq.configure(redis_url=stack.redis_url)
         recovery = tq.settings.recovery.model_copy(update={"unclaimed_after": 5.0})
-        tq.settings = tq.settings.model_copy(
-            update={"redis_url": SecretStr(stack.redis_url), "recovery": recovery}
-        )
+        tq.settings = tq.settings.model_copy(update={"recovery": recovery})
         agent = Agent(tq, stack, provider, opts, err)
         agent.say(
             f"stack up: valkey {stack.redis_url}, scheduler, {opts.calls_workers} calls "

@@ -11,8 +11,8 @@ Two kinds of series:
   - ``toolq_operations{tool,state}`` (gauge) and
     ``toolq_pending_recovery_oldest_seconds{tool,state}`` (gauge, 0 when empty)
   - counters from the ledger's stats hash: ``toolq_operations_submitted_total``,
-    ``toolq_attempts_total``, ``toolq_operations_finished_total{state}``,
-    ``toolq_escalations_total``, ``toolq_unknown_outcomes_total``,
+    ``toolq_attempts_total``, ``toolq_operations_finished_total{state}``
+    (succeeded, failed, cancelled), ``toolq_escalations_total``, ``toolq_unknown_outcomes_total``,
     ``toolq_unverifiable_unknowns_total``,
     ``toolq_verification_verdicts_total{verdict}``,
     ``toolq_duplicates_prevented_total``, ``toolq_leases_lost_total``,
@@ -30,9 +30,11 @@ Two kinds of series:
     scheduler's ``on_tick`` callback, so they live in the scheduler process.
   - ``toolq_pending_recovery_seconds{tool,state}`` (histogram): fed by
     :func:`observe_recovery` wherever an operation leaves a pending-recovery
-    state. In a prefork worker the metrics server runs in the main process
-    and tool calls run in pool children: what a child observes is not seen by
-    the server (use ``--pool threads``, or observe in the scheduler).
+    state, and by :func:`observe_tick` for what a scheduler batch moved out
+    of one (``TickStats.recovered``, when the scheduler reports it). In a
+    prefork worker the metrics server runs in the main process and tasks run
+    in pool children: what a child observes never reaches the server (use
+    ``--pool threads``, or observe in the scheduler).
   - ``toolq_process_info{role,version}``, and prometheus_client's process and
     GC collectors.
 """
@@ -123,6 +125,9 @@ def observe_tick(stats: TickStats) -> None:
         DISPATCH_LAG_SECONDS.observe(max(0, lag_ms) / 1000)
     for action, n in stats.actions.items():
         SCHEDULER_ACTIONS.labels(action=str(action)).inc(n)
+    # (tool, state, ms in it) of operations the batch moved out of pending recovery
+    for tool, state, ms in stats.recovered:
+        observe_recovery(tool, ms / 1000, state=state)
 
 
 class LedgerCollector(Collector):

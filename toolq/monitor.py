@@ -7,7 +7,8 @@ Every number comes from a key whose name is known in advance (``ZCARD`` and
 ``ZRANGE 0 0`` of the per-tool-per-state indexes, ``LLEN`` of the queue lists,
 ``HLEN`` of kombu's ``unacked`` hash, ...), all sent in one pipeline: the cost
 grows with the number of tools, not of operations, and the keyspace is never
-scanned. Worker discovery is a Celery broadcast ping that runs beside the
+scanned. Counts of finished states cover the retention window (the scheduler
+trims older index entries). Worker discovery is a Celery broadcast ping that runs beside the
 pipeline, bounded by its timeout.
 
 The snapshot is a plain JSON-able dict: ``toolq status --json`` prints it and

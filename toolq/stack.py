@@ -235,6 +235,13 @@ class Stack:
         if self.server is not None:
             self.server.stop(timeout=timeout)
 
+    def kill_all(self) -> None:
+        """SIGKILL every child's group and the server at once (a second Ctrl-C)."""
+        for child in self.children:
+            _killpg(child, signal.SIGKILL)
+        if self.server is not None:
+            self.server.kill()
+
     def __enter__(self) -> Stack:
         return self.start()
 

@@ -119,3 +119,24 @@ def test_up_with_an_unreachable_server_fails_in_one_line(tmp_path: Path) -> None
     assert res.stderr.strip().count("\n") == 0
     assert "cannot reach Redis" in res.stderr
     assert read_state(tmp_path / ".toolq") is None
+
+
+def test_nothing_outlives_a_sigkilled_up(tmp_path: Path) -> None:
+    # Given `toolq up` with everything started
+    p, log = _start_up(tmp_path, "--no-api", "--no-metrics")
+    try:
+        _wait_ready(p, tmp_path, log)
+        pids = descendants(p.pid)
+        # When only the `up` process itself is SIGKILLed (no chance to clean up)
+        p.kill()
+        p.wait(timeout=10)
+    finally:
+        stop_process(p)
+    # Then every process it started dies with it (PR_SET_PDEATHSIG)
+    _assert_all_gone(pids)
+    # And the stale state file does not stop the next `up` from starting
+    p, log = _start_up(tmp_path, "--no-api", "--no-metrics")
+    try:
+        _wait_ready(p, tmp_path, log)
+    finally:
+        assert stop_process(p, signal.SIGTERM, timeout=30) == 0, log.read_text()

@@ -117,6 +117,15 @@ def test_same_key_same_arguments_is_the_same_operation_other_arguments_422(
     assert settle(agent, ref)["envelope"]["result"] == {"note": ref}
 
 
+def test_a_ref_with_url_characters_is_quoted_in_location(agent: TestClient) -> None:
+    ref = f"run_{uuid.uuid4().hex[:6]}#a+b=c@d"
+    r = invoke(agent, "echo", {"text": "q"}, ref)
+    assert r.headers["location"].endswith("%23a+b=c@d")
+    assert (
+        settle(agent, r.headers["location"].removeprefix("/v1/operations/"))["operation_ref"] == ref
+    )
+
+
 def test_pending_operation_says_when_to_poll(agent: TestClient) -> None:
     ref = key()
     invoke(agent, "create_note", {"body": "slow", "sleep": 1.5}, ref)

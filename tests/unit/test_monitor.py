@@ -18,6 +18,7 @@ from toolq.keys import Keys
 from toolq.ledger import Ledger, State, Transition
 from toolq.metrics import (
     DISPATCH_LAG_SECONDS,
+    PENDING_RECOVERY_SECONDS,
     LedgerCollector,
     observe_recovery,
     observe_tick,
@@ -205,29 +206,20 @@ def test_the_worker_probe_runs_and_its_answer_is_included(ledger: Ledger) -> Non
     assert _read(ledger, workers=lambda: answer)["workers"] == answer
 
 
-def test_a_failing_worker_ping_is_reported_not_raised() -> None:
+def _celery(inspect: Any) -> Any:
+    return SimpleNamespace(celery=SimpleNamespace(control=SimpleNamespace(inspect=inspect)))
+
+
+def test_ping_replies_become_sorted_names_and_a_failing_ping_is_reported() -> None:
+    replies = SimpleNamespace(ping=lambda: {"celery@b": {"ok": "pong"}, "celery@a": {}})
+
     def broken(timeout: float) -> Any:
         raise ConnectionError("broker gone")
 
-    tq = SimpleNamespace(celery=SimpleNamespace(control=SimpleNamespace(inspect=broken)))
-
-    out = ping_workers(tq, 0.1)  # type: ignore[arg-type]
-
-    assert out == {"checked": True, "live": None, "names": [], "error": "ConnectionError"}
-
-
-def test_ping_replies_become_sorted_names() -> None:
-    replies = {"celery@b": {"ok": "pong"}, "celery@a": {"ok": "pong"}}
-    inspect = SimpleNamespace(ping=lambda: replies)
-    tq = SimpleNamespace(
-        celery=SimpleNamespace(control=SimpleNamespace(inspect=lambda timeout: inspect))
-    )
-
-    assert ping_workers(tq, 0.1) == {  # type: ignore[arg-type]
-        "checked": True,
-        "live": 2,
-        "names": ["celery@a", "celery@b"],
-    }
+    ok = ping_workers(_celery(lambda timeout: replies), 0.1)
+    assert ok == {"checked": True, "live": 2, "names": ["celery@a", "celery@b"]}
+    failed = ping_workers(_celery(broken), 0.1)
+    assert failed == {"checked": True, "live": None, "names": [], "error": "ConnectionError"}
 
 
 # --------------------------------------------------------------------------- shaping
@@ -387,9 +379,17 @@ def test_observe_tick_feeds_the_dispatch_lag_histogram() -> None:
     assert _count(DISPATCH_LAG_SECONDS) == before + 2
 
 
-def test_observe_recovery_accepts_a_state_label() -> None:
-    observe_recovery("create_invoice", 12.5, state="verifying")
-    observe_recovery("create_invoice", -1)  # clock skew never makes a negative observation
+def test_operations_leaving_pending_recovery_are_observed() -> None:
+    stats = TickStats()
+    setattr(stats, "recovered", [("tick_tool", "waiting_retry", 1500)])  # noqa: B010
+
+    observe_tick(stats)
+    observe_recovery("tick_tool", -1, state="verifying")  # clock skew: never negative
+
+    samples = [s for m in PENDING_RECOVERY_SECONDS.collect() for s in m.samples]
+    sums = {s.labels["state"]: s.value for s in samples
+            if s.name.endswith("_sum") and s.labels["tool"] == "tick_tool"}  # fmt: skip
+    assert sums == {"waiting_retry": 1.5, "verifying": 0.0}
 
 
 def _count(hist: Any) -> float:

@@ -35,7 +35,21 @@ Without tokens there is no authentication, so :func:`serve_api` binds
 loopback only and refuses any other host.
 """
 
-from toolq.api.app import create_app, serve_api
+from typing import TYPE_CHECKING, Any
+
 from toolq.api.auth import SCOPES, ApiSettings, Tokens
 
+if TYPE_CHECKING:
+    from toolq.api.app import create_app, serve_api
+
 __all__ = ["SCOPES", "ApiSettings", "Tokens", "create_app", "serve_api"]
+
+
+def __getattr__(name: str) -> Any:
+    # FastAPI is the ``api`` extra: import it only when the app is asked for, so
+    # the MCP server can share the token code without it.
+    if name in ("create_app", "serve_api"):
+        from toolq.api import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'toolq.api' has no attribute {name!r}")

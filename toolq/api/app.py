@@ -8,6 +8,7 @@ import contextlib
 import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import quote
 
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -187,7 +188,7 @@ def _view(rec: OperationRecord, status: int, poll: float, created: bool | None) 
     )
     headers: dict[str, str] = {}
     if status == 202:
-        headers["Location"] = f"/v1/operations/{rec.operation_ref}"
+        headers["Location"] = "/v1/operations/" + quote(rec.operation_ref, safe="/:@+=")
     if not settled:
         headers["Retry-After"] = str(_retry_after(rec, poll))
     content = body.model_dump(mode="json", exclude_none=True)

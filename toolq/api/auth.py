@@ -1,17 +1,22 @@
 """Bearer tokens with scopes, and the loopback-only rule when there are none.
 
-Shared by the HTTP API and the MCP server's HTTP transport.
+Shared by the HTTP API and the MCP server's HTTP transport; needs no FastAPI.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 SCOPES = frozenset({"read", "invoke", "approve", "input", "cancel"})
 MIN_TOKEN_LENGTH = 16
@@ -102,17 +107,59 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def bind_refusal(host: str, tokens: Tokens, what: str = "api") -> str | None:
+    """Why ``host`` may not be bound (no tokens and not loopback), or ``None``."""
+    if tokens or is_loopback(host):
+        return None
+    return (
+        f"no API tokens are configured (TOOLQ_API_TOKENS): toolq {what} serves loopback "
+        f"only without them; refusing --host {host}"
+    )
+
+
 def check_bind(host: str, tokens: Tokens, what: str = "api") -> None:
     """Refuse a non-loopback host without tokens; say so when serving without them."""
+    refusal = bind_refusal(host, tokens, what)
+    if refusal is not None:
+        raise ValueError(refusal)
     if tokens:
         return
-    if not is_loopback(host):
-        raise ValueError(
-            f"no API tokens are configured (TOOLQ_API_TOKENS): toolq {what} serves loopback "
-            f"only without them; refusing --host {host}"
-        )
     print(
         f"toolq {what}: no tokens configured (TOOLQ_API_TOKENS), so no authentication; "
         f"serving on loopback only ({host})",
         file=sys.stderr,
     )
+
+
+class RequireScope:
+    """Bearer-token check in front of another ASGI app (the MCP HTTP transport).
+
+    Every HTTP request needs ``scope``; the token's scopes are left in the
+    ASGI scope under ``"toolq.scopes"`` for finer checks behind it.
+    """
+
+    def __init__(self, app: ASGIApp, tokens: Tokens, scope: str) -> None:
+        self.app, self.tokens, self.scope = app, tokens, scope
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers", ()))
+            authorization = headers.get(b"authorization", b"").decode("latin-1")
+            refusal = self.tokens.check(authorization, self.scope)
+            if refusal is not None:
+                status, code, message = refusal
+                extra = ((b"www-authenticate", b"Bearer"),) if status == 401 else ()
+                await send_json(send, status, {"code": code, "message": message}, extra)
+                return
+            _kind, _sep, token = authorization.partition(" ")
+            scope["toolq.scopes"] = self.tokens.scopes(token.strip())
+        await self.app(scope, receive, send)
+
+
+async def send_json(
+    send: Send, status: int, body: dict[str, Any], headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    raw = json.dumps(body).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": [*head, *headers]})
+    await send({"type": "http.response.body", "body": raw})

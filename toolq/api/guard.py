@@ -9,7 +9,6 @@ of an unexpected exception: those are logged and answered with
 from __future__ import annotations
 
 import http
-import json
 import logging
 import math
 from typing import Any
@@ -23,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolq import errors
-from toolq.api.auth import Tokens
+from toolq.api.auth import send_json
 from toolq.envelope import ToolError, is_valid_code, to_dict
 from toolq.redact import scrub
 
@@ -219,37 +218,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
-
-
-async def send_json(
-    send: Send, status: int, body: dict[str, Any], headers: tuple[tuple[bytes, bytes], ...] = ()
-) -> None:
-    raw = json.dumps(body).encode()
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": [*head, *headers]})
-    await send({"type": "http.response.body", "body": raw})
-
-
-class RequireScope:
-    """Bearer-token check in front of another ASGI app (the MCP HTTP transport).
-
-    Every HTTP request needs ``scope``; the token's scopes are left in the
-    ASGI scope under ``"toolq.scopes"`` for finer checks behind it.
-    """
-
-    def __init__(self, app: ASGIApp, tokens: Tokens, scope: str) -> None:
-        self.app, self.tokens, self.scope = app, tokens, scope
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers", ()))
-            authorization = headers.get(b"authorization", b"").decode("latin-1")
-            refusal = self.tokens.check(authorization, self.scope)
-            if refusal is not None:
-                status, code, message = refusal
-                extra = ((b"www-authenticate", b"Bearer"),) if status == 401 else ()
-                await send_json(send, status, {"code": code, "message": message}, extra)
-                return
-            _kind, _sep, token = authorization.partition(" ")
-            scope["toolq.scopes"] = self.tokens.scopes(token.strip())
-        await self.app(scope, receive, send)

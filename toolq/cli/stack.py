@@ -6,8 +6,10 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +20,47 @@ from toolq.redact import redact_url
 from toolq.state import clear_state, read_state, write_state
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+class _Interrupts:
+    """The first SIGINT or SIGTERM raises KeyboardInterrupt (so ``finally`` stops the stack);
+    a later one, while stopping, calls ``hurry`` instead of cutting the stop short."""
+
+    def __init__(self, hurry: Callable[[], None] | None = None) -> None:
+        self.hurry = hurry
+        self.fired = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        if self.hurry is not None:
+            self.hurry()
+
+    def __enter__(self) -> _Interrupts:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
-def _port(value: int | None) -> int | None:
-    """0 picks a free port; None stays off."""
+def _port(value: int | None, what: str) -> int | None:
+    """0 picks a free port; None stays off; a port in use is refused now, in one line."""
+    from toolq.stack import free_port
+
     if value == 0:
-        from toolq.stack import free_port
-
         return free_port()
+    if value is not None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", value))
+            except OSError:
+                raise CliError(
+                    f"port {value} for {what} is in use: pass --{what}-port 0 (any free port) "
+                    "or another port"
+                ) from None
     return value
 
 
@@ -151,11 +184,11 @@ def up(
         if importlib.util.find_spec("toolq.metrics") is None:
             notes.append("metrics    skipped: toolq.metrics is not available")
         else:
-            metrics = _port(metrics_port)
+            metrics = _port(metrics_port, "metrics")
     api_port_used: int | None = None
     if api:
         if _api_available():
-            api_port_used = _port(api_port)
+            api_port_used = _port(api_port, "api")
         else:
             notes.append("api        skipped: `toolq api` is not available in this install")
     config = StackConfig(
@@ -173,52 +206,54 @@ def up(
     )
     stack = Stack(config)
     provider = InvoiceProvider() if example_provider else None
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     exit_code = 0
-    try:
-        if provider is not None:
-            provider.start()
-            config.env["TOOLQ_EXAMPLE_PROVIDER_URL"] = provider.url
+    with _Interrupts(hurry=stack.kill_all):
         try:
-            stack.start()
-        except Exception as exc:
-            raise CliError(f"cannot start the stack: {type(exc).__name__}: {exc}") from None
-        state = {
-            "redis_url": stack.redis_url,
-            "app": app,
-            "pid": os.getpid(),
-            "metrics_url": stack.metrics_url,
-            "api_url": stack.api_url,
-            "embedded": stack.embedded,
-            "started_at": time.time(),
-        }
-        write_state(state, state_dir)
-        _print_banner(stack, app, state_dir, provider.url if provider else None, notes)
-        while True:
-            dead = stack.exited()
-            if dead:
-                c = dead[0]
-                code = c.popen.returncode if c.popen is not None else None
-                click.echo(
-                    f"toolq up: {c.name} exited (code {code}); stopping everything", err=True
-                )
-                exit_code = 1
-                break
-            time.sleep(0.3)
-    except KeyboardInterrupt:
-        click.echo("toolq up: stopping…", err=True)
-    finally:
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # a second SIGTERM must not cut stop()
-        try:
-            stack.stop()
             if provider is not None:
-                provider.stop()
+                provider.start()
+                config.env["TOOLQ_EXAMPLE_PROVIDER_URL"] = provider.url
+            try:
+                stack.start()
+            except Exception as exc:
+                raise CliError(f"cannot start the stack: {type(exc).__name__}: {exc}") from None
+            write_state(
+                {
+                    "redis_url": stack.redis_url,
+                    "app": app,
+                    "pid": os.getpid(),
+                    "metrics_url": stack.metrics_url,
+                    "api_url": stack.api_url,
+                    "embedded": stack.embedded,
+                    "started_at": time.time(),
+                },
+                state_dir,
+            )
+            _print_banner(stack, app, state_dir, provider.url if provider else None, notes)
+            exit_code = _supervise(stack)
+        except KeyboardInterrupt:
+            click.echo("toolq up: stopping (Ctrl-C again to kill at once)…", err=True)
         finally:
-            clear_state(state_dir)
-            signal.signal(signal.SIGTERM, previous)
+            try:
+                stack.stop()
+                if provider is not None:
+                    provider.stop()
+            finally:
+                clear_state(state_dir)
     if exit_code:
         sys.exit(exit_code)
     click.echo("toolq up: stopped", err=True)
+
+
+def _supervise(stack: Any) -> int:
+    """Wait until interrupted; a child that exits on its own stops the stack (exit code 1)."""
+    while True:
+        dead = stack.exited()
+        if dead:
+            c = dead[0]
+            code = c.popen.returncode if c.popen is not None else None
+            click.echo(f"toolq up: {c.name} exited (code {code}); stopping everything", err=True)
+            return 1
+        time.sleep(0.3)
 
 
 def _print_banner(
@@ -294,16 +329,14 @@ def demo(
         provider_dedup=provider_dedup,
         progress=not quiet,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        report = run_demo(opts)
-    except KeyboardInterrupt:
-        click.echo("toolq demo: interrupted; everything it started is stopped", err=True)
-        sys.exit(130)
-    except Exception as exc:
-        raise CliError(f"demo failed: {type(exc).__name__}: {exc}", exit_code=1) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with _Interrupts():
+        try:
+            report = run_demo(opts)
+        except KeyboardInterrupt:
+            click.echo("toolq demo: interrupted; everything it started is stopped", err=True)
+            sys.exit(130)
+        except Exception as exc:
+            raise CliError(f"demo failed: {type(exc).__name__}: {exc}", exit_code=1) from None
     click.echo(json.dumps(report, indent=2) if as_json else render_report(report))
     if not report["ok"]:
         sys.exit(1)

@@ -164,9 +164,5 @@ def get_invoice(args: GetInvoice) -> Invoice:
     return Invoice.model_validate(payload)
 
 
-def __getattr__(name: str) -> Any:
-    # ``celery_app`` is built on first use, so importing this module needs no
-    # Redis URL yet (``toolq`` commands set it after import).
-    if name == "celery_app":
-        return tq.celery
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: ``celery -A toolq.examples.invoices:celery_app worker`` serves these tools too.
+celery_app = tq.celery

@@ -103,8 +103,7 @@ def serve_http(
     """
     import uvicorn
 
-    from toolq.api.auth import ApiSettings, check_bind
-    from toolq.api.guard import RequireScope
+    from toolq.api.auth import ApiSettings, RequireScope, check_bind
 
     tokens = ApiSettings().token_table()
     check_bind(host, tokens, "mcp")

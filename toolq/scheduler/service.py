@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from toolq.ledger.states import TERMINAL
+from toolq.ledger.states import PENDING_RECOVERY, TERMINAL
 from toolq.ledger.store import Transition
 from toolq.scheduler.policy import Action, Snapshot, Timeouts, decide, sleep_seconds
 from toolq.tasks import outcome
@@ -47,6 +47,8 @@ class TickStats:
     actions: dict[str, int] = field(default_factory=dict)
     #: publish time minus due time (ms) of each dispatch/republish/verify
     lags_ms: list[int] = field(default_factory=list)
+    #: (tool, state left, ms spent in it) for operations moved out of pending recovery
+    recovered: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -94,6 +96,7 @@ class Scheduler:
         timeouts = self.timeouts
         transitions: list[Transition] = []
         lags: list[int] = []
+        left: list[tuple[str, str, int] | None] = []
         for row in rows:
             snap = Snapshot.from_row(row)
             d = decide(snap, now, timeouts)
@@ -105,16 +108,20 @@ class Scheduler:
                     tq.redis.zrem(tq.ledger.keys.due, snap.ref)
                 continue
             transitions.append(t)
+            leaves = not t.quiet and t.to != snap.state and snap.state in PENDING_RECOVERY
+            left.append((snap.tool, str(snap.state), now - snap.entered_ms) if leaves else None)
             if d.action in (Action.DISPATCH, Action.REPUBLISH, Action.VERIFY):
                 lags.append(now - int(float(row.get("due_score") or now)))
             else:
                 lags.append(-1)
         results = tq.ledger.apply(transitions, now)
-        for t, res, lag in zip(transitions, results, lags, strict=True):
+        for t, res, lag, gone in zip(transitions, results, lags, left, strict=True):
             if res == "ok":
                 stats.applied += 1
                 if lag >= 0:
                     stats.lags_ms.append(lag)
+                if gone is not None:
+                    stats.recovered.append(gone)
             else:
                 stats.refused += 1
                 log.debug("%s: %s refused (now %s)", t.ref, t.to, res)

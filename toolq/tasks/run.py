@@ -211,7 +211,17 @@ class Runtime:
                     t = outcome.verified_not_found(c, self.now_ms(), self.policy, self.messages)
                 else:
                     t = outcome.verified_found(c, found, self.now_ms(), self.policy)
-            return self._record(t)
+            res = self._record(t)
+            if res == t.to and not t.quiet:
+                self._observe_recovery(tool.name, (self.now_ms() - c.uncertain_at_ms) / 1000)
+            return res
+
+    @staticmethod
+    def _observe_recovery(tool: str, seconds: float) -> None:
+        """Time an operation spent verifying, for the metrics histogram (this process only)."""
+        from toolq.metrics import observe_recovery
+
+        observe_recovery(tool, seconds, state="verifying")
 
     # ---------------------------------------------------------------- recording
 

@@ -1,0 +1,237 @@
+"""Issue 5: how fast an unknown outcome becomes a verdict, and whether verification keeps up.
+
+The tool (``bench.apps.unknown_once``) commits on its first attempt and then
+raises ``OutcomeUnknown``; its verifier finds the commit; the consistency
+window is zero. So every operation is: attempt → verifying → verification
+check → succeeded, and "time to verdict" is the time between the ledger's
+``verifying`` and ``succeeded`` history entries.
+
+* **capacity**: a backlog of K writes (plain ``noop``) drained by one worker,
+  and a backlog of K verification checks drained by the same kind of worker;
+  items/s between the first and the last verdict.
+* **sustained rate** S of the unknown-outcome workload on one worker serving
+  both queues: 1 / (1/W + 1/V), each operation costing one write and one check.
+* **verdict latency** at 50 % and 90 % of S (paced open loop).
+* **soak**: the same at a steady share of S for minutes, sampling the backlog
+  (operations queued, running or verifying, and both queue lengths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from bench import apps, procs
+from bench.common import fmt, percentile
+from bench.load import open_loop
+from bench.report import table
+
+APP = "bench.apps:tq"
+POOL = ("prefork", 2)
+
+
+@contextlib.contextmanager
+def worker(url: str, queues: str, tag: str) -> Iterator[procs.Child]:
+    w = procs.toolq_worker(f"verify-{tag}", APP, url, pool=POOL[0], concurrency=POOL[1],
+                           queues=queues)  # fmt: skip
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def _history_times(r: redis.Redis, refs: list[str]) -> list[dict[str, float]]:
+    """Per ref: when it entered each state (first time), in ms, from the ledger history."""
+    import json
+
+    out = []
+    for i in range(0, len(refs), 1000):
+        pipe = r.pipeline(transaction=False)
+        for ref in refs[i : i + 1000]:
+            pipe.lrange(f"toolq:hist:{ref}", 0, -1)
+        for entries in pipe.execute():
+            times: dict[str, float] = {}
+            for raw in entries:
+                e = json.loads(raw)
+                times.setdefault(e["to"], float(e["at"]))
+            out.append(times)
+    return out
+
+
+def _submit_backlog(tool: str, k: int) -> list[str]:
+    return [apps.tq.submit(tool, {"n": i}).operation_ref for i in range(k)]
+
+
+def _wait_state(r: redis.Redis, tool: str, state: str, k: int, timeout: float) -> bool:
+    return procs.wait_for(lambda: r.zcard(f"toolq:idx:{tool}:{state}") >= k, timeout, 0.1)
+
+
+def capacity(url: str, k: int) -> dict[str, Any]:
+    r = redis.Redis.from_url(url)
+    r.flushdb()
+    apps.tq.configure(redis_url=url)
+    # Writes: K plain no-op writes queued, then one worker drains them.
+    refs = _submit_backlog("noop", k)
+    with worker(url, "toolq.calls", "cap-write"):
+        _wait_state(r, "noop", "succeeded", k, 600)
+    done = sorted(t["succeeded"] for t in _history_times(r, refs) if "succeeded" in t)
+    write_rate = (len(done) - 1) / ((done[-1] - done[0]) / 1000)
+    # Checks: K unknown outcomes (a calls-only worker takes them to verifying), then
+    # a verify-only worker drains the K checks.
+    refs = _submit_backlog("unknown_once", k)
+    with worker(url, "toolq.calls", "cap-unknown"):
+        _wait_state(r, "unknown_once", "verifying", k, 600)
+    with worker(url, "toolq.verify", "cap-verify"):
+        _wait_state(r, "unknown_once", "succeeded", k, 600)
+    done = sorted(t["succeeded"] for t in _history_times(r, refs) if "succeeded" in t)
+    verify_rate = (len(done) - 1) / ((done[-1] - done[0]) / 1000)
+    return {"k": k, "write_rate": write_rate, "verify_rate": verify_rate,
+            "ratio": verify_rate / write_rate,
+            "sustained": 1 / (1 / write_rate + 1 / verify_rate)}  # fmt: skip
+
+
+def _paced(url: str, rate: float, seconds: float) -> tuple[list[str], Any]:
+    refs: list[str] = []
+    lock = threading.Lock()
+    tq = apps.tq
+
+    def call(i: int) -> None:
+        ref = tq.submit("unknown_once", {"n": i}).operation_ref
+        with lock:
+            refs.append(ref)
+        env = tq.wait(ref, timeout=300)
+        if not env.ok:
+            raise RuntimeError(env.code)
+
+    res = open_loop(call, rate, seconds)
+    return refs, res
+
+
+def latency_at(url: str, rate: float, seconds: float) -> dict[str, Any]:
+    r = redis.Redis.from_url(url)
+    refs, res = _paced(url, rate, seconds)
+    times = _history_times(r, refs)
+    verdict = [t["succeeded"] - t["verifying"] for t in times
+               if "succeeded" in t and "verifying" in t]  # fmt: skip
+    return {"rate": rate, "seconds": seconds, "ops": len(refs), "errors": res.errors,
+            "achieved": len(res.latencies_ms) / res.seconds,
+            "verdict_p50_ms": percentile(verdict, 50), "verdict_p99_ms": percentile(verdict, 99),
+            "e2e_p50_ms": percentile(res.latencies_ms, 50),
+            "e2e_p99_ms": percentile(res.latencies_ms, 99)}  # fmt: skip
+
+
+def soak(url: str, rate: float, seconds: float, every: float = 5.0) -> dict[str, Any]:
+    r = redis.Redis.from_url(url)
+    samples: list[tuple[float, int, int, int, int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        t0 = time.time()
+        while not stop.wait(every):
+            pipe = r.pipeline(transaction=False)
+            for state in ("queued", "running", "verifying"):
+                pipe.zcard(f"toolq:idx:unknown_once:{state}")
+            pipe.llen("toolq.calls")
+            pipe.llen("toolq.verify")
+            q, run, ver, lc, lv = pipe.execute()
+            samples.append((time.time() - t0, q, run, ver, lc, lv))
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    refs, res = _paced(url, rate, seconds)
+    stop.set()
+    th.join()
+    times = _history_times(r, refs)
+    verdict = [(t["verifying"], t["succeeded"] - t["verifying"]) for t in times
+               if "succeeded" in t and "verifying" in t]  # fmt: skip
+    verdict.sort()
+    half = len(verdict) // 2
+    first = [v for _, v in verdict[:half]]
+    second = [v for _, v in verdict[half:]]
+    backlog = [s[1] + s[2] + s[3] for s in samples]
+    n = len(backlog)
+    slope = 0.0
+    if n >= 2:
+        xs = [s[0] for s in samples]
+        mx, my = sum(xs) / n, sum(backlog) / n
+        den = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, backlog, strict=True)) / den
+    return {"rate": rate, "seconds": seconds, "ops": len(refs), "errors": res.errors,
+            "unsettled": len(refs) - len(verdict),
+            "achieved": len(res.latencies_ms) / res.seconds,
+            "backlog_first_half": sum(backlog[: n // 2]) / max(1, n // 2),
+            "backlog_second_half": sum(backlog[n // 2 :]) / max(1, n - n // 2),
+            "backlog_max": max(backlog) if backlog else 0, "slope_per_min": slope * 60,
+            "verdict_p50_first": percentile(first, 50), "verdict_p50_second": percentile(second, 50),
+            "verdict_p99_first": percentile(first, 99), "verdict_p99_second": percentile(second, 99),
+            "samples": samples}  # fmt: skip
+
+
+def run(url: str, seconds: float, soak_seconds: float, k: int = 3000,
+        soak_share: float = 0.7) -> dict[str, Any]:  # fmt: skip
+    print(f"verify: capacity with backlogs of {k}", flush=True)
+    cap = capacity(url, k)
+    print(f"  {cap}", flush=True)
+    r = redis.Redis.from_url(url)
+    r.flushdb()
+    apps.tq.configure(redis_url=url)
+    out: dict[str, Any] = {"capacity": cap, "latency": [], "pool": f"{POOL[0]} -c {POOL[1]}"}
+    sched = procs.toolq_scheduler("verify-scheduler", APP, url)
+    try:
+        with worker(url, "toolq.calls,toolq.verify", "both"):
+            # Warm up, then measure.
+            open_loop(lambda i: apps.tq.wait(apps.tq.submit("unknown_once", {"n": i})
+                                             .operation_ref, 60), 20, 3)  # fmt: skip
+            for share in (0.5, 0.9):
+                rate = share * cap["sustained"]
+                print(f"verify: latency at {share:.0%} of {cap['sustained']:.0f}/s", flush=True)
+                res = latency_at(url, rate, seconds)
+                res["share"] = share
+                print(f"  {res}", flush=True)
+                out["latency"].append(res)
+            rate = soak_share * cap["sustained"]
+            print(f"verify: soak {soak_seconds:.0f} s at {rate:.0f}/s", flush=True)
+            out["soak"] = soak(url, rate, soak_seconds)
+            out["soak"]["share"] = soak_share
+            print({k: v for k, v in out["soak"].items() if k != "samples"}, flush=True)
+    finally:
+        sched.stop()
+    return out
+
+
+def render(res: dict[str, Any]) -> str:
+    c = res["capacity"]
+    rows = [(f"{x['share']:.0%} ({x['rate']:.0f}/s)", fmt(x["achieved"]),
+             fmt(x["verdict_p50_ms"]), fmt(x["verdict_p99_ms"]), fmt(x["e2e_p50_ms"]),
+             fmt(x["e2e_p99_ms"]), x["errors"]) for x in res["latency"]]  # fmt: skip
+    s = res["soak"]
+    grows = s["slope_per_min"] > 0.05 * s["rate"] * 60 / 60 and \
+        s["backlog_second_half"] > 2 * max(1.0, s["backlog_first_half"])  # fmt: skip
+    ok = "met" if c["ratio"] >= 1.2 else "NOT met"
+    return "\n".join([
+        "## (g) Verification: unknown outcome → verdict\n",
+        f"Pool: one worker, {res['pool']}. Tool commits, then raises `OutcomeUnknown` on "
+        "attempt 1; its verifier finds the commit; consistency window 0. One scheduler runs "
+        "beside it.\n",
+        table(("backlog of", "writes/s (noop)", "verification checks/s", "checks / writes"),
+              [(f"{c['k']:,}", fmt(c["write_rate"]), fmt(c["verify_rate"]),
+                f"**{c['ratio']:.2f}**")]),
+        f"\nVerification capacity vs write capacity on the same pool: **{c['ratio']:.2f}×** "
+        f"(target ≥ 1.2×: {ok}). Sustained rate of the unknown-outcome workload on one "
+        f"worker serving both queues, S = 1/(1/W + 1/V) = {c['sustained']:.0f} ops/s.\n",
+        table(("load (share of S)", "achieved ops/s", "verdict p50 ms", "verdict p99 ms",
+               "submit→settled p50 ms", "p99 ms", "errors"), rows),
+        f"\n**Soak**: {s['seconds']:.0f} s at {s['share']:.0%} of S ({s['rate']:.0f} ops/s, "
+        f"{s['ops']:,} operations, {s['unsettled']} not settled, {s['errors']} errors). "
+        f"Backlog (queued + running + verifying) mean {s['backlog_first_half']:.1f} in the "
+        f"first half, {s['backlog_second_half']:.1f} in the second, max {s['backlog_max']}; "
+        f"trend {s['slope_per_min']:+.2f} ops/min. Verdict p50 {fmt(s['verdict_p50_first'])} → "
+        f"{fmt(s['verdict_p50_second'])} ms, p99 {fmt(s['verdict_p99_first'])} → "
+        f"{fmt(s['verdict_p99_second'])} ms (first half → second half). Backlog "
+        + ("**grows**." if grows else "does not grow."),
+    ])  # fmt: skip

@@ -1,0 +1,365 @@
+"""The MCP server with the SDK's real client, in memory and over stdio.
+
+Tools run in a ``toolq worker`` subprocess and delayed retries come from a
+``toolq scheduler``, both on this module's database.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server import Server
+from mcp.types import CallToolResult, TextContent
+
+from tests.helpers import (
+    REPO_ROOT,
+    start_scheduler,
+    start_toolq,
+    start_worker,
+    stop_process,
+    toolq_env,
+    wait_until,
+)
+from tests.integration.apps import interfaces_app
+from tests.integration.apps.interfaces_app import APP, SECRET
+from toolq import ToolQueue
+from toolq.envelope import ToolError, ToolSuccess, json_schema, parse_envelope
+from toolq.ledger.states import SETTLED, State
+from toolq.mcp_server import create_server
+from toolq.mcp_server.envelopes import pending_envelope
+
+T = TypeVar("T")
+Progress = list[tuple[float, str | None]]
+
+
+@pytest.fixture(scope="module")
+def tq(module_redis_url: str) -> Iterator[ToolQueue]:
+    app_tq = interfaces_app.tq
+    app_tq.configure(redis_url=module_redis_url)
+    procs: list[subprocess.Popen[bytes]] = [
+        start_worker(APP, module_redis_url),
+        start_scheduler(APP, module_redis_url),
+    ]
+    try:
+        yield app_tq
+    finally:
+        for p in procs:
+            stop_process(p, timeout=5)
+        app_tq.close()
+
+
+@pytest.fixture(scope="module")
+def server(tq: ToolQueue) -> Server[Any]:
+    return create_server(tq, wait_seconds=15, poll_interval=0.5)
+
+
+def run(
+    server: Server[Any] | StdioServerParameters,
+    body: Callable[[Client], Awaitable[T]],
+    **options: Any,
+) -> T:
+    async def main() -> T:
+        async with Client(server, **options) as client:
+            return await body(client)
+
+    return anyio.run(main)
+
+
+def envelope(result: CallToolResult) -> ToolSuccess | ToolError:
+    env = parse_envelope(result.structured_content)
+    assert result.is_error is (not env.ok)
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    line, _, compact = block.text.partition("\n")
+    assert json.loads(compact) == result.structured_content
+    assert line == (env.agent_message if isinstance(env, ToolError) else "The operation committed.")
+    return env
+
+
+def error_of(result: CallToolResult) -> ToolError:
+    env = envelope(result)
+    assert isinstance(env, ToolError), env
+    return env
+
+
+def call(server: Server[Any], tool: str, args: dict[str, Any], **kw: Any) -> CallToolResult:
+    return run(server, lambda c: c.call_tool(tool, args, **kw))
+
+
+def test_every_tool_is_listed_with_schemas_and_hints(server: Server[Any], tq: ToolQueue) -> None:
+    listed = {t.name: t for t in run(server, lambda c: c.list_tools()).tools}
+    assert set(listed) == {t.name for t in tq.registry} | {"get_operation", "cancel_operation"}
+    for t in tq.registry:
+        assert listed[t.name].input_schema == t.input_schema()
+        assert listed[t.name].output_schema == json_schema()
+    echo, note = listed["echo"].annotations, listed["create_note"].annotations
+    assert echo is not None and echo.read_only_hint is True
+    assert note is not None and note.read_only_hint is False
+    assert note.destructive_hint is True and note.idempotent_hint is True
+
+
+def test_a_success_is_the_whole_envelope(server: Server[Any]) -> None:
+    progress: Progress = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, message))
+
+    result = call(
+        server, "echo", {"text": "hi"}, progress_callback=on_progress, meta={"call_id": "call_7"}
+    )
+    env = envelope(result)
+    assert isinstance(env, ToolSuccess) and env.result == {"text": "hi"}
+    assert env.operation_ref.startswith("mcp_") and env.call_id == "call_7"
+    assert progress and progress[-1][1] == "succeeded (attempt 1)"
+    assert [v for v, _ in progress] == sorted({v for v, _ in progress})
+
+
+@pytest.mark.parametrize(
+    ("mode", "category", "next_action"),
+    [
+        ("invalid", "validation", "escalate"),  # max_attempts=1: no attempt left to fix it
+        ("forbidden", "authorization", "choose_allowed_operation"),
+        ("not_found", "conflict", "reread_state"),
+        ("rate_limited", "dependency", "escalate"),
+        ("crash", "internal", "escalate"),
+    ],
+)
+def test_each_failure_category_is_an_error_result(
+    server: Server[Any], mode: str, category: str, next_action: str
+) -> None:
+    result = call(server, "fail", {"mode": mode})
+    env = envelope(result)
+    assert isinstance(env, ToolError)
+    assert (env.category, env.next_action) == (category, next_action)
+    assert SECRET not in result.model_dump_json()
+
+
+def test_a_pending_operation_is_followed_to_its_end(tq: ToolQueue) -> None:
+    # Given a server that waits only briefly, and a write that takes longer
+    impatient = create_server(tq, wait_seconds=0.3, poll_interval=0.5)
+    ref = "run_mcp/step_pending"
+    progress: Progress = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, message))
+
+    async def scenario(c: Client) -> tuple[CallToolResult, CallToolResult, CallToolResult]:
+        first = await c.call_tool(
+            "create_note", {"body": "n", "sleep": 3.0}, meta={"operation_ref": ref}
+        )
+        again = await c.call_tool(
+            "create_note", {"body": "n", "sleep": 3.0}, meta={"operation_ref": ref}
+        )
+        done = await c.call_tool(
+            "get_operation",
+            {"operation_ref": ref, "wait_seconds": 15},
+            progress_callback=on_progress,
+        )
+        return first, again, done
+
+    # When the call answers before the write is done
+    first, again, done = run(impatient, scenario)
+
+    # Then it is pending under the same ref, and get_operation follows it to success
+    for pending in (envelope(first), envelope(again)):
+        assert isinstance(pending, ToolError) and pending.code == "OPERATION_PENDING"
+        assert pending.operation_ref == ref and pending.operation == "create_note"
+        if pending.commit_state == "unknown":  # the attempt may have started
+            assert pending.next_action == "verify_operation"
+            assert pending.safe_details["verification_tool"] == "get_operation"
+        else:
+            assert pending.next_action == "wait_and_retry" and pending.retry.not_before
+    final = envelope(done)
+    assert isinstance(final, ToolSuccess) and final.result == {"note": ref}
+    assert progress[-1][1] is not None and progress[-1][1].startswith("succeeded")
+    record = tq.get(ref)
+    assert record is not None and record.attempt == 1  # one attempt, however often it was asked
+
+
+def test_a_delayed_retry_is_waited_through(server: Server[Any]) -> None:
+    progress: Progress = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, message))
+
+    env = envelope(call(server, "flaky", {"text": "x"}, progress_callback=on_progress))
+    assert isinstance(env, ToolSuccess) and env.result == {"text": "x", "attempt": 2}
+    assert any(m and m.startswith("waiting_retry") for _, m in progress)
+
+
+def test_the_same_ref_with_other_arguments_is_refused(server: Server[Any]) -> None:
+    meta = {"operation_ref": "run_mcp/step_reuse"}
+    assert envelope(call(server, "echo", {"text": "a"}, meta=meta)).ok
+    env = envelope(call(server, "echo", {"text": "b"}, meta=meta))
+    assert isinstance(env, ToolError) and env.code == "IDEMPOTENCY_KEY_REUSED"
+
+
+def test_refusals_are_envelopes(server: Server[Any]) -> None:
+    cases = [
+        (call(server, "nope", {}), "UNKNOWN_TOOL", "choose_allowed_operation"),
+        (call(server, "echo", {"text": 5}), "INVALID_ARGUMENTS", "correct_input"),
+        (
+            call(server, "echo", {"text": "x"}, meta={"operation_ref": "bad ref\n"}),
+            "INVALID_ARGUMENTS",
+            "correct_input",
+        ),
+        (
+            call(server, "get_operation", {"operation_ref": "run_0/none"}),
+            "OPERATION_NOT_FOUND",
+            "reread_state",
+        ),
+        (call(server, "get_operation", {}), "INVALID_ARGUMENTS", "correct_input"),
+    ]
+    for result, code, action in cases:
+        env = envelope(result)
+        assert isinstance(env, ToolError) and (env.code, env.next_action) == (code, action)
+    bad_ref = parse_envelope(cases[2][0].structured_content)
+    assert isinstance(bad_ref, ToolError) and bad_ref.field_errors
+    assert bad_ref.field_errors[0].field == "_meta.operation_ref"
+
+
+def test_cancel_operation(server: Server[Any]) -> None:
+    ref = "run_mcp/step_cancel"
+    waiting = envelope(call(server, "transfer", {"amount": 3}, meta={"operation_ref": ref}))
+    assert isinstance(waiting, ToolError) and waiting.next_action == "request_approval"
+    cancelled = envelope(call(server, "cancel_operation", {"operation_ref": ref}))
+    assert isinstance(cancelled, ToolError) and cancelled.code == "OPERATION_CANCELLED"
+    done = envelope(call(server, "echo", {"text": "x"}))
+    refused = envelope(call(server, "cancel_operation", {"operation_ref": done.operation_ref}))
+    assert isinstance(refused, ToolError) and refused.code == "INVALID_STATE"
+    assert refused.safe_details == {"state": "succeeded"}
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_an_exception_in_the_adapter_never_reaches_the_client(
+    tq: ToolQueue, server: Server[Any], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    def explode(*_: Any, **__: Any) -> None:
+        raise RuntimeError(f"connecting with password={SECRET} failed")
+
+    monkeypatch.setattr(tq, "submit", explode)
+    result = run(server, lambda c: c.call_tool("create_note", {"body": "x"}), mode=mode)
+    assert SECRET not in result.model_dump_json()
+    env = envelope(result)
+    assert isinstance(env, ToolError) and env.code == "OUTCOME_UNKNOWN"
+    assert env.commit_state == "unknown" and env.next_action == "verify_operation"
+
+
+def test_over_stdio(module_redis_url: str, tq: ToolQueue) -> None:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "toolq.cli",
+            "mcp",
+            "--app",
+            APP,
+            "--redis-url",
+            module_redis_url,
+            "--wait-seconds",
+            "15",
+        ],
+        env=toolq_env(),
+        cwd=str(REPO_ROOT),
+    )
+
+    async def scenario(c: Client) -> tuple[set[str], CallToolResult, CallToolResult]:
+        names = {t.name for t in (await c.list_tools()).tools}
+        return (
+            names,
+            await c.call_tool("echo", {"text": "io"}),
+            await c.call_tool("fail", {"mode": "crash"}),
+        )
+
+    names, ok, crash = run(params, scenario)
+    assert {"echo", "get_operation", "cancel_operation"} <= names
+    success = envelope(ok)
+    assert isinstance(success, ToolSuccess) and success.result == {"text": "io"}
+    failure = envelope(crash)
+    assert isinstance(failure, ToolError) and failure.category == "internal"
+    assert SECRET not in crash.model_dump_json()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_over_streamable_http_with_scoped_tokens(module_redis_url: str, tq: ToolQueue) -> None:
+    # Given `toolq mcp --transport http` with one full token and one that may only invoke
+    full, invoke_only = "mcp-full-0123456789", "mcp-invoke-0123456789"
+    port = _free_port()
+    proc = start_toolq(
+        [
+            "mcp",
+            "--transport",
+            "http",
+            "--app",
+            APP,
+            "--redis-url",
+            module_redis_url,
+            "--port",
+            str(port),
+            "--wait-seconds",
+            "15",
+        ],
+        env={"TOOLQ_API_TOKENS": f"{full}=*;{invoke_only}=invoke"},
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        assert wait_until(lambda: _answers(url), timeout=30)
+
+        async def scenario(token: str, ref: str) -> tuple[CallToolResult, CallToolResult]:
+            headers = {"Authorization": f"Bearer {token}"}
+            async with (
+                httpx2.AsyncClient(headers=headers) as http,
+                Client(streamable_http_client(url, http_client=http)) as c,
+            ):
+                held = await c.call_tool("transfer", {"amount": 2}, meta={"operation_ref": ref})
+                return held, await c.call_tool("cancel_operation", {"operation_ref": ref})
+
+        # When each token asks to cancel an operation awaiting approval
+        held, refused = anyio.run(scenario, invoke_only, "run_http/step_1")
+        _, cancelled = anyio.run(scenario, full, "run_http/step_2")
+    finally:
+        stop_process(proc, timeout=5)
+
+    # Then only the token with the cancel scope may, and no token is no answer at all
+    assert error_of(held).next_action == "request_approval"
+    assert error_of(refused).code == "FORBIDDEN_SCOPE"
+    assert error_of(cancelled).code == "OPERATION_CANCELLED"
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.post(url, json={}, timeout=1).status_code == 401
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("state", [s for s in State if s not in SETTLED])
+@pytest.mark.parametrize("writes", [True, False])
+def test_pending_envelopes_are_consistent(state: State, writes: bool) -> None:
+    now = datetime.now(UTC)
+    fields = {"state": str(state), "tool": "t", "attempt": "1", "max_attempts": "1"}
+    env = pending_envelope("run_1/step_1", fields, writes=writes, poll=0.5, now=now)
+    assert env.code == "OPERATION_PENDING" and env.safe_details["state"] == state
+    if writes and state in (State.RUNNING, State.VERIFYING):
+        assert (env.commit_state, env.retry.directive) == ("unknown", "never")
+    else:
+        assert (env.commit_state, env.next_action) == ("not_committed", "wait_and_retry")
+        assert env.retry.not_before == now + timedelta(seconds=0.5)
+        assert env.retry.max_attempts_remaining == 1

@@ -1,0 +1,138 @@
+"""``toolq api`` and ``toolq mcp``: the app's tools over HTTP and over MCP."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from toolq.cli.common import (
+    CliError,
+    app_option,
+    handle_errors,
+    open_app,
+    redis_option,
+    state_dir_option,
+)
+
+TOKENS_HELP = (
+    "Tokens come from TOOLQ_API_TOKENS='TOKEN=scope,scope;TOKEN=scope' (scopes: read, invoke, "
+    "approve, input, cancel, or *; tokens of 16+ characters). Without tokens there is no "
+    "authentication, and only a loopback --host is allowed."
+)
+
+
+def _settings() -> Any:
+    from toolq.api.auth import ApiSettings
+
+    try:
+        settings = ApiSettings()
+        settings.token_table()
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
+        raise CliError(f"invalid TOOLQ_API_* setting: {fields}") from None
+    except ValueError as exc:  # the token table; its messages never quote a token
+        raise CliError(str(exc)) from None
+    return settings
+
+
+def _bind(host: str, settings: Any, what: str) -> None:
+    from toolq.api.auth import bind_refusal
+
+    refusal = bind_refusal(host, settings.token_table(), what)
+    if refusal is not None:
+        raise CliError(refusal)
+
+
+@click.command(epilog=TOKENS_HELP)
+@app_option
+@redis_option
+@state_dir_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--loglevel", "-l", default="info", show_default=True)
+@handle_errors
+def api(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+    host: str,
+    port: int,
+    loglevel: str,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
+    settings = _settings()
+    _bind(host, settings, "api")
+    from toolq.api.app import serve_api
+
+    tq = open_app(app_path, redis_url, state_dir)
+    try:
+        serve_api(tq, host, port, settings=settings, log_level=loglevel)
+    finally:
+        tq.close()
+
+
+@click.command(name="mcp", epilog=TOKENS_HELP)
+@app_option
+@redis_option
+@state_dir_option
+@click.option(
+    "--transport",
+    type=click.Choice(["stdio", "http"]),
+    default="stdio",
+    show_default=True,
+    help="stdio, or streamable HTTP at /mcp.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: address to bind.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8001, show_default=True)
+@click.option(
+    "--wait-seconds",
+    type=click.FloatRange(0, 300),
+    default=20.0,
+    show_default=True,
+    help="How long a call waits for its operation before answering pending.",
+)
+@click.option("--loglevel", "-l", default="warning", show_default=True)
+@handle_errors
+def mcp_command(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+    transport: str,
+    host: str,
+    port: int,
+    wait_seconds: float,
+    loglevel: str,
+) -> None:
+    """Serve every tool over MCP; calls run through the queue.
+
+    A call waits up to --wait-seconds; one still pending answers OPERATION_PENDING
+    with its operation_ref, which the get_operation tool follows.
+    """
+    # stdout is the protocol on stdio: every log line goes to stderr.
+    logging.basicConfig(
+        level=loglevel.upper(),
+        stream=sys.stderr,
+        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s",
+    )
+    from toolq.mcp_server import run_stdio, serve_http
+
+    if transport == "http":
+        _bind(host, _settings(), "mcp")
+    tq = open_app(app_path, redis_url, state_dir)
+    try:
+        if transport == "stdio":
+            run_stdio(tq, wait_seconds=wait_seconds)
+        else:
+            serve_http(tq, host, port, log_level=loglevel, wait_seconds=wait_seconds)
+    except ValueError as exc:  # a tool named like one of the server's own
+        raise CliError(str(exc)) from None
+    finally:
+        tq.close()
+
+
+COMMANDS = [api, mcp_command]
