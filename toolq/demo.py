@@ -134,8 +134,10 @@ class Agent:
                 next_submit = time.monotonic() + gap
             states = self.states()
             self.act(states)
-            done = not todo and all(s in TERMINAL for s in states.values())
-            if done and not self._reads_due():
+            # act() may have started follow-ups that `states` does not cover yet
+            done = len(states) == len(self.run.ops) and not todo
+            done = done and all(s in TERMINAL for s in states.values())
+            if done:
                 self.progress(states, 0)
                 return True
             if time.monotonic() - last_progress >= 1.0:

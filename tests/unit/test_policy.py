@@ -12,6 +12,7 @@ from toolq.ledger.states import State
 from toolq.scheduler.policy import (
     Action,
     Jitter,
+    Queues,
     Snapshot,
     Timeouts,
     attempts_remaining,
@@ -90,6 +91,42 @@ def snap(state: State, **kw: int | str) -> Snapshot:
 def test_decide(s: Snapshot, action: Action, code: str | None, at: int | None) -> None:
     d = decide(s, NOW, T)
     assert (d.action, d.code, d.at_ms) == (action, code, at)
+
+
+LATER = NOW + T.unclaimed_after_ms
+
+
+@pytest.mark.parametrize(
+    ("s", "queues", "action", "at"),
+    [
+        # published before the oldest waiting message: it left the queue, yet unclaimed
+        (snap(State.QUEUED, published_ms=100), Queues(oldest_call_ms=200), Action.REPUBLISH,
+         None),
+        # published after it: may be waiting behind a backlog; never double the backlog
+        (snap(State.QUEUED, published_ms=300), Queues(oldest_call_ms=200), Action.RESCHEDULE,
+         LATER),
+        (snap(State.QUEUED, published_ms=200), Queues(oldest_call_ms=200), Action.RESCHEDULE,
+         LATER),
+        (snap(State.QUEUED, published_ms=300), Queues(oldest_call_ms=None), Action.REPUBLISH,
+         None),
+        # a verification check outstanding behind a verify backlog
+        (snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
+         Queues(oldest_verify_ms=250), Action.RESCHEDULE, LATER),
+        (snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
+         Queues(oldest_verify_ms=400), Action.VERIFY, None),
+        # no check outstanding (the last was taken; a recheck is due): publish one
+        (snap(State.VERIFYING, published_ms=100, vclaimed_ms=300),
+         Queues(oldest_verify_ms=50), Action.VERIFY, None),
+        # the calls backlog does not hold back verification
+        (snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
+         Queues(oldest_call_ms=10), Action.VERIFY, None),
+    ],
+)
+def test_decide_never_republishes_what_may_still_be_queued(
+    s: Snapshot, queues: Queues, action: Action, at: int | None
+) -> None:
+    d = decide(s, NOW, T, queues)
+    assert (d.action, d.at_ms) == (action, at)
 
 
 @given(

@@ -59,7 +59,10 @@ redis.call('SADD', P .. ':tools', tool)
 redis.call('ZADD', idxkey(tool, state), now, ref)
 history(ref, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
 set_due(ref, due)
-if msg ~= '' then redis.call('LPUSH', queue, msg) end
+if msg ~= '' then
+  redis.call('LPUSH', queue, msg)
+  redis.call('HSET', key, 'published', now)
+end
 stat(tool, 'submitted')
 if attempt > 0 then stat(tool, 'attempts') end
 redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref)
@@ -108,7 +111,7 @@ if state == 'verifying' and tonumber(f[2]) == attempt and tonumber(f[10]) == vch
   if f[15] and f[15] ~= '' and f[15] ~= holder and tonumber(f[16] or '0') > now then
     return {'held', f[15], f[16]}
   end
-  redis.call('HSET', key, 'vholder', holder, 'vlease_until', now + lease)
+  redis.call('HSET', key, 'vholder', holder, 'vlease_until', now + lease, 'vclaimed', now)
   set_due(ref, now + lease)
   return body
 end
@@ -204,7 +207,10 @@ for i, it in ipairs(items) do
       if it.due then
         if it.due < 0 then redis.call('ZREM', DUE, ref) else set_due(ref, it.due) end
       end
-      if it.push then redis.call('LPUSH', it.push[1], it.push[2]) end
+      if it.push then
+        redis.call('LPUSH', it.push[1], it.push[2])
+        redis.call('HSET', key, 'published', now)
+      end
       if it.stats then for _, name in ipairs(it.stats) do stat(tool, name) end end
       if it.ttl then
         redis.call('EXPIRE', key, it.ttl)
@@ -239,6 +245,8 @@ DUE_FIELDS = (
     "retry_due",
     "call_id",
     "created",
+    "published",
+    "vclaimed",
 )
 
 # Take up to `limit` due items and hide them from other schedulers for `hold` ms.

@@ -97,6 +97,9 @@ class Snapshot:
     retry_due_ms: int
     repubs: int
     rev: int
+    #: when the operation's latest message was pushed, and when a verifier last took one
+    published_ms: int = 0
+    vclaimed_ms: int = 0
 
     @classmethod
     def from_row(cls, row: dict[str, str]) -> Snapshot:
@@ -118,6 +121,8 @@ class Snapshot:
             retry_due_ms=n("retry_due"),
             repubs=n("repubs"),
             rev=n("rev"),
+            published_ms=n("published"),
+            vclaimed_ms=n("vclaimed"),
         )
 
 
@@ -135,7 +140,25 @@ class Timeouts:
     input_timeout_ms: int
 
 
-def decide(s: Snapshot, now_ms: int, t: Timeouts) -> Decision:
+@dataclass(frozen=True)
+class Queues:
+    """When the oldest message still waiting in each queue was published (None: empty).
+
+    Queues are first in, first out: a message published before the oldest one
+    still waiting has left the queue. If its operation is still unclaimed, the
+    message was lost (or sits with a dead worker) and is published again; if it
+    was published later, it may simply be waiting its turn behind a backlog.
+    """
+
+    oldest_call_ms: int | None = None
+    oldest_verify_ms: int | None = None
+
+
+def may_still_be_waiting(published_ms: int, oldest_waiting_ms: int | None) -> bool:
+    return oldest_waiting_ms is not None and published_ms >= oldest_waiting_ms
+
+
+def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decision:
     """What the scheduler does with an operation that came due at ``now_ms``."""
     if s.state in (State.SUCCEEDED, State.FAILED, State.ESCALATED, State.CANCELLED):
         return Decision(Action.DROP)
@@ -148,6 +171,8 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts) -> Decision:
             return Decision(Action.ESCALATE, code="ATTEMPTS_EXHAUSTED")
         return Decision(Action.DISPATCH)
     if s.state is State.QUEUED:
+        if may_still_be_waiting(s.published_ms, q.oldest_call_ms):
+            return Decision(Action.RESCHEDULE, at_ms=now_ms + t.unclaimed_after_ms)
         return Decision(Action.REPUBLISH)
     if s.state is State.RUNNING:
         if s.lease_until_ms > now_ms:
@@ -156,6 +181,9 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts) -> Decision:
     if s.state is State.VERIFYING:
         if s.vholder and s.vlease_until_ms > now_ms:
             return Decision(Action.RESCHEDULE, at_ms=s.vlease_until_ms)
+        outstanding = s.published_ms > s.vclaimed_ms  # a check published, not yet taken
+        if outstanding and may_still_be_waiting(s.published_ms, q.oldest_verify_ms):
+            return Decision(Action.RESCHEDULE, at_ms=now_ms + t.unclaimed_after_ms)
         return Decision(Action.VERIFY)
     if s.state is State.AWAITING_APPROVAL:
         if now_ms >= s.entered_ms + t.approval_timeout_ms:

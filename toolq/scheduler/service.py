@@ -28,7 +28,8 @@ import redis
 
 from toolq.ledger.states import PENDING_RECOVERY, TERMINAL
 from toolq.ledger.store import Transition
-from toolq.scheduler.policy import Action, Snapshot, Timeouts, decide, sleep_seconds
+from toolq.scheduler.policy import Action, Queues, Snapshot, Timeouts, decide, sleep_seconds
+from toolq.workers.messages import message_ref
 from toolq.tasks import outcome
 
 if TYPE_CHECKING:
@@ -94,12 +95,13 @@ class Scheduler:
         messages = outcome.Messages(run=m.run, verify=m.verify)
         policy = tq.policy
         timeouts = self.timeouts
+        queues = self._queue_ages(rows)
         transitions: list[Transition] = []
         lags: list[int] = []
         left: list[tuple[str, str, int] | None] = []
         for row in rows:
             snap = Snapshot.from_row(row)
-            d = decide(snap, now, timeouts)
+            d = decide(snap, now, timeouts, queues)
             stats.actions[d.action] = stats.actions.get(d.action, 0) + 1
             tool = tq.registry.get(snap.tool) if snap.tool in tq.registry else None
             t = outcome.for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
@@ -128,6 +130,33 @@ class Scheduler:
         if self.on_tick is not None:
             self.on_tick(stats)
         return stats
+
+    def _queue_ages(self, rows: list[dict[str, str]]) -> Queues:
+        """Publish times of the oldest message waiting in each queue, read only when a
+        queued or verifying operation is due (two round trips)."""
+        if not any(r.get("state") in ("queued", "verifying") for r in rows):
+            return Queues()
+        q = self.tq.settings.queues
+        oldest = self.tq.redis.pipeline(transaction=False)
+        oldest.lindex(q.calls, -1)
+        oldest.lindex(q.verify, -1)
+        raw_call, raw_verify = oldest.execute()
+        refs = [message_ref(raw_call), message_ref(raw_verify)]
+        pipe = self.tq.redis.pipeline(transaction=False)
+        for ref in refs:
+            pipe.hget(self.tq.ledger.keys.op(ref or "-"), "published")
+        published = pipe.execute()
+
+        def age(raw: bytes | None, ref: str | None, value: bytes | None) -> int | None:
+            if raw is None:
+                return None  # the queue is empty
+            # unknown publish time: assume it may still be waiting (never double a backlog)
+            return int(float(value)) if ref and value else 0
+
+        return Queues(
+            oldest_call_ms=age(raw_call, refs[0], published[0]),
+            oldest_verify_ms=age(raw_verify, refs[1], published[1]),
+        )
 
     # ------------------------------------------------------------------ the loop
 

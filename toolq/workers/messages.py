@@ -57,3 +57,16 @@ class MessageFactory:
             "properties": properties,
         }
         return json.dumps(message, separators=(",", ":"))
+
+
+def message_ref(raw: bytes | str | None) -> str | None:
+    """The operation_ref a raw toolq message carries (None for anything else)."""
+    if raw is None:
+        return None
+    try:
+        msg = json.loads(raw)
+        args = json.loads(base64.b64decode(msg["body"]))[0]
+        ref = args[0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return ref if isinstance(ref, str) else None
