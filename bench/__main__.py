@@ -34,10 +34,18 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
     from bench import throughput as tp
 
     pools = [("prefork", 2), ("threads", a.threads)]
+    if a.pools:
+        pools = [p for p in pools if p[0] in a.pools.split(",")]
     if part == "throughput":
-        res = tp.throughput(url, a.calls, a.repeats, a.concurrency, pools)
-        report.update("throughput", tp.render_throughput(res), res)
-        report.update("commands", tp.render_commands(res, _load("roundtrips")))
+        for pool in pools:
+            res = tp.throughput(url, a.calls, a.repeats, a.concurrency, [pool])
+            # Keep the other pool's last results: each pool can be re-run on its own.
+            old = _load("throughput")
+            if old and (old["calls"], old["repeats"]) == (a.calls, a.repeats):
+                res["pools"] = {**old["pools"], **res["pools"]}
+            report.update("throughput", tp.render_throughput(res), res)
+            if "prefork -c 2" in res["pools"]:
+                report.update("commands", tp.render_commands(res, _load("roundtrips")))
     elif part == "commands":
         rt = tp.round_trips(url, min(a.calls, 5000))
         report.RAW.mkdir(exist_ok=True)
@@ -84,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=32, help="client calls in flight")
     ap.add_argument("--threads", type=int, default=8, help="threads pool size for (a)")
+    ap.add_argument("--pools", default="", help="throughput: only these pools (prefork,threads)")
     ap.add_argument("--io-calls", type=int, default=6400)
     ap.add_argument("--io-repeats", type=int, default=3)
     ap.add_argument("--latency-seconds", type=float, default=30.0)

@@ -138,13 +138,13 @@ def toolq_worker(
     queues: str,
     env: Mapping[str, str] | None = None,
     loglevel: str = "WARNING",
+    hostname: str | None = None,
 ) -> Child:
-    return python_child(
-        name,
-        ["-m", "toolq.cli", "worker", "--app", app, "--redis-url", url, "--pool", pool,
-         "--concurrency", str(concurrency), "-Q", queues, "--loglevel", loglevel],
-        env,
-    )  # fmt: skip
+    argv = ["-m", "toolq.cli", "worker", "--app", app, "--redis-url", url, "--pool", pool,
+            "--concurrency", str(concurrency), "-Q", queues, "--loglevel", loglevel]  # fmt: skip
+    if hostname:
+        argv += ["--hostname", hostname]
+    return python_child(name, argv, env)
 
 
 def toolq_scheduler(

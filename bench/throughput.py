@@ -186,7 +186,7 @@ def render_commands(res: dict[str, Any], rt: dict[str, Any] | None) -> str:
     """(c): commands per call from the throughput runs; round trips from the proxy run."""
     parts = ["## (c) Redis commands and round trips per call\n"]
     pools = res["pools"]
-    pool = next(iter(pools))
+    pool = "prefork -c 2" if "prefork -c 2" in pools else next(iter(pools))
     per: dict[str, dict[str, float]] = {}
     for side in SIDES:
         runs = pools[pool][side]

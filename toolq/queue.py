@@ -42,7 +42,7 @@ from toolq.redact import redact_url
 from toolq.scheduler.policy import Jitter, attempts_remaining
 from toolq.settings import ToolqSettings
 from toolq.state import discover_redis_url
-from toolq.tasks import outcome
+from toolq.tasks import envelopes, outcome
 from toolq.tasks.registry import (
     Registry,
     Tool,
@@ -385,7 +385,7 @@ class ToolQueue:
                 env = load_envelope(f["envelope"]) if f.get("envelope") else None
                 if state in SETTLED:
                     if env is None:  # approval required before the first attempt
-                        env = outcome.needs_approval_envelope(ref, f["tool"], f.get("call_id"))
+                        env = envelopes.needs_approval_envelope(ref, f["tool"], f.get("call_id"))
                     if env.ok and state is not State.SUCCEEDED:  # pragma: no cover - invariant 8
                         raise AssertionError("a success envelope on an unsettled write")
                     return env
@@ -456,7 +456,7 @@ class ToolQueue:
                 f"operation is {state}; only queued or waiting operations can be cancelled",
                 state=str(state),
             )
-        env = outcome.cancelled_envelope(ref, f["tool"], f.get("call_id"))
+        env = envelopes.cancelled_envelope(ref, f["tool"], f.get("call_id"))
         t = Transition(
             ref=ref,
             states=(state,),
@@ -509,7 +509,7 @@ class ToolQueue:
         now_ms = int(self.clock() * 1000)
         expect = {"*": {"rev": f["rev"], expect_field: f.get(expect_field, "")}}
         if attempts_remaining(attempt, int(f.get("max_attempts") or 0)) == 0:
-            env = outcome.escalation_envelope(
+            env = envelopes.escalation_envelope(
                 "ATTEMPTS_EXHAUSTED", ref, f["tool"], f.get("call_id")
             )
             t = Transition(

@@ -28,9 +28,10 @@ import redis
 
 from toolq.ledger.states import PENDING_RECOVERY, TERMINAL
 from toolq.ledger.store import Transition
+from toolq.scheduler.actions import for_decision
 from toolq.scheduler.policy import Action, Queues, Snapshot, Timeouts, decide, sleep_seconds
-from toolq.workers.messages import message_ref
 from toolq.tasks import outcome
+from toolq.workers.messages import message_ref
 
 if TYPE_CHECKING:
     from toolq.queue import ToolQueue
@@ -104,7 +105,7 @@ class Scheduler:
             d = decide(snap, now, timeouts, queues)
             stats.actions[d.action] = stats.actions.get(d.action, 0) + 1
             tool = tq.registry.get(snap.tool) if snap.tool in tq.registry else None
-            t = outcome.for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
+            t = for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
             if t is None:
                 if d.action is Action.DROP:
                     tq.redis.zrem(tq.ledger.keys.due, snap.ref)

@@ -11,33 +11,29 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from toolq import errors
 from toolq.envelope import (
-    Category,
     CommitState,
     Directive,
     NextAction,
-    Retry,
     ToolError,
-    ToolSuccess,
-    Verification,
 )
 from toolq.ledger.record import ms_to_dt
 from toolq.ledger.states import State
 from toolq.ledger.store import Transition
 from toolq.scheduler.policy import (
-    Action,
-    Decision,
-    Snapshot,
     attempts_remaining,
     jittered_due,
-    republish_delay_ms,
     verify_backoff_ms,
 )
-from toolq.tasks.registry import Tool, jsonable
+from toolq.tasks.envelopes import (
+    escalation_envelope,
+    success_envelope,
+    unknown_envelope,
+)
+from toolq.tasks.registry import Tool
 
 #: (queue, raw message) for a run or a verification check.
 MessageFor = Callable[..., tuple[str, str]]
@@ -61,130 +57,6 @@ class Policy:
     retention_s: int
 
 
-# ---------------------------------------------------------------- envelopes toolq itself writes
-
-_ESCALATIONS: dict[str, tuple[Category, str, str]] = {
-    "ATTEMPTS_EXHAUSTED": (
-        Category.DEPENDENCY,
-        "Every allowed attempt was used without success; this needs an operator.",
-        "This could not be completed; a person will look at it.",
-    ),
-    "DEADLINE_EXCEEDED": (
-        Category.DEPENDENCY,
-        "The operation's deadline passed before it could complete; this needs an operator.",
-        "This took too long to complete; a person will look at it.",
-    ),
-    "RETRY_BEYOND_DEADLINE": (
-        Category.DEPENDENCY,
-        "The next retry would fall after the operation's deadline; this needs an operator.",
-        "This cannot be retried in time; a person will look at it.",
-    ),
-    "APPROVAL_TIMEOUT": (
-        Category.AUTHORIZATION,
-        "No approval arrived in time; this needs an operator.",
-        "This was not approved in time.",
-    ),
-    "INPUT_TIMEOUT": (
-        Category.VALIDATION,
-        "No corrected input arrived in time; this needs an operator.",
-        "No corrected details arrived in time.",
-    ),
-}
-
-
-def success_envelope(
-    ref: str,
-    tool: str,
-    call_id: str | None,
-    result: Any,
-    now: datetime,
-    evidence_ref: str | None = None,
-) -> ToolSuccess:
-    return ToolSuccess(
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id or None,
-        result=jsonable(result),
-        verification=Verification(checked_at=now, evidence_ref=evidence_ref),
-    )
-
-
-def unknown_envelope(
-    ref: str,
-    tool: str,
-    call_id: str | None,
-    verification_tool: str | None,
-    code: str = "OUTCOME_UNKNOWN",
-) -> ToolError:
-    details = {"verification_tool": verification_tool} if verification_tool else {}
-    return ToolError(
-        code=code,
-        category=Category.DEPENDENCY,
-        commit_state=CommitState.UNKNOWN,
-        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
-        next_action=NextAction.VERIFY_OPERATION,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id or None,
-        safe_details=details,
-        agent_message="The write may have completed. Verify operation_ref before any new write.",
-        user_message="The request is being checked before anything is sent again.",
-    )
-
-
-def escalation_envelope(code: str, ref: str, tool: str, call_id: str | None) -> ToolError:
-    if code == "VERIFICATION_UNAVAILABLE":
-        env = unknown_envelope(ref, tool, call_id, None, code=code)
-        return env.model_copy(
-            update={
-                "agent_message": "The outcome is unknown and could not be verified; "
-                "an operator must check before anything is sent again.",
-                "user_message": "I could not confirm whether this went through; "
-                "a person will check.",
-            }
-        )
-    category, agent, user = _ESCALATIONS[code]
-    return ToolError(
-        code=code,
-        category=category,
-        commit_state=CommitState.NOT_COMMITTED,
-        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
-        next_action=NextAction.ESCALATE,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id or None,
-        agent_message=agent,
-        user_message=user,
-    )
-
-
-def cancelled_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
-    return ToolError(
-        code="OPERATION_CANCELLED",
-        category=Category.CONFLICT,
-        commit_state=CommitState.NOT_COMMITTED,
-        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
-        next_action=NextAction.REREAD_STATE,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id or None,
-        agent_message="The operation was cancelled before it ran; nothing was sent.",
-        user_message="This was cancelled.",
-    )
-
-
-def needs_approval_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
-    return errors.error_envelope(
-        errors.NeedsApproval(),
-        writes=True,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id,
-        attempts_remaining=0,
-        now=ms_to_dt(0),
-    )
-
-
 # ---------------------------------------------------------------- the worker's outcome
 
 
@@ -203,7 +75,7 @@ class Attempt:
     holder: str
 
 
-def _terminal(t: Transition, policy: Policy) -> Transition:
+def terminal(t: Transition, policy: Policy) -> Transition:
     t.remove_due = True
     t.ttl = policy.retention_s
     return t
@@ -213,7 +85,7 @@ def after_success(a: Attempt, result: Any, now_ms: int, policy: Policy) -> Trans
     """A tool returned: the write is committed (a success is accepted even after
     the lease was lost and the operation went to verification: it is proof)."""
     env = success_envelope(a.ref, a.tool.name, a.call_id, result, ms_to_dt(now_ms))
-    return _terminal(
+    return terminal(
         Transition(
             ref=a.ref,
             states=(State.RUNNING, State.VERIFYING),
@@ -286,7 +158,7 @@ def after_failure(
             code = "RETRY_BEYOND_DEADLINE"
         if code is not None:
             esc = escalation_envelope(code, a.ref, tool.name, a.call_id)
-            return _terminal(
+            return terminal(
                 Transition(
                     **base | {"code": code}, to=State.ESCALATED, envelope=esc, stats=("escalated",)
                 ),
@@ -312,10 +184,10 @@ def after_failure(
             due_ms=now_ms + policy.approval_timeout_ms,
         )
     if action is NextAction.ESCALATE:
-        return _terminal(
+        return terminal(
             Transition(**base, to=State.ESCALATED, envelope=env, stats=("escalated",)), policy
         )
-    return _terminal(Transition(**base, to=State.FAILED, envelope=env, stats=("failed",)), policy)
+    return terminal(Transition(**base, to=State.FAILED, envelope=env, stats=("failed",)), policy)
 
 
 def enter_verifying(
@@ -337,7 +209,7 @@ def enter_verifying(
     """
     env = env or unknown_envelope(ref, tool.name, call_id, tool.verification_tool)
     if tool.verify_fn is None:
-        return _terminal(
+        return terminal(
             Transition(
                 **base,
                 to=State.ESCALATED,
@@ -394,7 +266,7 @@ def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transi
         ms_to_dt(now_ms),
         evidence_ref=f"verification:{c.tool.verification_tool}",
     )
-    return _terminal(
+    return terminal(
         Transition(
             **c.base(),
             to=State.SUCCEEDED,
@@ -428,7 +300,7 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
             else "DEADLINE_EXCEEDED"
         )
         esc = escalation_envelope(code, c.ref, c.tool.name, c.call_id)
-        return _terminal(
+        return terminal(
             Transition(
                 **c.base(),
                 to=State.ESCALATED,
@@ -457,7 +329,7 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
     failures = c.vfail + 1
     if failures >= c.tool.options.verify_checks:
         esc = escalation_envelope("VERIFICATION_UNAVAILABLE", c.ref, c.tool.name, c.call_id)
-        return _terminal(
+        return terminal(
             Transition(
                 **c.base(),
                 to=State.ESCALATED,
@@ -477,109 +349,6 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
         delete=("vholder", "vlease_until"),
         stats=("verify_failed",),
     )
-
-
-# ---------------------------------------------------------------- the scheduler's decisions
-
-
-def for_decision(
-    d: Decision,
-    s: Snapshot,
-    tool: Tool[Any] | None,
-    call_id: str,
-    now_ms: int,
-    policy: Policy,
-    messages: Messages,
-) -> Transition | None:
-    """The transition for a scheduler decision, CAS-bound to the snapshot's ``rev``."""
-    guard = {"*": {"rev": str(s.rev)}}
-    by = "scheduler"
-    if d.action is Action.DROP:
-        return None
-    if d.action is Action.RESCHEDULE:
-        assert d.at_ms is not None
-        return Transition(
-            ref=s.ref,
-            states=(s.state,),
-            to=s.state,
-            by=by,
-            quiet=True,
-            expect=guard,
-            due_ms=d.at_ms,
-        )
-    if d.action is Action.ESCALATE:
-        assert d.code is not None
-        env = escalation_envelope(d.code, s.ref, s.tool, call_id)
-        return _terminal(
-            Transition(
-                ref=s.ref,
-                states=(s.state,),
-                to=State.ESCALATED,
-                by=by,
-                code=d.code,
-                expect=guard,
-                envelope=env,
-                stats=("escalated",),
-            ),
-            policy,
-        )
-    if d.action is Action.DISPATCH:
-        return Transition(
-            ref=s.ref,
-            states=(State.WAITING_RETRY,),
-            to=State.QUEUED,
-            by=by,
-            expect=guard,
-            attempt_incr=1,
-            push=messages.run(s.ref, s.attempt + 1),
-            due_ms=now_ms + policy.unclaimed_after_ms,
-            set={"repubs": "0"},
-            stats=("dispatched",),
-        )
-    if d.action is Action.REPUBLISH:
-        return Transition(
-            ref=s.ref,
-            states=(State.QUEUED,),
-            to=State.QUEUED,
-            by=by,
-            quiet=True,
-            expect=guard,
-            push=messages.run(s.ref, s.attempt),
-            due_ms=now_ms + republish_delay_ms(policy.unclaimed_after_ms, s.repubs + 1),
-            set={"repubs": str(s.repubs + 1)},
-            stats=("republished",),
-        )
-    if d.action is Action.VERIFY:
-        nxt = s.vcheck + 1
-        return Transition(
-            ref=s.ref,
-            states=(State.VERIFYING,),
-            to=State.VERIFYING,
-            by=by,
-            quiet=True,
-            expect=guard,
-            push=messages.verify(s.ref, s.attempt, nxt),
-            set={"vcheck": str(nxt)},
-            delete=("vholder", "vlease_until"),
-            due_ms=now_ms + policy.unclaimed_after_ms,
-            stats=("verify_published",),
-        )
-    if d.action is Action.LEASE_EXPIRED:
-        return lease_lost(
-            s.ref,
-            tool,
-            s.tool,
-            call_id,
-            s.attempt,
-            s.max_attempts,
-            s.vcheck,
-            now_ms,
-            policy,
-            messages,
-            expect={"*": {"rev": str(s.rev)}},
-            by="scheduler:lease_sweep",
-        )
-    raise AssertionError(d.action)  # pragma: no cover
 
 
 def lease_lost(
@@ -609,7 +378,7 @@ def lease_lost(
     if tool is None or tool.writes:
         if tool is None:
             env = unknown_envelope(ref, tool_name, call_id, None)
-            return _terminal(
+            return terminal(
                 Transition(
                     **base, to=State.ESCALATED, envelope=env, stats=("lease_lost", "escalated")
                 ),
@@ -622,7 +391,7 @@ def lease_lost(
         return t
     if attempts_remaining(attempt, max_attempts) == 0:
         esc = escalation_envelope("ATTEMPTS_EXHAUSTED", ref, tool_name, call_id)
-        return _terminal(
+        return terminal(
             Transition(**base, to=State.ESCALATED, envelope=esc, stats=("lease_lost", "escalated")),
             policy,
         )
