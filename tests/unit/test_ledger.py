@@ -194,3 +194,21 @@ def test_history_records_every_transition(tq: ToolQueue) -> None:
         ("queued", "running"),
         ("running", "succeeded"),
     ]
+
+
+def test_an_approval_wait_without_a_call_id_returns_its_envelope(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    q = ToolQueue(redis_url="redis://fake:6379/0")
+    q._redis = fake_redis
+
+    @q.tool(requires_approval=True)
+    def gated(args: Args) -> str:
+        return "ran"
+
+    ref = q.submit("gated", {"to": "x"}).operation_ref
+    env = q.get(ref)
+    assert env is not None and env.state is State.AWAITING_APPROVAL
+    sent = q.wait(ref, timeout=0.1)
+    assert not sent.ok and sent.code == "MISSING_APPROVAL" and sent.call_id is None
+    q.close()

@@ -119,18 +119,19 @@ def mcp_command(
         stream=sys.stderr,
         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s",
     )
-    from toolq.mcp_server import run_stdio, serve_http
+    from toolq.mcp_server import CANCEL_OPERATION, GET_OPERATION, run_stdio, serve_http
 
     if transport == "http":
         _bind(host, _settings(), "mcp")
     tq = open_app(app_path, redis_url, state_dir)
+    clash = sorted({GET_OPERATION, CANCEL_OPERATION} & {t.name for t in tq.registry})
+    if clash:
+        raise CliError(f"tool names clash with the MCP server's own tools: {', '.join(clash)}")
     try:
         if transport == "stdio":
             run_stdio(tq, wait_seconds=wait_seconds)
         else:
             serve_http(tq, host, port, log_level=loglevel, wait_seconds=wait_seconds)
-    except ValueError as exc:  # a tool named like one of the server's own
-        raise CliError(str(exc)) from None
     finally:
         tq.close()
 

@@ -136,7 +136,7 @@ def needs_approval_envelope(ref: str, tool: str, call_id: str | None) -> ToolErr
         writes=True,
         operation_ref=ref,
         operation=tool,
-        call_id=call_id,
+        call_id=call_id or None,
         attempts_remaining=0,
         now=ms_to_dt(0),
     )

@@ -1,0 +1,589 @@
+"""Chaos: the real system under kills, a server restart and duplicate deliveries.
+
+    python -m bench.chaos --ops 2000 --kills 30        (python -m bench chaos does the same)
+
+Runs an embedded Valkey (AOF on, ``appendfsync always``), two calls workers
+(prefork -c 3 and threads -c 4), a verify worker (prefork -c 2) and two
+schedulers against the example invoice provider
+(:mod:`toolq.examples.provider`, served from this process) with its faults
+turned up: lost replies after commit, timeouts before commit, commits whose
+reply never comes, rate limits, conflicts, a customer that is always down.
+While operations are submitted it
+
+* SIGKILLs a random worker every ``--interval`` seconds: a whole worker (its
+  process group, then a new worker is started) or one prefork pool child
+  (Celery starts another), and now and then a scheduler (started again);
+* hard-restarts the server once, half way (SIGKILL; the AOF keeps every
+  acknowledged write; same port, same data directory);
+* pushes copies of queued messages (fresh and long stale) back into the
+  calls and verify queues.
+
+Then it stops the chaos, waits for the system to go quiet and compares the
+ledger with the provider's own records. The provider runs *without* its
+idempotency-key deduplication by default (``--dedup`` turns it on), so a
+second committed side effect for one ``operation_ref`` cannot be hidden:
+only toolq stands between a retry and a duplicate. It reports
+
+* operations submitted, by final state;
+* side effects (commits) per operation_ref: two or more is a failure;
+* write requests that reached the provider per ref (a second request is
+  legitimate only after verification found no commit, e.g. a timeout before
+  commit);
+* operations not in a final state once the system is quiet (failure);
+* writes the ledger calls succeeded that the provider lacks, and the reverse
+  (failures);
+* time in pending recovery, p50/p95/max.
+
+Lease 2 s and unclaimed_after 5 s (``TOOLQ_LEASE__SECONDS``,
+``TOOLQ_RECOVERY__UNCLAIMED_AFTER``), visibility timeout 20 s (so Celery's
+own redelivery of unacknowledged messages joins in), scheduler hold 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import procs
+from bench.common import percentile
+
+APP = "toolq.examples.invoices:tq"
+TOOL = "create_invoice"
+TERMINAL = {"succeeded", "failed", "escalated", "cancelled"}
+RECOVERY = {"waiting_retry", "verifying", "awaiting_approval", "needs_input"}
+
+#: Customers and their share of the operations; the provider picks a fault by customer.
+MIX: tuple[tuple[str, float], ...] = (
+    ("cust_ok", 0.58),
+    ("cust_lostreply", 0.10),  # commits, then the reply is lost: verify finds it
+    ("cust_slow_precommit", 0.07),  # times out before commit: verify, not found, retry
+    ("cust_crash", 0.05),  # commits, reply held past the timeout: verify finds it
+    ("cust_ratelimit", 0.12),  # 429 first: waiting_retry, the scheduler dispatches again
+    ("cust_conflict", 0.04),  # 409: failed
+    ("cust_down", 0.04),  # 503 every time: attempts exhausted, escalated
+)
+
+ENV = {
+    "TOOLQ_LEASE__SECONDS": "2",
+    "TOOLQ_RECOVERY__UNCLAIMED_AFTER": "5",
+    "TOOLQ_QUEUES__VISIBILITY_TIMEOUT": "20",
+    "TOOLQ_SCHEDULER__HOLD": "5",
+    "TOOLQ_SCHEDULER__MAX_SLEEP": "1",
+    "TOOLQ_EXAMPLE_PROVIDER_TIMEOUT": "2",
+}
+
+
+@dataclass
+class ChaosConfig:
+    ops: int = 2000
+    kills: int = 30
+    #: Seconds between kills; submissions are spread over kills × interval.
+    interval: float = 3.0
+    dup_every: float = 1.0
+    restart_server: bool = True
+    dedup: bool = False
+    seed: int = 0
+    settle_timeout: float = 300.0
+    redis_url: str | None = None
+    appendfsync: str = "always"
+    verbose: bool = True
+
+
+@dataclass
+class Role:
+    name: str
+    kind: str  # calls | verify | scheduler
+    pool: str = ""
+    concurrency: int = 0
+    gen: int = 0
+    child: procs.Child | None = None
+
+
+@dataclass
+class ChaosResult:
+    submitted: int
+    by_state: dict[str, int]
+    kills: dict[str, int]
+    server_restarts: int
+    duplicate_pushes: int
+    duplicates: dict[str, int]  # ref -> commits (and dedup replays), only refs with >= 2
+    requests_per_ref: dict[int, int]  # requests -> number of refs
+    multi_request_customers: dict[str, int]
+    stuck: dict[str, str]  # ref -> state
+    lost: list[str]  # ledger succeeded, provider has nothing
+    phantom: dict[str, str]  # provider committed, ledger says otherwise (ref -> state)
+    mismatched: list[str]  # ledger's invoice id is not the provider's
+    recovery_ms: dict[str, float]
+    recovered_ops: int
+    ledger_stats: dict[str, int]
+    log_errors: dict[str, int]
+    seconds: float
+    settled_after_s: float
+    appendfsync: str
+    dedup: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.duplicates or self.stuck or self.lost or self.phantom or self.mismatched)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["ok"] = self.ok
+        return d
+
+
+class Chaos:
+    def __init__(self, cfg: ChaosConfig) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.run_id = uuid.uuid4().hex[:6]
+        self.dir = f"chaos-{time.strftime('%H%M%S')}-{self.run_id}"
+        (procs.LOG_DIR / self.dir).mkdir(parents=True, exist_ok=True)
+        self.roles = [
+            Role("calls-1", "calls", "prefork", 3),
+            Role("calls-2", "calls", "threads", 4),
+            Role("verify-1", "verify", "prefork", 2),
+            Role("sched-1", "scheduler"),
+            Role("sched-2", "scheduler"),
+        ]
+        self.kills: collections.Counter[str] = collections.Counter()
+        self.server_restarts = 0
+        self.dup_pushes = 0
+        self.refs: list[str] = []
+        self.customer: dict[str, str] = {}
+        self.stop_chaos = threading.Event()
+        self.lock = threading.Lock()
+        self.notes: list[str] = []
+        self.server: Any = None
+        self.provider: Any = None
+        self.url = ""
+
+    def log(self, msg: str) -> None:
+        if self.cfg.verbose:
+            print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    # ------------------------------------------------------------------ processes
+
+    def env(self) -> dict[str, str]:
+        assert self.provider is not None
+        return {**ENV, "TOOLQ_EXAMPLE_PROVIDER_URL": self.provider.url}
+
+    def spawn(self, role: Role) -> None:
+        name = f"{self.dir}/{role.name}-g{role.gen}"
+        if role.kind == "scheduler":
+            role.child = procs.toolq_scheduler(name, APP, self.url, env=self.env())
+        else:
+            queue = "toolq.calls" if role.kind == "calls" else "toolq.verify"
+            role.child = procs.toolq_worker(
+                name, APP, self.url, pool=role.pool, concurrency=role.concurrency,
+                queues=queue, env=self.env(), hostname=f"{role.name}-g{role.gen}@%h",
+            )  # fmt: skip
+        role.gen += 1
+
+    def kill_one(self) -> None:
+        workers = [r for r in self.roles if r.kind != "scheduler"]
+        what = self.rng.choices(["worker", "pool_child", "scheduler"], [0.4, 0.35, 0.25])[0]
+        if what == "pool_child":
+            prefork = [r for r in workers if r.pool == "prefork" and r.child is not None]
+            role = self.rng.choice(prefork)
+            assert role.child is not None
+            kids = role.child.descendants()
+            if kids:
+                pid = self.rng.choice(kids)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self.kills["pool_child"] += 1
+                self.log(f"SIGKILL pool child {pid} of {role.name}")
+                return
+            what = "worker"
+        role = self.rng.choice(workers if what == "worker" else
+                               [r for r in self.roles if r.kind == "scheduler"])  # fmt: skip
+        assert role.child is not None
+        role.child.kill()
+        self.kills[what] += 1
+        self.log(f"SIGKILL {role.name} (pid {role.child.pid}, whole group); starting another")
+        if what == "scheduler":
+            time.sleep(self.rng.uniform(0.3, 1.5))
+        self.spawn(role)
+
+    def ensure_running(self) -> None:
+        for role in self.roles:
+            if role.child is None or not role.child.alive():
+                if role.child is not None:
+                    self.notes.append(f"{role.name} had exited on its own: {role.child.tail(5)}")
+                self.spawn(role)
+
+    # ------------------------------------------------------------------ threads
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_timeout=10, socket_connect_timeout=2)
+
+    def submitter(self, tq: Any, seconds: float) -> None:
+        t0 = time.monotonic()
+        for i in range(self.cfg.ops):
+            due = t0 + seconds * i / self.cfg.ops
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            customer = self.rng.choices([c for c, _ in MIX], [w for _, w in MIX])[0]
+            ref = f"chaos-{self.run_id}-{i:05d}"
+            args = {"customer": customer, "amount": round(self.rng.uniform(10, 5000), 2)}
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    tq.submit(TOOL, args, operation_ref=ref)
+                    break
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                    # The server is restarting: submit again with the same ref (idempotent).
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            with self.lock:
+                self.refs.append(ref)
+                self.customer[ref] = customer
+
+    def duplicator(self) -> None:
+        r = self.client()
+        captured: list[tuple[str, bytes]] = []
+        n = 0
+        try:
+            while not self.stop_chaos.wait(self.cfg.dup_every):
+                n += 1
+                try:
+                    for q in ("toolq.calls", "toolq.verify"):
+                        msgs = r.lrange(q, 0, 9)
+                        for m in self.rng.sample(msgs, min(2, len(msgs))):
+                            r.lpush(q, m)
+                            self.dup_pushes += 1
+                            captured.append((q, m))
+                    if n % 5 == 0 and captured:
+                        for q, m in self.rng.sample(captured, min(3, len(captured))):
+                            r.lpush(q, m)  # a stale copy: its attempt is long over
+                            self.dup_pushes += 1
+                    del captured[:-500]
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                    continue
+        finally:
+            r.close()
+
+    def chaos_loop(self, seconds: float) -> None:
+        restart_at = time.monotonic() + seconds / 2
+        kills_due = self.cfg.kills
+        t_next = time.monotonic() + self.cfg.interval
+        while kills_due > 0 and not self.stop_chaos.is_set():
+            now = time.monotonic()
+            if self.cfg.restart_server and self.server is not None and now >= restart_at \
+                    and not self.server_restarts:  # fmt: skip
+                self.log("hard restart of the server (SIGKILL; same port and data dir)")
+                self.server.restart(hard=True)
+                self.server_restarts += 1
+                self.log("server is back")
+            if now >= t_next:
+                self.kill_one()
+                kills_due -= 1
+                t_next = now + self.cfg.interval
+            time.sleep(0.05)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> ChaosResult:
+        from toolq.embedded import EmbeddedServer
+        from toolq.examples.provider import InvoiceProvider, ProviderConfig
+
+        cfg = self.cfg
+        saved = {k: os.environ.get(k) for k in ENV}
+        os.environ.update(ENV)  # the client's settings (unclaimed_after) match the workers'
+        t_start = time.monotonic()
+        if cfg.redis_url:
+            self.url = cfg.redis_url
+            with contextlib.closing(self.client()) as r:
+                r.flushdb()
+        else:
+            self.server = EmbeddedServer(
+                appendonly=True, extra_config={"appendfsync": cfg.appendfsync}
+            ).start()
+            self.url = str(self.server.url)
+        self.provider = InvoiceProvider(
+            ProviderConfig(dedup=cfg.dedup, precommit_stall=3.0, crash_stall=5.0)
+        ).start()
+        from toolq.examples.invoices import tq
+
+        tq.configure(redis_url=self.url)
+        try:
+            for role in self.roles:
+                self.spawn(role)
+            time.sleep(3.0)
+            seconds = max(cfg.kills * cfg.interval, cfg.ops / 50)
+            self.log(f"{cfg.ops} operations over {seconds:.0f} s, {cfg.kills} kills; logs in "
+                     f"{procs.LOG_DIR / self.dir}")  # fmt: skip
+            threads = [
+                threading.Thread(target=self.submitter, args=(tq, seconds), daemon=True),
+                threading.Thread(target=self.duplicator, daemon=True),
+            ]
+            for t in threads:
+                t.start()
+            self.chaos_loop(seconds)
+            threads[0].join()
+            self.stop_chaos.set()
+            threads[1].join()
+            self.ensure_running()
+            chaos_s = time.monotonic() - t_start
+            self.log(f"chaos over after {chaos_s:.0f} s; waiting for the system to go quiet")
+            settled = self.settle()
+            return self.verdict(chaos_s, settled)
+        finally:
+            self.stop_chaos.set()
+            for role in self.roles:
+                if role.child is not None:
+                    role.child.stop(timeout=5)
+            tq.close()
+            self.provider.stop()
+            if self.server is not None:
+                self.server.stop()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def settle(self) -> float:
+        t0 = time.monotonic()
+        r = self.client()
+        last: collections.Counter[str] = collections.Counter()
+        try:
+            while time.monotonic() - t0 < self.cfg.settle_timeout:
+                try:
+                    states = self.states(r)
+                except redis.RedisError:
+                    time.sleep(0.5)
+                    continue
+                last = collections.Counter(states.values())
+                if all(s in TERMINAL for s in states.values()):
+                    return time.monotonic() - t0
+                self.ensure_running()
+                time.sleep(1.0)
+            self.log(f"not quiet after {self.cfg.settle_timeout:.0f} s: {dict(last)}")
+            return time.monotonic() - t0
+        finally:
+            r.close()
+
+    def states(self, r: redis.Redis) -> dict[str, str]:
+        pipe = r.pipeline(transaction=False)
+        for ref in self.refs:
+            pipe.hget(f"toolq:op:{ref}", "state")
+        return {ref: (s.decode() if s else "missing")
+                for ref, s in zip(self.refs, pipe.execute(), strict=True)}  # fmt: skip
+
+    # ------------------------------------------------------------------ the verdict
+
+    def verdict(self, chaos_s: float, settled_s: float) -> ChaosResult:
+        r = self.client()
+        try:
+            states = self.states(r)
+            pipe = r.pipeline(transaction=False)
+            for ref in self.refs:
+                pipe.lrange(f"toolq:hist:{ref}", 0, -1)
+                pipe.hget(f"toolq:op:{ref}", "envelope")
+            raw = pipe.execute()
+            stats = {k.decode(): int(v) for k, v in r.hgetall("toolq:stats").items()}
+        finally:
+            r.close()
+        store = self.provider.store
+        with store.lock:
+            effects = collections.Counter(e["operation_ref"] for e in store.effects)
+            replays = collections.Counter(e["operation_ref"] for e in store.replays)
+            seen = dict(store.seen)
+            by_ref = {k: list(v) for k, v in store.by_ref.items()}
+        duplicates = {ref: effects[ref] + replays[ref] for ref in set(effects) | set(replays)
+                      if effects[ref] + replays[ref] >= 2}  # fmt: skip
+        lost, mismatched = [], []
+        phantom: dict[str, str] = {}
+        recovery: list[float] = []
+        for i, ref in enumerate(self.refs):
+            hist = [json.loads(h) for h in raw[2 * i]]
+            env = json.loads(raw[2 * i + 1]) if raw[2 * i + 1] else {}
+            state = states[ref]
+            if state == "succeeded":
+                if not effects[ref]:
+                    lost.append(ref)
+                else:
+                    inv = (env.get("result") or {}).get("id")
+                    if inv not in by_ref.get(ref, []):
+                        mismatched.append(ref)
+            elif effects[ref]:
+                phantom[ref] = state
+            spent = 0.0
+            for a, b in zip(hist, hist[1:], strict=False):
+                if a["to"] in RECOVERY:
+                    spent += b["at"] - a["at"]
+            if spent > 0:
+                recovery.append(spent)
+        req = collections.Counter(seen.get(ref, 0) for ref in self.refs)
+        multi = collections.Counter(self.customer[ref] for ref in self.refs
+                                    if seen.get(ref, 0) >= 2)  # fmt: skip
+        stuck = {ref: s for ref, s in states.items() if s not in TERMINAL}
+        return ChaosResult(
+            submitted=len(self.refs),
+            by_state=dict(collections.Counter(states.values()).most_common()),
+            kills=dict(self.kills),
+            server_restarts=self.server_restarts,
+            duplicate_pushes=self.dup_pushes,
+            duplicates=duplicates,
+            requests_per_ref=dict(sorted(req.items())),
+            multi_request_customers=dict(multi.most_common()),
+            stuck=stuck,
+            lost=lost,
+            phantom=phantom,
+            mismatched=mismatched,
+            recovery_ms={"p50": percentile(recovery, 50), "p95": percentile(recovery, 95),
+                         "max": max(recovery) if recovery else float("nan")},  # fmt: skip
+            recovered_ops=len(recovery),
+            ledger_stats=_sum_stats(stats),
+            log_errors=self.scan_logs(),
+            seconds=chaos_s,
+            settled_after_s=settled_s,
+            appendfsync=self.cfg.appendfsync if not self.cfg.redis_url else "(external)",
+            dedup=self.cfg.dedup,
+            notes=self.notes,
+        )
+
+    def scan_logs(self) -> dict[str, int]:
+        out: collections.Counter[str] = collections.Counter()
+        for path in (procs.LOG_DIR / self.dir).glob("*.log"):
+            lines = path.read_text(errors="replace").splitlines()
+            for prev, line in zip(["", *lines], lines, strict=False):
+                if line.startswith("Traceback (most recent call last)"):
+                    # A tool's or verifier's failure is logged with its traceback on purpose.
+                    kind = "expected" if "failed for" in prev else "unexpected"
+                    out[f"tracebacks ({kind})"] += 1
+                elif ": ERROR/" in line or ": CRITICAL/" in line:
+                    out["ERROR lines"] += 1
+        return dict(out)
+
+
+def _sum_stats(stats: dict[str, int]) -> dict[str, int]:
+    out: collections.Counter[str] = collections.Counter()
+    for k, v in stats.items():
+        out[k.split("|", 1)[-1]] += v
+    return dict(sorted(out.items()))
+
+
+def run(cfg: ChaosConfig) -> ChaosResult:
+    return Chaos(cfg).run()
+
+
+def summary(res: ChaosResult) -> str:
+    lines = [
+        f"operations submitted: {res.submitted}",
+        f"  by final state: {res.by_state}",
+        f"kills: {res.kills} (total {sum(res.kills.values())}); server restarts: "
+        f"{res.server_restarts}; duplicate messages pushed: {res.duplicate_pushes}",
+        f"side effects per operation_ref >= 2 (FAILURE): {len(res.duplicates)} "
+        f"{dict(list(res.duplicates.items())[:10])}",
+        f"write requests that reached the provider, per ref: {res.requests_per_ref} "
+        f"(refs with >1 by customer: {res.multi_request_customers})",
+        f"non-final after quiet (FAILURE): {len(res.stuck)} {dict(list(res.stuck.items())[:10])}",
+        f"ledger succeeded, provider lacks (FAILURE): {len(res.lost)} {res.lost[:10]}",
+        f"provider committed, ledger not succeeded (FAILURE): {len(res.phantom)} "
+        f"{dict(list(res.phantom.items())[:10])}",
+        f"ledger's invoice id differs from the provider's (FAILURE): {len(res.mismatched)}",
+        f"time in pending recovery ({res.recovered_ops} ops): p50 {res.recovery_ms['p50']:.0f} ms,"
+        f" p95 {res.recovery_ms['p95']:.0f} ms, max {res.recovery_ms['max']:.0f} ms",
+        f"ledger counters: {res.ledger_stats}",
+        f"worker/scheduler logs: {res.log_errors}",
+        f"chaos {res.seconds:.0f} s, quiet {res.settled_after_s:.0f} s later; appendfsync "
+        f"{res.appendfsync}; provider dedup {'on' if res.dedup else 'off'}",
+        "VERDICT: " + ("PASS" if res.ok else "FAIL"),
+    ]
+    lines += [f"note: {n}" for n in res.notes]
+    return "\n".join(lines)
+
+
+def render(res: ChaosResult, cfg: ChaosConfig) -> str:
+    from bench.report import table
+
+    k = res.kills
+    rows = [
+        ("operations submitted", f"{res.submitted:,}"),
+        ("by final state", ", ".join(f"{s} {n}" for s, n in res.by_state.items())),
+        ("kills (SIGKILL)", f"{sum(k.values())}: whole worker {k.get('worker', 0)}, pool child "
+         f"{k.get('pool_child', 0)}, scheduler {k.get('scheduler', 0)}"),
+        ("server restarts (SIGKILL, AOF appendfsync " + res.appendfsync + ")",
+         str(res.server_restarts)),
+        ("duplicate messages pushed into the queues", f"{res.duplicate_pushes:,}"),
+        ("**refs with ≥ 2 committed side effects**", f"**{len(res.duplicates)}**"),
+        ("write requests per ref (requests: refs)",
+         ", ".join(f"{n}: {c}" for n, c in res.requests_per_ref.items())),
+        ("refs with > 1 request, by customer",
+         ", ".join(f"{c} {n}" for c, n in res.multi_request_customers.items()) or "none"),
+        ("**non-final after quiet**", f"**{len(res.stuck)}**"),
+        ("**ledger succeeded, provider lacks**", f"**{len(res.lost)}**"),
+        ("**provider committed, ledger not succeeded**", f"**{len(res.phantom)}**"),
+        ("ledger invoice id ≠ provider's", str(len(res.mismatched))),
+        ("time in pending recovery p50 / p95 / max",
+         f"{res.recovery_ms['p50']:,.0f} / {res.recovery_ms['p95']:,.0f} / "
+         f"{res.recovery_ms['max']:,.0f} ms ({res.recovered_ops} ops)"),
+        ("ledger counters", ", ".join(f"{a} {b}" for a, b in res.ledger_stats.items())),
+        ("tracebacks in process logs: tool failures (expected) / other; ERROR lines",
+         f"{res.log_errors.get('tracebacks (expected)', 0)} / "
+         f"{res.log_errors.get('tracebacks (unexpected)', 0)}; "
+         f"{res.log_errors.get('ERROR lines', 0)}"),
+        ("chaos duration, then quiet after", f"{res.seconds:.0f} s, {res.settled_after_s:.0f} s"),
+        ("verdict", "**PASS**" if res.ok else "**FAIL**"),
+    ]  # fmt: skip
+    return (
+        "## Chaos\n\n"
+        f"`python -m bench chaos --ops {cfg.ops} --kills {cfg.kills}`: embedded Valkey (AOF, "
+        f"`appendfsync {res.appendfsync}`), calls workers prefork -c 3 and threads -c 4, a "
+        "verify worker prefork -c 2, two schedulers; example invoice provider with "
+        f"idempotency-key dedup **{'on' if res.dedup else 'off'}** (so every commit is a real "
+        "side effect), faults: lost reply after commit, timeout before commit, reply held past "
+        "the timeout, 429, 409, always-503. Lease 2 s, unclaimed_after 5 s, visibility "
+        "timeout 20 s.\n\n" + table(("", ""), rows)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
+    ap.add_argument("--ops", type=int, default=2000)
+    ap.add_argument("--kills", type=int, default=30)
+    ap.add_argument("--interval", type=float, default=3.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dedup", action="store_true", help="provider deduplicates by key")
+    ap.add_argument("--no-restart", action="store_true", help="do not restart the server")
+    ap.add_argument("--appendfsync", default="always", choices=("always", "everysec"))
+    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--no-report", action="store_true", help="do not update RESULTS.md")
+    ap.add_argument("--json", type=Path, default=None, help="write the result here as JSON")
+    a = ap.parse_args(argv)
+    cfg = ChaosConfig(ops=a.ops, kills=a.kills, interval=a.interval, seed=a.seed,
+                      dedup=a.dedup, restart_server=not a.no_restart,
+                      appendfsync=a.appendfsync, redis_url=a.redis_url)  # fmt: skip
+    res = run(cfg)
+    print(summary(res))
+    if a.json is not None:
+        a.json.write_text(json.dumps(res.as_dict(), indent=1, default=str))
+    if not a.no_report:
+        from bench import report
+
+        report.update("chaos", render(res, cfg), res.as_dict())
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
