@@ -465,14 +465,17 @@ class Chaos:
     def scan_logs(self) -> dict[str, int]:
         out: collections.Counter[str] = collections.Counter()
         for path in (procs.LOG_DIR / self.dir).glob("*.log"):
-            lines = path.read_text(errors="replace").splitlines()
-            for prev, line in zip(["", *lines], lines, strict=False):
-                if line.startswith("Traceback (most recent call last)"):
+            record = ""  # the log record a traceback belongs to
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("["):
+                    record = line
+                    if ": ERROR/" in line or ": CRITICAL/" in line:
+                        out["ERROR lines"] += 1
+                elif line.startswith("Traceback (most recent call last)"):
                     # A tool's or verifier's failure is logged with its traceback on purpose.
-                    kind = "expected" if "failed for" in prev else "unexpected"
+                    kind = "expected" if "failed for" in record else "unexpected"
                     out[f"tracebacks ({kind})"] += 1
-                elif ": ERROR/" in line or ": CRITICAL/" in line:
-                    out["ERROR lines"] += 1
+                    record = record or line
         return dict(out)
 
 

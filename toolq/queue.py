@@ -11,7 +11,6 @@ env = tq.wait(ref, timeout=30.0)
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -26,11 +25,6 @@ from pydantic import SecretStr
 
 from toolq import errors
 from toolq.envelope import (
-    Category,
-    CommitState,
-    Directive,
-    NextAction,
-    Retry,
     ToolError,
     ToolSuccess,
 )
@@ -332,7 +326,7 @@ class ToolQueue:
         if res.outcome == "conflict":
             raise errors.IdempotencyKeyReused(
                 "this operation_ref was already used with other arguments",
-                envelope=_reused_envelope(ref, t.name, call_id),
+                envelope=envelopes.fixed_envelope("IDEMPOTENCY_KEY_REUSED", ref, t.name, call_id),
                 operation_ref=ref,
             )
         return Submission(ref, res.state, res.outcome == "created")
@@ -557,23 +551,3 @@ class ToolQueue:
                 for t in self.registry
             ],
         }
-
-
-def _reused_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
-    return ToolError(
-        code="IDEMPOTENCY_KEY_REUSED",
-        category=Category.CONFLICT,
-        commit_state=CommitState.NOT_COMMITTED,
-        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
-        next_action=NextAction.REREAD_STATE,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id,
-        agent_message="This operation_ref was already used with other arguments; "
-        "read that operation or use a new ref.",
-        user_message="This request conflicts with an earlier one.",
-    )
-
-
-def dumps_record(rec: OperationRecord) -> str:
-    return json.dumps(rec.model_dump(mode="json", by_alias=True), indent=2)

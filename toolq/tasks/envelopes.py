@@ -20,33 +20,98 @@ from toolq.envelope import (
 from toolq.ledger.record import ms_to_dt
 from toolq.tasks.registry import jsonable
 
-_ESCALATIONS: dict[str, tuple[Category, str, str]] = {
+_C, _S, _A = Category, CommitState, NextAction
+_UNKNOWN_AGENT = "The write may have completed. Verify operation_ref before any new write."
+_UNKNOWN_USER = "The request is being checked before anything is sent again."
+
+#: code -> (category, commit_state, next_action, agent_message, user_message)
+FIXED: dict[str, tuple[Category, CommitState, NextAction, str, str]] = {
+    "OUTCOME_UNKNOWN": (
+        _C.DEPENDENCY,
+        _S.UNKNOWN,
+        _A.VERIFY_OPERATION,
+        _UNKNOWN_AGENT,
+        _UNKNOWN_USER,
+    ),
+    "VERIFICATION_UNAVAILABLE": (
+        _C.DEPENDENCY,
+        _S.UNKNOWN,
+        _A.VERIFY_OPERATION,
+        "The outcome is unknown and could not be verified; "
+        "an operator must check before anything is sent again.",
+        "I could not confirm whether this went through; a person will check.",
+    ),
     "ATTEMPTS_EXHAUSTED": (
-        Category.DEPENDENCY,
+        _C.DEPENDENCY,
+        _S.NOT_COMMITTED,
+        _A.ESCALATE,
         "Every allowed attempt was used without success; this needs an operator.",
         "This could not be completed; a person will look at it.",
     ),
     "DEADLINE_EXCEEDED": (
-        Category.DEPENDENCY,
+        _C.DEPENDENCY,
+        _S.NOT_COMMITTED,
+        _A.ESCALATE,
         "The operation's deadline passed before it could complete; this needs an operator.",
         "This took too long to complete; a person will look at it.",
     ),
     "RETRY_BEYOND_DEADLINE": (
-        Category.DEPENDENCY,
+        _C.DEPENDENCY,
+        _S.NOT_COMMITTED,
+        _A.ESCALATE,
         "The next retry would fall after the operation's deadline; this needs an operator.",
         "This cannot be retried in time; a person will look at it.",
     ),
     "APPROVAL_TIMEOUT": (
-        Category.AUTHORIZATION,
+        _C.AUTHORIZATION,
+        _S.NOT_COMMITTED,
+        _A.ESCALATE,
         "No approval arrived in time; this needs an operator.",
         "This was not approved in time.",
     ),
     "INPUT_TIMEOUT": (
-        Category.VALIDATION,
+        _C.VALIDATION,
+        _S.NOT_COMMITTED,
+        _A.ESCALATE,
         "No corrected input arrived in time; this needs an operator.",
         "No corrected details arrived in time.",
     ),
+    "OPERATION_CANCELLED": (
+        _C.CONFLICT,
+        _S.NOT_COMMITTED,
+        _A.REREAD_STATE,
+        "The operation was cancelled before it ran; nothing was sent.",
+        "This was cancelled.",
+    ),
+    "IDEMPOTENCY_KEY_REUSED": (
+        _C.CONFLICT,
+        _S.NOT_COMMITTED,
+        _A.REREAD_STATE,
+        "This operation_ref was already used with other arguments; "
+        "read that operation or use a new ref.",
+        "This request conflicts with an earlier one.",
+    ),
 }
+
+
+def fixed_envelope(
+    code: str, ref: str, tool: str, call_id: str | None, details: dict[str, Any] | None = None
+) -> ToolError:
+    """An envelope for one of toolq's own conditions, by the FIXED table."""
+    category, commit, action, agent, user = FIXED[code]
+    return ToolError(
+        code=code,
+        category=category,
+        commit_state=commit,
+        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
+        next_action=action,
+        operation_ref=ref,
+        operation=tool,
+        call_id=call_id or None,
+        safe_details=details or {},
+        agent_message=agent,
+        user_message=user,
+    )
 
 
 def success_envelope(
@@ -67,67 +132,19 @@ def success_envelope(
 
 
 def unknown_envelope(
-    ref: str,
-    tool: str,
-    call_id: str | None,
-    verification_tool: str | None,
-    code: str = "OUTCOME_UNKNOWN",
+    ref: str, tool: str, call_id: str | None, verification_tool: str | None
 ) -> ToolError:
+    """The write may have happened: what the agent sees while toolq verifies it."""
     details = {"verification_tool": verification_tool} if verification_tool else {}
-    return ToolError(
-        code=code,
-        category=Category.DEPENDENCY,
-        commit_state=CommitState.UNKNOWN,
-        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
-        next_action=NextAction.VERIFY_OPERATION,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id or None,
-        safe_details=details,
-        agent_message="The write may have completed. Verify operation_ref before any new write.",
-        user_message="The request is being checked before anything is sent again.",
-    )
+    return fixed_envelope("OUTCOME_UNKNOWN", ref, tool, call_id, details)
 
 
 def escalation_envelope(code: str, ref: str, tool: str, call_id: str | None) -> ToolError:
-    if code == "VERIFICATION_UNAVAILABLE":
-        env = unknown_envelope(ref, tool, call_id, None, code=code)
-        return env.model_copy(
-            update={
-                "agent_message": "The outcome is unknown and could not be verified; "
-                "an operator must check before anything is sent again.",
-                "user_message": "I could not confirm whether this went through; "
-                "a person will check.",
-            }
-        )
-    category, agent, user = _ESCALATIONS[code]
-    return ToolError(
-        code=code,
-        category=category,
-        commit_state=CommitState.NOT_COMMITTED,
-        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
-        next_action=NextAction.ESCALATE,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id or None,
-        agent_message=agent,
-        user_message=user,
-    )
+    return fixed_envelope(code, ref, tool, call_id)
 
 
 def cancelled_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
-    return ToolError(
-        code="OPERATION_CANCELLED",
-        category=Category.CONFLICT,
-        commit_state=CommitState.NOT_COMMITTED,
-        retry=Retry(directive=Directive.NEVER, max_attempts_remaining=0),
-        next_action=NextAction.REREAD_STATE,
-        operation_ref=ref,
-        operation=tool,
-        call_id=call_id or None,
-        agent_message="The operation was cancelled before it ran; nothing was sent.",
-        user_message="This was cancelled.",
-    )
+    return fixed_envelope("OPERATION_CANCELLED", ref, tool, call_id)
 
 
 def needs_approval_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
