@@ -55,7 +55,7 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
             res = tp.throughput(url, min(a.calls, 5000), 1, a.concurrency, pools[:1])
         report.update("commands", tp.render_commands(res, rt))
     elif part == "io":
-        res = tp.io_bound(url, a.io_calls, a.io_repeats, 128)
+        res = tp.io_bound(url, a.io_calls, a.io_repeats)
         report.update("io", tp.render_io(res), res)
     elif part == "latency":
         base = _load("throughput")

@@ -96,7 +96,7 @@ class ChaosConfig:
     dup_every: float = 1.0
     restart_server: bool = True
     dedup: bool = False
-    seed: int = 0
+    seed: int | None = None
     settle_timeout: float = 300.0
     redis_url: str | None = None
     appendfsync: str = "always"
@@ -131,10 +131,12 @@ class ChaosResult:
     recovered_ops: int
     ledger_stats: dict[str, int]
     log_errors: dict[str, int]
+    unexpected_exits: list[str]
     seconds: float
     settled_after_s: float
     appendfsync: str
     dedup: bool
+    seed: int | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -150,6 +152,8 @@ class ChaosResult:
 class Chaos:
     def __init__(self, cfg: ChaosConfig) -> None:
         self.cfg = cfg
+        if cfg.seed is None:
+            cfg.seed = random.SystemRandom().randrange(1 << 30)
         self.rng = random.Random(cfg.seed)
         self.run_id = uuid.uuid4().hex[:6]
         self.dir = f"chaos-{time.strftime('%H%M%S')}-{self.run_id}"
@@ -169,6 +173,9 @@ class Chaos:
         self.stop_chaos = threading.Event()
         self.lock = threading.Lock()
         self.notes: list[str] = []
+        self.exits: list[str] = []
+        #: Leaders killed alone: their orphaned pool children are reaped at the end.
+        self.graveyard: list[procs.Child] = []
         self.server: Any = None
         self.provider: Any = None
         self.url = ""
@@ -197,7 +204,21 @@ class Chaos:
 
     def kill_one(self) -> None:
         workers = [r for r in self.roles if r.kind != "scheduler"]
-        what = self.rng.choices(["worker", "pool_child", "scheduler"], [0.4, 0.35, 0.25])[0]
+        what = self.rng.choices(["worker", "parent", "pool_child", "scheduler"],
+                                [0.25, 0.2, 0.3, 0.25])[0]  # fmt: skip
+        if what == "parent":
+            # Only the leader: its pool children are orphaned and finish what they hold.
+            role = self.rng.choice(workers)
+            assert role.child is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(role.child.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                role.child.proc.wait(timeout=10)
+            self.graveyard.append(role.child)
+            self.kills["parent"] += 1
+            self.log(f"SIGKILL {role.name} leader only (pid {role.child.pid}); starting another")
+            self.spawn(role)
+            return
         if what == "pool_child":
             prefork = [r for r in workers if r.pool == "prefork" and r.child is not None]
             role = self.rng.choice(prefork)
@@ -222,10 +243,16 @@ class Chaos:
         self.spawn(role)
 
     def ensure_running(self) -> None:
+        """Start again any process that exited on its own, as a supervisor would; note why."""
         for role in self.roles:
             if role.child is None or not role.child.alive():
                 if role.child is not None:
-                    self.notes.append(f"{role.name} had exited on its own: {role.child.tail(5)}")
+                    code = role.child.proc.returncode
+                    reason = next((line.strip() for line in reversed(role.child.tail(200)
+                                   .splitlines()) if "CRITICAL" in line or "Error" in line),
+                                  "")  # fmt: skip
+                    self.exits.append(f"{role.name}-g{role.gen - 1} exit {code}: {reason[:200]}")
+                    self.log(f"{role.name} exited on its own (exit {code}); starting another")
                 self.spawn(role)
 
     # ------------------------------------------------------------------ threads
@@ -293,6 +320,7 @@ class Chaos:
                 self.server.restart(hard=True)
                 self.server_restarts += 1
                 self.log("server is back")
+            self.ensure_running()
             if now >= t_next:
                 self.kill_one()
                 kills_due -= 1
@@ -319,7 +347,8 @@ class Chaos:
             ).start()
             self.url = str(self.server.url)
         self.provider = InvoiceProvider(
-            ProviderConfig(dedup=cfg.dedup, precommit_stall=3.0, crash_stall=5.0)
+            ProviderConfig(dedup=cfg.dedup, precommit_stall=3.0, crash_stall=5.0,
+                           latency=(0.02, 0.2))
         ).start()
         from toolq.examples.invoices import tq
 
@@ -329,7 +358,8 @@ class Chaos:
                 self.spawn(role)
             time.sleep(3.0)
             seconds = max(cfg.kills * cfg.interval, cfg.ops / 50)
-            self.log(f"{cfg.ops} operations over {seconds:.0f} s, {cfg.kills} kills; logs in "
+            self.log(f"seed {cfg.seed}: {cfg.ops} operations over {seconds:.0f} s, {cfg.kills} "
+                     f"kills; logs in "
                      f"{procs.LOG_DIR / self.dir}")  # fmt: skip
             threads = [
                 threading.Thread(target=self.submitter, args=(tq, seconds), daemon=True),
@@ -351,6 +381,8 @@ class Chaos:
             for role in self.roles:
                 if role.child is not None:
                     role.child.stop(timeout=5)
+            for child in self.graveyard:
+                child.kill()
             tq.close()
             self.provider.stop()
             if self.server is not None:
@@ -455,10 +487,12 @@ class Chaos:
             recovered_ops=len(recovery),
             ledger_stats=_sum_stats(stats),
             log_errors=self.scan_logs(),
+            unexpected_exits=self.exits,
             seconds=chaos_s,
             settled_after_s=settled_s,
             appendfsync=self.cfg.appendfsync if not self.cfg.redis_url else "(external)",
             dedup=self.cfg.dedup,
+            seed=self.cfg.seed,
             notes=self.notes,
         )
 
@@ -509,6 +543,8 @@ def summary(res: ChaosResult) -> str:
         f" p95 {res.recovery_ms['p95']:.0f} ms, max {res.recovery_ms['max']:.0f} ms",
         f"ledger counters: {res.ledger_stats}",
         f"worker/scheduler logs: {res.log_errors}",
+        f"processes that exited on their own (restarted): {len(res.unexpected_exits)} "
+        f"{res.unexpected_exits}",
         f"chaos {res.seconds:.0f} s, quiet {res.settled_after_s:.0f} s later; appendfsync "
         f"{res.appendfsync}; provider dedup {'on' if res.dedup else 'off'}",
         "VERDICT: " + ("PASS" if res.ok else "FAIL"),
@@ -524,8 +560,9 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
     rows = [
         ("operations submitted", f"{res.submitted:,}"),
         ("by final state", ", ".join(f"{s} {n}" for s, n in res.by_state.items())),
-        ("kills (SIGKILL)", f"{sum(k.values())}: whole worker {k.get('worker', 0)}, pool child "
-         f"{k.get('pool_child', 0)}, scheduler {k.get('scheduler', 0)}"),
+        ("kills (SIGKILL)", f"{sum(k.values())}: whole worker {k.get('worker', 0)}, worker "
+         f"leader only {k.get('parent', 0)}, pool child {k.get('pool_child', 0)}, scheduler "
+         f"{k.get('scheduler', 0)}"),
         ("server restarts (SIGKILL, AOF appendfsync " + res.appendfsync + ")",
          str(res.server_restarts)),
         ("duplicate messages pushed into the queues", f"{res.duplicate_pushes:,}"),
@@ -546,6 +583,8 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
          f"{res.log_errors.get('tracebacks (expected)', 0)} / "
          f"{res.log_errors.get('tracebacks (unexpected)', 0)}; "
          f"{res.log_errors.get('ERROR lines', 0)}"),
+        ("processes that exited on their own (restarted by the harness)",
+         str(len(res.unexpected_exits)) + "".join(f"<br>`{e}`" for e in res.unexpected_exits)),
         ("chaos duration, then quiet after", f"{res.seconds:.0f} s, {res.settled_after_s:.0f} s"),
         ("verdict", "**PASS**" if res.ok else "**FAIL**"),
     ]  # fmt: skip
@@ -566,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--kills", type=int, default=30)
     ap.add_argument("--interval", type=float, default=3.0)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dedup", action="store_true", help="provider deduplicates by key")
     ap.add_argument("--no-restart", action="store_true", help="do not restart the server")
     ap.add_argument("--appendfsync", default="always", choices=("always", "everysec"))

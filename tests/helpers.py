@@ -8,7 +8,6 @@ signalling its whole group, so a prefork worker's pool children go too.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -17,25 +16,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from toolq.procs import pdeathsig_preexec
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_PR_SET_PDEATHSIG = 1
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
 
 
 def toolq_env(env: Mapping[str, str] | None = None, *, unset: Iterable[str] = ()) -> dict[str, str]:
@@ -67,7 +50,7 @@ def start_toolq(
         env=toolq_env(env, unset=unset),
         cwd=str(cwd) if cwd is not None else str(REPO_ROOT),
         start_new_session=True,
-        preexec_fn=_pdeathsig_preexec(),
+        preexec_fn=pdeathsig_preexec(),
         stdout=stdout,
         stderr=stderr,
     )

@@ -66,6 +66,7 @@ class Op:
     scenario: str
     args: dict[str, Any]
     handled: bool = False
+    redelivered: bool = False
 
 
 @dataclass
@@ -137,6 +138,7 @@ class Agent:
             # act() may have started follow-ups that `states` does not cover yet
             done = len(states) == len(self.run.ops) and not todo
             done = done and all(s in TERMINAL for s in states.values())
+            done = done and self.duplicates_seen() >= self.run.actions["redeliveries_injected"]
             if done:
                 self.progress(states, 0)
                 return True
@@ -155,6 +157,8 @@ class Agent:
             op = self.run.ops[ref]
             if op.scenario == "crash" and not self.run.killed and state == State.RUNNING:
                 self.kill_mid_write(ref)
+            if state == State.SUCCEEDED and op.scenario == "normal" and not op.redelivered:
+                self.redeliver(op)
             if op.handled:
                 continue
             if state == State.NEEDS_INPUT:
@@ -184,6 +188,21 @@ class Agent:
                 if isinstance(result, dict) and "id" in result:
                     self.submit(READ, "read", {"invoice_id": result["id"]}, f"{ref}-read")
                 op.handled = True
+
+    def redeliver(self, op: Op) -> None:
+        """Deliver a finished write's message again, as Redis does past its visibility
+        timeout: the ledger claim must refuse it without calling the tool."""
+        if not self.run.killed or self.run.actions["redeliveries_injected"] >= 2:
+            return  # after the kill, so the killed worker cannot swallow the copy
+        rec = self.tq.ledger.fields(op.ref, "attempt")
+        queue, message = self.tq.messages.run(op.ref, int(rec.get("attempt") or 1))
+        self.tq.redis.lpush(queue, message)
+        op.redelivered = True
+        self.run.actions["redeliveries_injected"] += 1
+
+    def duplicates_seen(self) -> int:
+        stats = self.tq.ledger.stats()
+        return sum(v for k, v in stats.items() if k.endswith("|duplicates_prevented"))
 
     def kill_mid_write(self, ref: str) -> None:
         """SIGKILL the worker inside create_invoice, once the provider has committed."""

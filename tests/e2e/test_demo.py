@@ -49,11 +49,11 @@ def test_demo_exits_0_with_exactly_one_side_effect_per_succeeded_write() -> None
     assert unknowns["not_found_redispatched"] >= 1
     assert report["escalations"] == {"create_invoice": 1}
     assert set(report["by_state"]) == {"succeeded", "failed", "escalated"}
-    assert report["agent_actions"] == {
-        "approved": 1,
-        "inputs_corrected": 1,
-        "reread_after_conflict": 1,
-    }
+    actions = report["agent_actions"]
+    assert actions.pop("redeliveries_injected") >= 1
+    assert actions == {"approved": 1, "inputs_corrected": 1, "reread_after_conflict": 1}
+    # A message delivered again (as past Redis's visibility timeout) never reached the tool
+    assert report["duplicates_prevented"]["ledger_refused_deliveries"] >= 1
     assert report["pending_recovery_s"]["p95"] >= report["pending_recovery_s"]["p50"] > 0
     assert took < 60
 

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import REPO_ROOT, _pdeathsig_preexec, stop_process, toolq_env
+from tests.helpers import REPO_ROOT, stop_process, toolq_env
 from tests.integration.conftest import effects
 from toolq import State, ToolQueue
+from toolq.procs import pdeathsig_preexec
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def celery_worker(rt: ToolQueue, module_redis_url: str) -> Iterator[None]:
         env=toolq_env({"TOOLQ_REDIS_URL": module_redis_url}),
         cwd=str(REPO_ROOT),
         start_new_session=True,
-        preexec_fn=_pdeathsig_preexec(),
+        preexec_fn=pdeathsig_preexec(),
     )
     yield
     stop_process(p)

@@ -95,6 +95,11 @@ def _check_not_running(state_dir: Path) -> None:
         raise CliError(f"toolq up is already running here (pid {pid}, state in {state_dir})")
 
 
+PORT = click.IntRange(0, 65535)
+COUNT = click.IntRange(0, 64)
+POOLS = ["prefork", "threads", "solo"]
+
+
 @click.command()
 @app_option
 @redis_option
@@ -105,42 +110,23 @@ def _check_not_running(state_dir: Path) -> None:
     default=None,
     help="Embedded Valkey's data directory (append-only file on) [default: STATE_DIR/data].",
 )
-@click.option("--calls-workers", type=click.IntRange(0, 64), default=1, show_default=True)
-@click.option("--verify-workers", type=click.IntRange(0, 64), default=1, show_default=True)
+@click.option("--calls-workers", type=COUNT, default=1, show_default=True)
+@click.option("--verify-workers", type=COUNT, default=1, show_default=True)
 @click.option("--concurrency", "-c", type=click.IntRange(1, 1024), default=4, show_default=True)
-@click.option(
-    "--pool",
-    "-P",
-    type=click.Choice(["prefork", "threads", "solo"]),
-    default="threads",
-    show_default=True,
-)
+@click.option("--pool", "-P", type=click.Choice(POOLS), default="threads", show_default=True)
 @click.option(
     "--metrics-port",
-    type=click.IntRange(0, 65535),
+    type=PORT,
     default=9464,
     show_default=True,
     help="The scheduler serves Prometheus metrics here (0: any free port).",
 )
 @click.option("--no-metrics", is_flag=True, help="Serve no metrics endpoint.")
-@click.option(
-    "--api/--no-api",
-    "api",
-    default=True,
-    show_default=True,
-    help="Run the HTTP API (`toolq api`) too.",
-)
+@click.option("--api/--no-api", default=True, show_default=True, help="Run `toolq api` too.")
 @click.option("--api-host", default="127.0.0.1", show_default=True)
-@click.option(
-    "--api-port",
-    type=click.IntRange(0, 65535),
-    default=8000,
-    show_default=True,
-    help="0: any free port.",
-)
+@click.option("--api-port", type=PORT, default=8000, show_default=True, help="0: any free port.")
 @click.option(
     "--example-provider/--no-example-provider",
-    "example_provider",
     default=None,
     help="Serve the example invoice provider for the example tools [default: when "
     "the app is the example and TOOLQ_EXAMPLE_PROVIDER_URL is unset].",
@@ -373,7 +359,8 @@ def render_report(r: dict[str, Any]) -> str:
         f"  escalated                {u['escalated']:>4}",
         "",
         "Duplicate writes prevented",
-        f"  deliveries refused by the ledger claim    {d['ledger_refused_deliveries']:>4}",
+        f"  deliveries refused by the ledger claim    {d['ledger_refused_deliveries']:>4}   "
+        f"({r['agent_actions'].get('redeliveries_injected', 0)} redelivered on purpose)",
         f"  repeats the provider had to deduplicate   {d['provider_replays']:>4}",
         "",
         "Side effects per operation_ref (the provider's own records)",

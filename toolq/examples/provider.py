@@ -36,6 +36,7 @@ import contextlib
 import json
 import random
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,15 @@ class _Store:
     requests: int = 0
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a caller killed mid-request resets its connection: expected here
+        super().handle_error(request, client_address)
+
+
 class InvoiceProvider:
     """The example invoice service, served from a thread of this process."""
 
@@ -79,8 +89,7 @@ class InvoiceProvider:
         self.config = config or ProviderConfig()
         self.store = _Store()
         self.stopping = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", port), _handler_for(self))
         self._thread: threading.Thread | None = None
 
     @property

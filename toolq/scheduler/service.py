@@ -14,6 +14,7 @@ the record's revision, so a race ends in one dispatch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -178,7 +179,14 @@ class Scheduler:
         log.info("scheduler %s stopped", self.id)
 
     def stop(self) -> None:
+        """Stop the loop; a blocking wait is woken at once (safe from a signal handler)."""
         self._stop.set()
+        # A connection of its own: a signal may interrupt the pool's lock holder.
+        with (
+            contextlib.suppress(redis.RedisError),
+            redis.Redis.from_url(self.tq.redis_url, socket_timeout=1) as client,
+        ):
+            client.lpush(self.tq.ledger.keys.wake, "stop")
 
     def _sleep(self) -> None:
         keys = self.tq.ledger.keys
