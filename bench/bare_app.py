@@ -6,7 +6,8 @@ task events on), so the two sides differ only in what toolq adds: the ledger
 instead of a result backend. The URL comes from ``BENCH_REDIS_URL``
 (``celery -A bench.bare_app:app worker`` takes no app arguments);
 ``BENCH_VISIBILITY_TIMEOUT`` shortens the visibility timeout for the
-countdown experiment.
+countdown experiment, and ``BENCH_RESTORE_INTERVAL`` sets kombu's unacked
+sweep period (``unacked_restore_interval``, throttle 1).
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def _config(url: str) -> dict[str, Any]:
         from pydantic import SecretStr
 
         conf = celery_config(settings.model_copy(update={"redis_url": SecretStr(url)}))
-    transport = {"visibility_timeout": VISIBILITY}
+    transport: dict[str, Any] = {"visibility_timeout": VISIBILITY}
+    restore = os.environ.get("BENCH_RESTORE_INTERVAL")
+    if restore:  # kombu >= 5.7: sweep the unacked set every `restore` s (default ~100 s)
+        transport.update(unacked_restore_interval=int(restore), unacked_restore_throttle=1)
     conf.update(
         broker_url=url,
         result_backend=url,

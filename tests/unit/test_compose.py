@@ -290,3 +290,16 @@ def test_the_build_context_leaves_out_secrets_and_local_state() -> None:
     ignored = {line.strip() for line in DOCKERIGNORE.read_text().splitlines()}
 
     assert {".env", ".git", ".venv"} <= ignored
+
+
+@pytest.mark.parametrize("name", TOOLQ_COMMANDS)
+def test_an_api_bound_beyond_loopback_gets_its_tokens_from_the_environment(name: str) -> None:
+    argv = _argv(SERVICES[name])
+    if argv[:2] != ["toolq", "api"]:
+        return
+    host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
+    if host in ("127.0.0.1", "::1", "localhost"):
+        return
+    tokens = _environment(SERVICES[name]).get("TOOLQ_API_TOKENS", "")
+    # without tokens `toolq api` refuses a non-loopback host, so the service would never start
+    assert tokens.startswith("${TOOLQ_API_TOKENS"), tokens
