@@ -67,8 +67,14 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
         report.update("latency", tp.render_latency(res), res)
     elif part == "delay":
         base = _load("throughput")
-        res = tp.delayed(url, a.delay_calls, a.delay_repeats, a.concurrency, 1.0,
-                         base["pools"]["prefork -c 2"] if base else None)  # fmt: skip
+        res = tp.delayed(
+            url,
+            a.delay_calls,
+            a.delay_repeats,
+            a.concurrency,
+            1.0,
+            base["pools"]["prefork -c 2"] if base else None,
+        )
         report.update("delay", tp.render_delay(res), res)
     elif part == "scheduler":
         from bench import scheduler_bench
@@ -78,7 +84,9 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
     elif part == "verify":
         from bench import verify_bench
 
-        res = verify_bench.run(url, a.verify_seconds, a.soak)
+        res = verify_bench.run(
+            url, a.verify_seconds, a.soak, k=a.verify_backlog, sustained_calls=a.verify_calls
+        )
         report.update("verify", verify_bench.render(res), res)
     else:
         raise SystemExit(f"unknown part {part}")
@@ -103,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain", type=int, default=100000)
     ap.add_argument("--verify-seconds", type=float, default=20.0)
     ap.add_argument("--soak", type=float, default=600.0, help="verification soak, seconds")
+    ap.add_argument("--verify-backlog", type=int, default=2000, help="capacity backlog size")
+    ap.add_argument("--verify-calls", type=int, default=2000, help="calls per sustained run")
     ap.add_argument("--ops", type=int, default=2000, help="chaos: operations")
     ap.add_argument("--kills", type=int, default=30, help="chaos: worker/scheduler kills")
     a = ap.parse_args(argv)
@@ -110,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.part == "chaos":
         from bench import chaos
 
-        return chaos.main(["--ops", str(a.ops), "--kills", str(a.kills)]
-                          + (["--redis-url", a.redis_url] if a.redis_url else []))  # fmt: skip
+        return chaos.main(
+            ["--ops", str(a.ops), "--kills", str(a.kills)]
+            + (["--redis-url", a.redis_url] if a.redis_url else [])
+        )
     parts = [p for p in PARTS if p != "chaos"] if a.part == "all" else [a.part]
     if a.part == "all":
         parts = ["throughput", "commands", "io", "latency", "delay", "scheduler", "verify"]

@@ -72,3 +72,15 @@ def _unknown_found(ctx: CallContext) -> Any:
     if provider().sismember(COMMITTED, ctx.operation_ref):
         return {"found": True}
     return None
+
+
+@tq.tool(writes=True)
+def write_once(args: NoArgs, ctx: CallContext) -> dict[str, Any]:
+    """A write that makes one provider round trip, like ``unknown_once``'s verifier does."""
+    provider().sadd(COMMITTED, ctx.operation_ref)
+    return {}
+
+
+@write_once.verifier
+def _write_found(ctx: CallContext) -> Any:
+    return {"found": True} if provider().sismember(COMMITTED, ctx.operation_ref) else None

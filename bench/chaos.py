@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -91,7 +92,7 @@ ENV = {
 class ChaosConfig:
     ops: int = 2000
     kills: int = 30
-    #: Seconds between kills; submissions are spread over kills × interval.
+    #: Seconds between kills; submissions are spread over kills x interval.
     interval: float = 3.0
     dup_every: float = 1.0
     restart_server: bool = True
@@ -197,15 +198,22 @@ class Chaos:
         else:
             queue = "toolq.calls" if role.kind == "calls" else "toolq.verify"
             role.child = procs.toolq_worker(
-                name, APP, self.url, pool=role.pool, concurrency=role.concurrency,
-                queues=queue, env=self.env(), hostname=f"{role.name}-g{role.gen}@%h",
-            )  # fmt: skip
+                name,
+                APP,
+                self.url,
+                pool=role.pool,
+                concurrency=role.concurrency,
+                queues=queue,
+                env=self.env(),
+                hostname=f"{role.name}-g{role.gen}@%h",
+            )
         role.gen += 1
 
     def kill_one(self) -> None:
         workers = [r for r in self.roles if r.kind != "scheduler"]
-        what = self.rng.choices(["worker", "parent", "pool_child", "scheduler"],
-                                [0.25, 0.2, 0.3, 0.25])[0]  # fmt: skip
+        what = self.rng.choices(
+            ["worker", "parent", "pool_child", "scheduler"], [0.25, 0.2, 0.3, 0.25]
+        )[0]
         if what == "parent":
             # Only the leader: its pool children are orphaned and finish what they hold.
             role = self.rng.choice(workers)
@@ -232,8 +240,9 @@ class Chaos:
                 self.log(f"SIGKILL pool child {pid} of {role.name}")
                 return
             what = "worker"
-        role = self.rng.choice(workers if what == "worker" else
-                               [r for r in self.roles if r.kind == "scheduler"])  # fmt: skip
+        role = self.rng.choice(
+            workers if what == "worker" else [r for r in self.roles if r.kind == "scheduler"]
+        )
         assert role.child is not None
         role.child.kill()
         self.kills[what] += 1
@@ -248,9 +257,14 @@ class Chaos:
             if role.child is None or not role.child.alive():
                 if role.child is not None:
                     code = role.child.proc.returncode
-                    reason = next((line.strip() for line in reversed(role.child.tail(200)
-                                   .splitlines()) if "CRITICAL" in line or "Error" in line),
-                                  "")  # fmt: skip
+                    reason = next(
+                        (
+                            line.strip()
+                            for line in reversed(role.child.tail(200).splitlines())
+                            if "CRITICAL" in line or "Error" in line
+                        ),
+                        "",
+                    )
                     self.exits.append(f"{role.name}-g{role.gen - 1} exit {code}: {reason[:200]}")
                     self.log(f"{role.name} exited on its own (exit {code}); starting another")
                 self.spawn(role)
@@ -314,8 +328,12 @@ class Chaos:
         t_next = time.monotonic() + self.cfg.interval
         while kills_due > 0 and not self.stop_chaos.is_set():
             now = time.monotonic()
-            if self.cfg.restart_server and self.server is not None and now >= restart_at \
-                    and not self.server_restarts:  # fmt: skip
+            if (
+                self.cfg.restart_server
+                and self.server is not None
+                and now >= restart_at
+                and not self.server_restarts
+            ):
                 self.log("hard restart of the server (SIGKILL; same port and data dir)")
                 self.server.restart(hard=True)
                 self.server_restarts += 1
@@ -347,8 +365,9 @@ class Chaos:
             ).start()
             self.url = str(self.server.url)
         self.provider = InvoiceProvider(
-            ProviderConfig(dedup=cfg.dedup, precommit_stall=3.0, crash_stall=5.0,
-                           latency=(0.02, 0.2))
+            ProviderConfig(
+                dedup=cfg.dedup, precommit_stall=3.0, crash_stall=5.0, latency=(0.02, 0.2)
+            )
         ).start()
         from toolq.examples.invoices import tq
 
@@ -358,9 +377,11 @@ class Chaos:
                 self.spawn(role)
             time.sleep(3.0)
             seconds = max(cfg.kills * cfg.interval, cfg.ops / 50)
-            self.log(f"seed {cfg.seed}: {cfg.ops} operations over {seconds:.0f} s, {cfg.kills} "
-                     f"kills; logs in "
-                     f"{procs.LOG_DIR / self.dir}")  # fmt: skip
+            self.log(
+                f"seed {cfg.seed}: {cfg.ops} operations over {seconds:.0f} s, {cfg.kills} "
+                f"kills; logs in "
+                f"{procs.LOG_DIR / self.dir}"
+            )
             threads = [
                 threading.Thread(target=self.submitter, args=(tq, seconds), daemon=True),
                 threading.Thread(target=self.duplicator, daemon=True),
@@ -418,8 +439,10 @@ class Chaos:
         pipe = r.pipeline(transaction=False)
         for ref in self.refs:
             pipe.hget(f"toolq:op:{ref}", "state")
-        return {ref: (s.decode() if s else "missing")
-                for ref, s in zip(self.refs, pipe.execute(), strict=True)}  # fmt: skip
+        return {
+            ref: (s.decode() if s else "missing")
+            for ref, s in zip(self.refs, pipe.execute(), strict=True)
+        }
 
     # ------------------------------------------------------------------ the verdict
 
@@ -441,8 +464,11 @@ class Chaos:
             replays = collections.Counter(e["operation_ref"] for e in store.replays)
             seen = dict(store.seen)
             by_ref = {k: list(v) for k, v in store.by_ref.items()}
-        duplicates = {ref: effects[ref] + replays[ref] for ref in set(effects) | set(replays)
-                      if effects[ref] + replays[ref] >= 2}  # fmt: skip
+        duplicates = {
+            ref: effects[ref] + replays[ref]
+            for ref in set(effects) | set(replays)
+            if effects[ref] + replays[ref] >= 2
+        }
         lost, mismatched = [], []
         phantom: dict[str, str] = {}
         recovery: list[float] = []
@@ -460,14 +486,15 @@ class Chaos:
             elif effects[ref]:
                 phantom[ref] = state
             spent = 0.0
-            for a, b in zip(hist, hist[1:], strict=False):
+            for a, b in itertools.pairwise(hist):
                 if a["to"] in RECOVERY:
                     spent += b["at"] - a["at"]
             if spent > 0:
                 recovery.append(spent)
         req = collections.Counter(seen.get(ref, 0) for ref in self.refs)
-        multi = collections.Counter(self.customer[ref] for ref in self.refs
-                                    if seen.get(ref, 0) >= 2)  # fmt: skip
+        multi = collections.Counter(
+            self.customer[ref] for ref in self.refs if seen.get(ref, 0) >= 2
+        )
         stuck = {ref: s for ref, s in states.items() if s not in TERMINAL}
         return ChaosResult(
             submitted=len(self.refs),
@@ -482,8 +509,11 @@ class Chaos:
             lost=lost,
             phantom=phantom,
             mismatched=mismatched,
-            recovery_ms={"p50": percentile(recovery, 50), "p95": percentile(recovery, 95),
-                         "max": max(recovery) if recovery else float("nan")},  # fmt: skip
+            recovery_ms={
+                "p50": percentile(recovery, 50),
+                "p95": percentile(recovery, 95),
+                "max": max(recovery) if recovery else float("nan"),
+            },
             recovered_ops=len(recovery),
             ledger_stats=_sum_stats(stats),
             log_errors=self.scan_logs(),
@@ -560,34 +590,49 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
     rows = [
         ("operations submitted", f"{res.submitted:,}"),
         ("by final state", ", ".join(f"{s} {n}" for s, n in res.by_state.items())),
-        ("kills (SIGKILL)", f"{sum(k.values())}: whole worker {k.get('worker', 0)}, worker "
-         f"leader only {k.get('parent', 0)}, pool child {k.get('pool_child', 0)}, scheduler "
-         f"{k.get('scheduler', 0)}"),
-        ("server restarts (SIGKILL, AOF appendfsync " + res.appendfsync + ")",
-         str(res.server_restarts)),
+        (
+            "kills (SIGKILL)",
+            f"{sum(k.values())}: whole worker {k.get('worker', 0)}, worker "
+            f"leader only {k.get('parent', 0)}, pool child {k.get('pool_child', 0)}, scheduler "
+            f"{k.get('scheduler', 0)}",
+        ),
+        (
+            "server restarts (SIGKILL, AOF appendfsync " + res.appendfsync + ")",
+            str(res.server_restarts),
+        ),
         ("duplicate messages pushed into the queues", f"{res.duplicate_pushes:,}"),
         ("**refs with ≥ 2 committed side effects**", f"**{len(res.duplicates)}**"),
-        ("write requests per ref (requests: refs)",
-         ", ".join(f"{n}: {c}" for n, c in res.requests_per_ref.items())),
-        ("refs with > 1 request, by customer",
-         ", ".join(f"{c} {n}" for c, n in res.multi_request_customers.items()) or "none"),
+        (
+            "write requests per ref (requests: refs)",
+            ", ".join(f"{n}: {c}" for n, c in res.requests_per_ref.items()),
+        ),
+        (
+            "refs with > 1 request, by customer",
+            ", ".join(f"{c} {n}" for c, n in res.multi_request_customers.items()) or "none",
+        ),
         ("**non-final after quiet**", f"**{len(res.stuck)}**"),
         ("**ledger succeeded, provider lacks**", f"**{len(res.lost)}**"),
         ("**provider committed, ledger not succeeded**", f"**{len(res.phantom)}**"),
         ("ledger invoice id ≠ provider's", str(len(res.mismatched))),
-        ("time in pending recovery p50 / p95 / max",
-         f"{res.recovery_ms['p50']:,.0f} / {res.recovery_ms['p95']:,.0f} / "
-         f"{res.recovery_ms['max']:,.0f} ms ({res.recovered_ops} ops)"),
+        (
+            "time in pending recovery p50 / p95 / max",
+            f"{res.recovery_ms['p50']:,.0f} / {res.recovery_ms['p95']:,.0f} / "
+            f"{res.recovery_ms['max']:,.0f} ms ({res.recovered_ops} ops)",
+        ),
         ("ledger counters", ", ".join(f"{a} {b}" for a, b in res.ledger_stats.items())),
-        ("tracebacks in process logs: tool failures (expected) / other; ERROR lines",
-         f"{res.log_errors.get('tracebacks (expected)', 0)} / "
-         f"{res.log_errors.get('tracebacks (unexpected)', 0)}; "
-         f"{res.log_errors.get('ERROR lines', 0)}"),
-        ("processes that exited on their own (restarted by the harness)",
-         str(len(res.unexpected_exits)) + "".join(f"<br>`{e}`" for e in res.unexpected_exits)),
+        (
+            "tracebacks in process logs: tool failures (expected) / other; ERROR lines",
+            f"{res.log_errors.get('tracebacks (expected)', 0)} / "
+            f"{res.log_errors.get('tracebacks (unexpected)', 0)}; "
+            f"{res.log_errors.get('ERROR lines', 0)}",
+        ),
+        (
+            "processes that exited on their own (restarted by the harness)",
+            str(len(res.unexpected_exits)) + "".join(f"<br>`{e}`" for e in res.unexpected_exits),
+        ),
         ("chaos duration, then quiet after", f"{res.seconds:.0f} s, {res.settled_after_s:.0f} s"),
         ("verdict", "**PASS**" if res.ok else "**FAIL**"),
-    ]  # fmt: skip
+    ]
     return (
         "## Chaos\n\n"
         f"`python -m bench chaos --ops {cfg.ops} --kills {cfg.kills}`: embedded Valkey (AOF, "
@@ -613,9 +658,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-report", action="store_true", help="do not update RESULTS.md")
     ap.add_argument("--json", type=Path, default=None, help="write the result here as JSON")
     a = ap.parse_args(argv)
-    cfg = ChaosConfig(ops=a.ops, kills=a.kills, interval=a.interval, seed=a.seed,
-                      dedup=a.dedup, restart_server=not a.no_restart,
-                      appendfsync=a.appendfsync, redis_url=a.redis_url)  # fmt: skip
+    cfg = ChaosConfig(
+        ops=a.ops,
+        kills=a.kills,
+        interval=a.interval,
+        seed=a.seed,
+        dedup=a.dedup,
+        restart_server=not a.no_restart,
+        appendfsync=a.appendfsync,
+        redis_url=a.redis_url,
+    )
     res = run(cfg)
     print(summary(res))
     if a.json is not None:

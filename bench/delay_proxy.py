@@ -74,8 +74,9 @@ async def _pipe(
         await sender
 
 
-async def serve(listen: int, host: str, port: int, delay: float, st: Stats,
-                port_file: Path | None) -> None:  # fmt: skip
+async def serve(
+    listen: int, host: str, port: int, delay: float, st: Stats, port_file: Path | None
+) -> None:
     async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         st.connections += 1
         try:
@@ -90,9 +91,10 @@ async def serve(listen: int, host: str, port: int, delay: float, st: Stats,
 
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.gather(
-            _pipe(cr, sw, delay, True, st), _pipe(sr, cw, delay, False, st),
+            _pipe(cr, sw, delay, True, st),
+            _pipe(sr, cw, delay, False, st),
             return_exceptions=True,
-        )  # fmt: skip
+        )
 
     server = await asyncio.start_server(handle, "127.0.0.1", listen, backlog=1024)
     bound = server.sockets[0].getsockname()[1]

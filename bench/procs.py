@@ -140,23 +140,40 @@ def toolq_worker(
     loglevel: str = "WARNING",
     hostname: str | None = None,
 ) -> Child:
-    argv = ["-m", "toolq.cli", "worker", "--app", app, "--redis-url", url, "--pool", pool,
-            "--concurrency", str(concurrency), "-Q", queues, "--loglevel", loglevel]  # fmt: skip
+    argv = [
+        "-m",
+        "toolq.cli",
+        "worker",
+        "--app",
+        app,
+        "--redis-url",
+        url,
+        "--pool",
+        pool,
+        "--concurrency",
+        str(concurrency),
+        "-Q",
+        queues,
+        "--loglevel",
+        loglevel,
+    ]
     if hostname:
         argv += ["--hostname", hostname]
     return python_child(name, argv, env)
 
 
 def toolq_scheduler(
-    name: str, app: str, url: str, env: Mapping[str, str] | None = None,
+    name: str,
+    app: str,
+    url: str,
+    env: Mapping[str, str] | None = None,
     loglevel: str = "WARNING",
-) -> Child:  # fmt: skip
+) -> Child:
     return python_child(
         name,
-        ["-m", "toolq.cli", "scheduler", "--app", app, "--redis-url", url,
-         "--loglevel", loglevel],
+        ["-m", "toolq.cli", "scheduler", "--app", app, "--redis-url", url, "--loglevel", loglevel],
         env,
-    )  # fmt: skip
+    )
 
 
 def bare_worker(
@@ -170,11 +187,25 @@ def bare_worker(
 ) -> Child:
     return python_child(
         name,
-        ["-m", "celery", "-A", "bench.bare_app:app", "worker", "--pool", pool,
-         "--concurrency", str(concurrency), "-Q", queues, "--loglevel", "WARNING",
-         "--without-mingle", "--without-gossip"],
+        [
+            "-m",
+            "celery",
+            "-A",
+            "bench.bare_app:app",
+            "worker",
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "-Q",
+            queues,
+            "--loglevel",
+            "WARNING",
+            "--without-mingle",
+            "--without-gossip",
+        ],
         {"BENCH_REDIS_URL": url, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def rss_kb(pid: int) -> int:

@@ -26,10 +26,25 @@ PY_SPY = str(Path(sys.executable).parent / "py-spy")
 
 def spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [PY_SPY, "record", "--pid", str(pid), "--format", "raw", "--output", str(out),
-         "--duration", str(int(seconds)), "--rate", "100", "--nonblocking", "--gil"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            PY_SPY,
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "100",
+            "--nonblocking",
+            "--gil",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def summarize(path: Path, top: int) -> str:
@@ -42,8 +57,12 @@ def summarize(path: Path, top: int) -> str:
         stack, _, count = line.rpartition(" ")
         n = int(count)
         total += n
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].split("/")[-1] + ")"
-                  if " (" in f else f for f in stack.split(";")]  # fmt: skip
+        frames = [
+            f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].split("/")[-1] + ")"
+            if " (" in f
+            else f
+            for f in stack.split(";")
+        ]
         for f in set(frames):
             incl[f] += n
         self_[frames[-1]] += n

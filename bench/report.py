@@ -8,6 +8,7 @@ The raw numbers of each section also go to ``bench/results/NAME.json``.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,11 +17,12 @@ from typing import Any
 from bench.common import machine, versions
 
 BENCH_DIR = Path(__file__).resolve().parent
-RESULTS = BENCH_DIR / "RESULTS.md"
-RAW = BENCH_DIR / "results"
+#: ``BENCH_OUT`` puts RESULTS.md and results/ elsewhere (trial runs at toy sizes).
+OUT = Path(os.environ.get("BENCH_OUT", str(BENCH_DIR)))
+RESULTS = OUT / "RESULTS.md"
+RAW = OUT / "results"
 
-ORDER = ("env", "throughput", "io", "commands", "latency", "delay", "scheduler", "verify",
-         "chaos")  # fmt: skip
+ORDER = ("env", "throughput", "io", "commands", "latency", "delay", "scheduler", "verify", "chaos")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -59,9 +61,12 @@ def update(name: str, markdown: str, raw: Any = None) -> None:
                 break
         if pos < 0:
             pos = text.find("<!-- notes -->")
-        text = text[:pos] + block + "\n\n" + text[pos:] if pos >= 0 else (
-            text.rstrip() + "\n\n" + block + "\n"
+        text = (
+            text[:pos] + block + "\n\n" + text[pos:]
+            if pos >= 0
+            else (text.rstrip() + "\n\n" + block + "\n")
         )
+    OUT.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)
     if raw is not None:
         RAW.mkdir(exist_ok=True)

@@ -72,8 +72,14 @@ def main() -> None:
         a.ready.write_text(str(t0))
     sched.run()
     rss.append(rss_kb(os.getpid()))
-    out: dict[str, Any] = {"t0": t0, "t_end": time.time(), "applied": applied, "lags_ms": lags,
-                           "ticks": ticks, "rss_kb": rss}  # fmt: skip
+    out: dict[str, Any] = {
+        "t0": t0,
+        "t_end": time.time(),
+        "applied": applied,
+        "lags_ms": lags,
+        "ticks": ticks,
+        "rss_kb": rss,
+    }
     a.out.write_text(json.dumps(out))
     sched.close()
 

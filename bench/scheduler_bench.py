@@ -9,7 +9,7 @@ messages to the calls queue; no worker consumes them and the queue is
 dropped after each phase.
 
 * **lag**: N items held far in the future, plus a stream of probe items
-  falling due at a steady rate; lag = publish time − jittered due time, per
+  falling due at a steady rate; lag = publish time - jittered due time, per
   dispatch (``TickStats.lags_ms``).
 * **drain**: 10^5 items all due at once; items/s until the last is published.
 * **RSS** of the scheduler process at each size.
@@ -104,11 +104,21 @@ def lag_at_size(url: str, n: int, rate: float, seconds: float) -> dict[str, Any]
     queued = r.llen(CALLS_QUEUE)
     r.delete(CALLS_QUEUE)
     lags = data["lags_ms"]
-    return {"n": n, "held": held, "probes": probes, "rate": rate, "populate_s": t_pop,
-            "dispatched": len(lags), "queued": queued, "used_memory_mb": mem / 2**20,
-            "p50_ms": percentile(lags, 50), "p99_ms": percentile(lags, 99),
-            "max_ms": max(lags) if lags else float("nan"),
-            "rss_idle_mb": rss_idle / 1024, "rss_max_mb": max(data["rss_kb"]) / 1024}  # fmt: skip
+    return {
+        "n": n,
+        "held": held,
+        "probes": probes,
+        "rate": rate,
+        "populate_s": t_pop,
+        "dispatched": len(lags),
+        "queued": queued,
+        "used_memory_mb": mem / 2**20,
+        "p50_ms": percentile(lags, 50),
+        "p99_ms": percentile(lags, 99),
+        "max_ms": max(lags) if lags else float("nan"),
+        "rss_idle_mb": rss_idle / 1024,
+        "rss_max_mb": max(data["rss_kb"]) / 1024,
+    }
 
 
 def drain(url: str, n: int) -> dict[str, Any]:
@@ -125,10 +135,17 @@ def drain(url: str, n: int) -> dict[str, Any]:
     queued = r.llen(CALLS_QUEUE)
     r.delete(CALLS_QUEUE)
     lags = data["lags_ms"]
-    return {"n": n, "applied": data["applied"], "queued": queued, "seconds": seconds,
-            "rate": data["applied"] / seconds if seconds > 0 else float("nan"),
-            "ticks": len(ticks), "p50_ms": percentile(lags, 50), "p99_ms": percentile(lags, 99),
-            "rss_max_mb": max(data["rss_kb"]) / 1024}  # fmt: skip
+    return {
+        "n": n,
+        "applied": data["applied"],
+        "queued": queued,
+        "seconds": seconds,
+        "rate": data["applied"] / seconds if seconds > 0 else float("nan"),
+        "ticks": len(ticks),
+        "p50_ms": percentile(lags, 50),
+        "p99_ms": percentile(lags, 99),
+        "rss_max_mb": max(data["rss_kb"]) / 1024,
+    }
 
 
 # ---------------------------------------------------------------------------- Celery countdown
@@ -148,8 +165,7 @@ def countdown_lag(url: str, n: int, countdown: float, spread: float) -> dict[str
 
     r = redis.Redis.from_url(url)
     r.flushdb()
-    w = procs.bare_worker("bare-countdown", url, pool="prefork", concurrency=2,
-                          queues="bare.calls")  # fmt: skip
+    w = procs.bare_worker("bare-countdown", url, pool="prefork", concurrency=2, queues="bare.calls")
     try:
         app = make_app(url)
         time.sleep(3)
@@ -162,8 +178,11 @@ def countdown_lag(url: str, n: int, countdown: float, spread: float) -> dict[str
         time.sleep(1.0)
         rss_held = procs.rss_kb(w.pid)
         end = t0 + countdown + spread
-        procs.wait_for(lambda: time.time() > end and r.exists(f"bench:countdown:lag:{n - 1}"),
-                       countdown + spread + 120, 0.2)  # fmt: skip
+        procs.wait_for(
+            lambda: time.time() > end and r.exists(f"bench:countdown:lag:{n - 1}"),
+            countdown + spread + 120,
+            0.2,
+        )
         time.sleep(2.0)
         lags = []
         runs = 0
@@ -175,13 +194,22 @@ def countdown_lag(url: str, n: int, countdown: float, spread: float) -> dict[str
         app.close()
     finally:
         w.stop()
-    return {"n": n, "countdown": countdown, "spread": spread, "executed": len(lags),
-            "executions": runs, "p50_ms": percentile(lags, 50), "p99_ms": percentile(lags, 99),
-            "rss_before_mb": rss0 / 1024, "rss_holding_mb": rss_held / 1024}  # fmt: skip
+    return {
+        "n": n,
+        "countdown": countdown,
+        "spread": spread,
+        "executed": len(lags),
+        "executions": runs,
+        "p50_ms": percentile(lags, 50),
+        "p99_ms": percentile(lags, 99),
+        "rss_before_mb": rss0 / 1024,
+        "rss_holding_mb": rss_held / 1024,
+    }
 
 
-def countdown_redelivery(url: str, n: int, countdown: float, vt: int,
-                         restore_interval: int | None) -> dict[str, Any]:  # fmt: skip
+def countdown_redelivery(
+    url: str, n: int, countdown: float, vt: int, restore_interval: int | None
+) -> dict[str, Any]:
     """Countdown longer than the visibility timeout: how often does each task run?"""
     from bench.bare_app import make_app
 
@@ -190,8 +218,9 @@ def countdown_redelivery(url: str, n: int, countdown: float, vt: int,
     env = {"BENCH_VISIBILITY_TIMEOUT": str(vt)}
     if restore_interval:
         env["BENCH_RESTORE_INTERVAL"] = str(restore_interval)
-    w = procs.bare_worker("bare-countdown-vt", url, pool="prefork", concurrency=2,
-                          queues="bare.calls", env=env)  # fmt: skip
+    w = procs.bare_worker(
+        "bare-countdown-vt", url, pool="prefork", concurrency=2, queues="bare.calls", env=env
+    )
     try:
         import os
 
@@ -213,16 +242,24 @@ def countdown_redelivery(url: str, n: int, countdown: float, vt: int,
         importlib.reload(bare_app)
     finally:
         w.stop()
-    return {"n": n, "countdown": countdown, "visibility_timeout": vt, "counts": counts,
-            "restore_interval": restore_interval,
-            "total": sum(counts), "max": max(counts), "min": min(counts)}  # fmt: skip
+    return {
+        "n": n,
+        "countdown": countdown,
+        "visibility_timeout": vt,
+        "counts": counts,
+        "restore_interval": restore_interval,
+        "total": sum(counts),
+        "max": max(counts),
+        "min": min(counts),
+    }
 
 
 # ---------------------------------------------------------------------------- all of it
 
 
-def run(url: str, sizes: list[int], drain_n: int, rate: float = 400.0,
-        seconds: float = 10.0) -> dict[str, Any]:  # fmt: skip
+def run(
+    url: str, sizes: list[int], drain_n: int, rate: float = 400.0, seconds: float = 10.0
+) -> dict[str, Any]:
     out: dict[str, Any] = {"lag": [], "rate": rate, "seconds": seconds}
     for n in sizes:
         print(f"scheduler: lag with {n:,} items in the due set", flush=True)
@@ -237,8 +274,9 @@ def run(url: str, sizes: list[int], drain_n: int, rate: float = 400.0,
     print(f"  {out['countdown']}", flush=True)
     out["redelivery"] = []
     for restore in (None, 1):
-        print(f"celery: countdown 12 s, visibility_timeout 5 s, restore every {restore}",
-              flush=True)  # fmt: skip
+        print(
+            f"celery: countdown 12 s, visibility_timeout 5 s, restore every {restore}", flush=True
+        )
         out["redelivery"].append(countdown_redelivery(url, 20, 12.0, 5, restore))
         print(f"  {out['redelivery'][-1]}", flush=True)
     redis.Redis.from_url(url).flushdb()
@@ -246,9 +284,19 @@ def run(url: str, sizes: list[int], drain_n: int, rate: float = 400.0,
 
 
 def render(res: dict[str, Any]) -> str:
-    rows = [(f"{x['n']:,}", f"{x['probes']:,} at {x['rate']:.0f}/s", f"{x['dispatched']:,}",
-             fmt(x["p50_ms"]), fmt(x["p99_ms"]), fmt(x["max_ms"]), fmt(x["rss_max_mb"]),
-             fmt(x["used_memory_mb"], 0)) for x in res["lag"]]  # fmt: skip
+    rows = [
+        (
+            f"{x['n']:,}",
+            f"{x['probes']:,} at {x['rate']:.0f}/s",
+            f"{x['dispatched']:,}",
+            fmt(x["p50_ms"]),
+            fmt(x["p99_ms"]),
+            fmt(x["max_ms"]),
+            fmt(x["rss_max_mb"]),
+            fmt(x["used_memory_mb"], 0),
+        )
+        for x in res["lag"]
+    ]
     d = res["drain"]
     c = res["countdown"]
     rss = [x["rss_max_mb"] for x in res["lag"]]
@@ -258,36 +306,53 @@ def render(res: dict[str, Any]) -> str:
         hist: dict[int, int] = {}
         for k in v["counts"]:
             hist[k] = hist.get(k, 0) + 1
-        sweep = (f"`unacked_restore_interval={v['restore_interval']}`, throttle 1"
-                 if v["restore_interval"] else "kombu's default unacked sweep (every ~100 s)")
+        sweep = (
+            f"`unacked_restore_interval={v['restore_interval']}`, throttle 1"
+            if v["restore_interval"]
+            else "kombu's default unacked sweep (every ~100 s)"
+        )
         redeliveries.append(
             f"- {v['n']} tasks, countdown {v['countdown']:.0f} s, `visibility_timeout="
             f"{v['visibility_timeout']}`, {sweep}: **{v['total']} executions**; per task: "
-            + ", ".join(f"{k}x for {n}" for k, n in sorted(hist.items())))  # fmt: skip
+            + ", ".join(f"{k}x for {n}" for k, n in sorted(hist.items()))
+        )
     drain_ok = "met" if d["rate"] >= 10_000 else "NOT met"
-    return "\n".join([
-        "## (f) Scheduler: dispatch lag, drain, memory; Celery countdown beside it\n",
-        "One `toolq` scheduler process (batch 500, default settings); waiting_retry "
-        "operations written straight into the ledger; lag = publish time − jittered due time "
-        "(`TickStats.lags_ms`), for a steady stream of probe items falling due while the "
-        "rest of the set is held an hour... a day ahead.\n",
-        table(("items in due set", "probe stream", "dispatched", "lag p50 ms", "lag p99 ms",
-               "lag max ms", "scheduler RSS MB", "server used_memory MB"), rows),
-        f"\nScheduler RSS from {res['lag'][0]['n']:,} to {res['lag'][-1]['n']:,} items: "
-        f"{min(rss):.1f} → {max(rss):.1f} MB (spread {flat:.1f} MB).\n",
-        f"**Drain**: {d['n']:,} items due at once → {d['applied']:,} dispatched in "
-        f"{d['seconds']:.2f} s = **{d['rate']:,.0f} items/s** ({d['ticks']} ticks; target "
-        f"≥ 10,000/s: {drain_ok}); lag while draining p50 {fmt(d['p50_ms'])} ms, p99 "
-        f"{fmt(d['p99_ms'])} ms; RSS max {fmt(d['rss_max_mb'])} MB.\n",
-        f"**Celery countdown on the same server** (bare Celery, prefork -c 2, default "
-        f"visibility timeout): {c['n']:,} tasks with countdown {c['countdown']:.0f}–"
-        f"{c['countdown'] + c['spread']:.0f} s: lag p50 {fmt(c['p50_ms'])} ms, p99 "
-        f"{fmt(c['p99_ms'])} ms ({c['executed']:,} ran, {c['executions']:,} executions). "
-        f"The worker fetched them all at once and held them in memory: RSS "
-        f"{c['rss_before_mb']:.1f} → {c['rss_holding_mb']:.1f} MB while holding them.\n",
-        "**Countdown past the visibility timeout** (bare Celery, one prefork -c 2 worker; "
-        "the task appends one line per execution):\n",
-        *redeliveries,
-        "\ntoolq has no countdown: the delay lives in the scheduler's sorted set, and each "
-        "dispatch is one compare-and-set on the operation's revision.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## (f) Scheduler: dispatch lag, drain, memory; Celery countdown beside it\n",
+            "One `toolq` scheduler process (batch 500, default settings); waiting_retry "
+            "operations written straight into the ledger; lag = publish time - jittered due time "
+            "(`TickStats.lags_ms`), for a steady stream of probe items falling due while the "
+            "rest of the set is held a day ahead.\n",
+            table(
+                (
+                    "items in due set",
+                    "probe stream",
+                    "dispatched",
+                    "lag p50 ms",
+                    "lag p99 ms",
+                    "lag max ms",
+                    "scheduler RSS MB",
+                    "server used_memory MB",
+                ),
+                rows,
+            ),
+            f"\nScheduler RSS from {res['lag'][0]['n']:,} to {res['lag'][-1]['n']:,} items: "
+            f"{min(rss):.1f} → {max(rss):.1f} MB (spread {flat:.1f} MB).\n",
+            f"**Drain**: {d['n']:,} items due at once → {d['applied']:,} dispatched in "
+            f"{d['seconds']:.2f} s = **{d['rate']:,.0f} items/s** ({d['ticks']} ticks; target "
+            f"≥ 10,000/s: {drain_ok}); lag while draining p50 {fmt(d['p50_ms'])} ms, p99 "
+            f"{fmt(d['p99_ms'])} ms; RSS max {fmt(d['rss_max_mb'])} MB.\n",
+            f"**Celery countdown on the same server** (bare Celery, prefork -c 2, default "
+            f"visibility timeout): {c['n']:,} tasks with countdown {c['countdown']:.0f}-"
+            f"{c['countdown'] + c['spread']:.0f} s: lag p50 {fmt(c['p50_ms'])} ms, p99 "
+            f"{fmt(c['p99_ms'])} ms ({c['executed']:,} ran, {c['executions']:,} executions). "
+            f"The worker fetched them all at once and held them in memory: RSS "
+            f"{c['rss_before_mb']:.1f} → {c['rss_holding_mb']:.1f} MB while holding them.\n",
+            "**Countdown past the visibility timeout** (bare Celery, one prefork -c 2 worker; "
+            "the task appends one line per execution):\n",
+            *redeliveries,
+            "\ntoolq has no countdown: the delay lives in the scheduler's sorted set, and each "
+            "dispatch is one compare-and-set on the operation's revision.",
+        ]
+    )

@@ -41,8 +41,11 @@ def measure(r: redis.Redis, n: int, fn: Callable[[int], Any]) -> dict[str, Any]:
         fn(i)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     after = _server_usec(r)
-    cmds = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1])
-            for k in after if after[k][0] != before.get(k, (0, 0))[0]}  # fmt: skip
+    cmds = {
+        k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1])
+        for k in after
+        if after[k][0] != before.get(k, (0, 0))[0]
+    }
     cmds.pop("info", None)
     return {
         "client_cpu_us": cpu / n * 1e6,
@@ -63,21 +66,25 @@ def run(url: str, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {"n": n}
     # toolq
     out["toolq.messages.run (build a Celery message)"] = measure(
-        r, n, lambda i: tq.messages.run(f"x{i}", 1))
+        r, n, lambda i: tq.messages.run(f"x{i}", 1)
+    )
     out["toolq submit"] = measure(
-        r, n, lambda i: refs.append(tq.submit("noop", {"n": i}).operation_ref))
-    out["toolq worker body (run_attempt)"] = measure(
-        r, n, lambda i: rt.run_attempt(refs[i], 1))
+        r, n, lambda i: refs.append(tq.submit("noop", {"n": i}).operation_ref)
+    )
+    out["toolq worker body (run_attempt)"] = measure(r, n, lambda i: rt.run_attempt(refs[i], 1))
     out["toolq wait (already settled)"] = measure(r, n, lambda i: tq.wait(refs[i], 5))
     # bare Celery
     results: list[Any] = []
     out["bare send_task"] = measure(
-        r, n, lambda i: results.append(app.send_task("bare.noop", args=[i])))
+        r, n, lambda i: results.append(app.send_task("bare.noop", args=[i]))
+    )
     backend = app.backend
     out["bare worker result (store_result)"] = measure(
-        r, n, lambda i: backend.store_result(results[i].id, None, "SUCCESS"))
+        r, n, lambda i: backend.store_result(results[i].id, None, "SUCCESS")
+    )
     out["bare AsyncResult.get (already stored)"] = measure(
-        r, n, lambda i: results[i].get(timeout=5))
+        r, n, lambda i: results[i].get(timeout=5)
+    )
     r.delete("toolq.calls", "bare.calls")
     tq.close()
     app.close()
@@ -90,9 +97,16 @@ def render(res: dict[str, Any]) -> str:
         if name == "n":
             continue
         top = sorted(m["by_command"].items(), key=lambda kv: -kv[1][1])[:3]
-        rows.append((name, f"{m['client_cpu_us']:.0f}", f"{m['server_us']:.0f}",
-                     f"{m['commands']:.1f}", f"{m['wall_us']:.0f}",
-                     ", ".join(f"{k} {c:.1f}× {u:.0f} µs" for k, (c, u) in top)))  # fmt: skip
+        rows.append(
+            (
+                name,
+                f"{m['client_cpu_us']:.0f}",
+                f"{m['server_us']:.0f}",
+                f"{m['commands']:.1f}",
+                f"{m['wall_us']:.0f}",
+                ", ".join(f"{k} {c:.1f}x {u:.0f} µs" for k, (c, u) in top),
+            )
+        )
     return (
         f"Per step, {res['n']:,} times back to back in one process (`python -m bench.steps`): "
         "client CPU µs, server µs (commandstats), commands (counting those inside scripts), "

@@ -42,18 +42,33 @@ class Pair:
 
 @contextlib.contextmanager
 def pair(
-    url: str, pool: str, concurrency: int, kind: str = "noop", client_url: str | None = None,
+    url: str,
+    pool: str,
+    concurrency: int,
+    kind: str = "noop",
+    client_url: str | None = None,
     tag: str = "",
-) -> Iterator[Pair]:  # fmt: skip
+) -> Iterator[Pair]:
     """Start a toolq worker + scheduler and a bare Celery worker on ``url``."""
     p = Pair(url, pool, concurrency, kind)
     name = f"{tag}{pool}{concurrency}"
     try:
-        p.children.append(procs.toolq_worker(f"tq-worker-{name}", APP, url, pool=pool,
-                                             concurrency=concurrency, queues="toolq.calls"))
+        p.children.append(
+            procs.toolq_worker(
+                f"tq-worker-{name}",
+                APP,
+                url,
+                pool=pool,
+                concurrency=concurrency,
+                queues="toolq.calls",
+            )
+        )
         p.children.append(procs.toolq_scheduler(f"tq-scheduler-{name}", APP, url))
-        p.children.append(procs.bare_worker(f"bare-worker-{name}", url, pool=pool,
-                                            concurrency=concurrency, queues="bare.calls"))
+        p.children.append(
+            procs.bare_worker(
+                f"bare-worker-{name}", url, pool=pool, concurrency=concurrency, queues="bare.calls"
+            )
+        )
         for side in SIDES:
             p.clients[side] = make_client(side, client_url or url, kind)
             warm = closed_loop(p.clients[side].call, WARMUP, min(32, 2 * concurrency))
@@ -84,21 +99,33 @@ def interleaved(
             cpu1 = cpu_snapshot(p, side, server_pid)
             cpu_ms = {k: (cpu1[k] - cpu0[k]) * 1000 / calls for k in cpu0}
             failures = getattr(p.clients[side], "failures", 0)
-            out[side].append({"rate": res.rate, "seconds": res.seconds, "errors": res.errors,
-                              "p50_ms": percentile(res.latencies_ms, 50),
-                              "p99_ms": percentile(res.latencies_ms, 99),
-                              "commands": cmds, "failures": failures,
-                              "cpu_ms_per_call": cpu_ms})  # fmt: skip
-            print(f"  [{label}] round {r + 1}/{repeats} {side:5s} {res.rate:8.1f} calls/s "
-                  f"({res.seconds:.1f} s, errors {res.errors})", flush=True)  # fmt: skip
+            out[side].append(
+                {
+                    "rate": res.rate,
+                    "seconds": res.seconds,
+                    "errors": res.errors,
+                    "p50_ms": percentile(res.latencies_ms, 50),
+                    "p99_ms": percentile(res.latencies_ms, 99),
+                    "commands": cmds,
+                    "failures": failures,
+                    "cpu_ms_per_call": cpu_ms,
+                }
+            )
+            print(
+                f"  [{label}] round {r + 1}/{repeats} {side:5s} {res.rate:8.1f} calls/s "
+                f"({res.seconds:.1f} s, errors {res.errors})",
+                flush=True,
+            )
     return out
 
 
 def cpu_snapshot(p: Pair, side: str, server_pid: int) -> dict[str, float]:
     """CPU seconds so far of the processes serving ``side`` (and of this client process)."""
     worker, scheduler, bare = p.children
-    snap = {"client": time.process_time(),
-            "server": procs.cpu_seconds(server_pid) if server_pid else 0.0}  # fmt: skip
+    snap = {
+        "client": time.process_time(),
+        "server": procs.cpu_seconds(server_pid) if server_pid else 0.0,
+    }
     if side == "toolq":
         snap["worker"] = procs.group_cpu(worker)
         snap["scheduler"] = procs.group_cpu(scheduler)
@@ -126,13 +153,18 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> list[float]:
 # ---------------------------------------------------------------------------- (a) + (c)
 
 
-def throughput(url: str, calls: int, repeats: int, concurrency: int,
-               pools: list[tuple[str, int]]) -> dict[str, Any]:  # fmt: skip
+def throughput(
+    url: str, calls: int, repeats: int, concurrency: int, pools: list[tuple[str, int]]
+) -> dict[str, Any]:
     import redis
 
     stats = redis.Redis.from_url(url)
-    results: dict[str, Any] = {"calls": calls, "repeats": repeats, "concurrency": concurrency,
-                               "pools": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        "calls": calls,
+        "repeats": repeats,
+        "concurrency": concurrency,
+        "pools": {},
+    }
     for pool, conc in pools:
         print(f"throughput: {pool} -c {conc}, {calls} calls x {repeats} rounds", flush=True)
         with pair(url, pool, conc) as p:
@@ -146,21 +178,37 @@ def render_throughput(res: dict[str, Any]) -> str:
     for pool, runs in res["pools"].items():
         t, b = _summ(runs["toolq"]), _summ(runs["bare"])
         ratios = _ratios(runs)
-        rows.append((pool, f"{fmt(t['rate'])} ({fmt(t['min'])}–{fmt(t['max'])})",
-                     f"{fmt(b['rate'])} ({fmt(b['min'])}–{fmt(b['max'])})",
-                     f"**{t['rate'] / b['rate']:.2f}**", f"{median(ratios):.2f}",
-                     f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}",
-                     f"{fmt(t['p99_ms'])} / {fmt(b['p99_ms'])}"))  # fmt: skip
+        rows.append(
+            (
+                pool,
+                f"{fmt(t['rate'])} ({fmt(t['min'])}-{fmt(t['max'])})",
+                f"{fmt(b['rate'])} ({fmt(b['min'])}-{fmt(b['max'])})",
+                f"**{t['rate'] / b['rate']:.2f}**",
+                f"{median(ratios):.2f}",
+                f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}",
+                f"{fmt(t['p99_ms'])} / {fmt(b['p99_ms'])}",
+            )
+        )
     return (
         f"## (a) Throughput: no-op write, toolq vs bare Celery\n\n"
         f"{res['calls']:,} calls per run, {res['concurrency']} client threads in flight "
         f"(closed loop, one client process), {res['repeats']} rounds of A B alternating; "
-        f"medians (min–max). toolq: submit → worker (claim, tool, record) → `wait`; "
+        f"medians (min-max). toolq: submit → worker (claim, tool, record) → `wait`; "
         f"bare: `send_task` → worker → `AsyncResult.get` (Redis result backend).\n\n"
-        + table(("pool", "toolq calls/s", "bare calls/s", "ratio of medians",
-                 "median of per-round ratios", "p50 ms toolq / bare",
-                 "p99 ms toolq / bare"), rows)  # fmt: skip
-        + "\n\n" + render_cpu(res["pools"])
+        + table(
+            (
+                "pool",
+                "toolq calls/s",
+                "bare calls/s",
+                "ratio of medians",
+                "median of per-round ratios",
+                "p50 ms toolq / bare",
+                "p99 ms toolq / bare",
+            ),
+            rows,
+        )
+        + "\n\n"
+        + render_cpu(res["pools"])
     )
 
 
@@ -169,10 +217,13 @@ def render_cpu(pools: dict[str, Any]) -> str:
     rows = []
     for pool, runs in pools.items():
         for side in SIDES:
-            parts = {k: median([r["cpu_ms_per_call"][k] for r in runs[side]])
-                     for k in ("client", "worker", "scheduler", "server")}  # fmt: skip
-            rows.append((pool, side, *(f"{parts[k]:.2f}" for k in parts),
-                         f"**{sum(parts.values()):.2f}**"))  # fmt: skip
+            parts = {
+                k: median([r["cpu_ms_per_call"][k] for r in runs[side]])
+                for k in ("client", "worker", "scheduler", "server")
+            }
+            rows.append(
+                (pool, side, *(f"{parts[k]:.2f}" for k in parts), f"**{sum(parts.values()):.2f}**")
+            )
     return (
         "CPU time per call by process (ms, medians over rounds; `client` is the one "
         "load-generating process, `worker` the worker's whole process group, `server` "
@@ -203,35 +254,58 @@ def render_commands(res: dict[str, Any], rt: dict[str, Any] | None) -> str:
         f"From `INFO commandstats` around each {pool} throughput run (medians; the counts "
         "include commands that Lua scripts run inside the server, and every process: "
         "client, worker, scheduler).\n\n"
-        + table(("side", "commands/call (all)", "EVALSHA/call",
-                 "other commands/call (incl. inside scripts)"), rows)  # fmt: skip
+        + table(
+            (
+                "side",
+                "commands/call (all)",
+                "EVALSHA/call",
+                "other commands/call (incl. inside scripts)",
+            ),
+            rows,
+        )
     )
-    top = sorted(set(per["toolq"]) | set(per["bare"]),
-                 key=lambda k: -(per["toolq"].get(k, 0) + per["bare"].get(k, 0)))  # fmt: skip
-    parts.append("\nPer command:\n\n" + table(
-        ("command", "toolq/call", "bare/call"),
-        [(k, f"{per['toolq'].get(k, 0):.2f}", f"{per['bare'].get(k, 0):.2f}") for k in top
-         if per["toolq"].get(k, 0) >= 0.005 or per["bare"].get(k, 0) >= 0.005],
-    ))  # fmt: skip
+    top = sorted(
+        set(per["toolq"]) | set(per["bare"]),
+        key=lambda k: -(per["toolq"].get(k, 0) + per["bare"].get(k, 0)),
+    )
+    parts.append(
+        "\nPer command:\n\n"
+        + table(
+            ("command", "toolq/call", "bare/call"),
+            [
+                (k, f"{per['toolq'].get(k, 0):.2f}", f"{per['bare'].get(k, 0):.2f}")
+                for k in top
+                if per["toolq"].get(k, 0) >= 0.005 or per["bare"].get(k, 0) >= 0.005
+            ],
+        )
+    )
     if rt:
         rows = []
         for side in SIDES:
             r = rt[side]
-            rows.append((side, f"{r['up_chunks_per_call']:.1f}",
-                         f"{r['up_bytes_per_call']:,.0f}", f"{r['down_bytes_per_call']:,.0f}"))
+            rows.append(
+                (
+                    side,
+                    f"{r['up_chunks_per_call']:.1f}",
+                    f"{r['up_bytes_per_call']:,.0f}",
+                    f"{r['down_bytes_per_call']:,.0f}",
+                )
+            )
         parts.append(
             f"\nRound trips, counted as client→server chunks through a zero-delay proxy that "
             f"every process connects through ({rt['calls']:,} calls, prefork -c 2; a pipeline "
             f"or MULTI/EXEC block is one trip, a script call is one trip):\n\n"
             + table(("side", "round trips/call", "bytes up/call", "bytes down/call"), rows)
-        )  # fmt: skip
+        )
     return "\n".join(parts)
 
 
 # ---------------------------------------------------------------------------- (b)
 
 
-def io_bound(url: str, calls: int, repeats: int, pools: tuple[int, ...] = (64, 16)) -> dict[str, Any]:
+def io_bound(
+    url: str, calls: int, repeats: int, pools: tuple[int, ...] = (64, 16)
+) -> dict[str, Any]:
     """A 100 ms tool on threads pools of each size; 1.5x the pool in flight (the queue never
     runs dry). Kept under 100 in flight: redis-py's default pool holds 100 connections and
     toolq's client fails rather than waits past that (reported)."""
@@ -255,10 +329,19 @@ def render_io(res: dict[str, Any]) -> str:
     for c, pr in res["pools"].items():
         ceiling = int(c) * 10
         t, b = _summ(pr["runs"]["toolq"]), _summ(pr["runs"]["bare"])
-        rows.append((f"threads -c {c}", ceiling, f"{pr['calls']:,} / {pr['inflight']}",
-                     fmt(t["rate"]), f"**{t['rate'] / ceiling:.3f}**", fmt(b["rate"]),
-                     f"{b['rate'] / ceiling:.3f}", f"{t['rate'] / b['rate']:.2f}",
-                     f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}"))  # fmt: skip
+        rows.append(
+            (
+                f"threads -c {c}",
+                ceiling,
+                f"{pr['calls']:,} / {pr['inflight']}",
+                fmt(t["rate"]),
+                f"**{t['rate'] / ceiling:.3f}**",
+                fmt(b["rate"]),
+                f"{b['rate'] / ceiling:.3f}",
+                f"{t['rate'] / b['rate']:.2f}",
+                f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}",
+            )
+        )
         if c == "64":
             share = t["rate"] / ceiling
             verdict = "met" if share >= 0.95 else "NOT met"
@@ -267,9 +350,20 @@ def render_io(res: dict[str, Any]) -> str:
         "## (b) I/O-bound: a tool that sleeps 100 ms, threads pool of 64\n\n"
         f"Ceiling = pool size / 0.1 s. {res['repeats']} rounds A B, medians. Target ≥ 0.95 of "
         f"the 640 calls/s ceiling on threads -c 64: {verdict}.\n\n"
-        + table(("pool", "ceiling calls/s", "calls per run / in flight", "toolq calls/s",
-                 "toolq share", "bare calls/s", "bare share", "toolq / bare",
-                 "p50 ms toolq / bare"), rows)  # fmt: skip
+        + table(
+            (
+                "pool",
+                "ceiling calls/s",
+                "calls per run / in flight",
+                "toolq calls/s",
+                "toolq share",
+                "bare calls/s",
+                "bare share",
+                "toolq / bare",
+                "p50 ms toolq / bare",
+            ),
+            rows,
+        )
     )
 
 
@@ -286,10 +380,21 @@ def proxy(target_url: str, delay_ms: float, tag: str) -> Iterator[tuple[str, pro
     stats_file = procs.LOG_DIR / f"proxy-{tag}.json"
     for f in (port_file, stats_file):
         f.unlink(missing_ok=True)
-    ch = procs.python_child(f"proxy-{tag}", [
-        "-m", "bench.delay_proxy", "--target", f"{parts.hostname}:{parts.port}",
-        "--delay-ms", str(delay_ms), "--port-file", str(port_file),
-        "--stats-file", str(stats_file)])  # fmt: skip
+    ch = procs.python_child(
+        f"proxy-{tag}",
+        [
+            "-m",
+            "bench.delay_proxy",
+            "--target",
+            f"{parts.hostname}:{parts.port}",
+            "--delay-ms",
+            str(delay_ms),
+            "--port-file",
+            str(port_file),
+            "--stats-file",
+            str(stats_file),
+        ],
+    )
     try:
         if not procs.wait_for(port_file.exists, 10):
             raise RuntimeError("proxy did not start")
@@ -329,17 +434,30 @@ def round_trips(url: str, calls: int) -> dict[str, Any]:
     return out
 
 
-def delayed(url: str, calls: int, repeats: int, concurrency: int, delay_ms: float,
-            base: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+def delayed(
+    url: str,
+    calls: int,
+    repeats: int,
+    concurrency: int,
+    delay_ms: float,
+    base: dict[str, Any] | None,
+) -> dict[str, Any]:
     import redis
 
     stats = redis.Redis.from_url(url)
     print(f"delay: {delay_ms} ms each way per chunk, {calls} calls x {repeats}", flush=True)
-    with proxy(url, delay_ms, "delay") as (purl, _ch, _sf), \
-            pair(purl, "prefork", 2, tag="delay-") as p:  # fmt: skip
+    with (
+        proxy(url, delay_ms, "delay") as (purl, _ch, _sf),
+        pair(purl, "prefork", 2, tag="delay-") as p,
+    ):
         runs = interleaved(p, stats, calls, repeats, concurrency, f"+{delay_ms} ms")
-    out: dict[str, Any] = {"calls": calls, "repeats": repeats, "delay_ms": delay_ms,
-                           "concurrency": concurrency, "runs": runs}  # fmt: skip
+    out: dict[str, Any] = {
+        "calls": calls,
+        "repeats": repeats,
+        "delay_ms": delay_ms,
+        "concurrency": concurrency,
+        "runs": runs,
+    }
     if base is not None:
         out["base"] = {s: _summ(base[s])["rate"] for s in SIDES}
     return out
@@ -348,9 +466,16 @@ def delayed(url: str, calls: int, repeats: int, concurrency: int, delay_ms: floa
 def render_delay(res: dict[str, Any]) -> str:
     t, b = _summ(res["runs"]["toolq"]), _summ(res["runs"]["bare"])
     ratio = t["rate"] / b["rate"]
-    rows = [("+%g ms per chunk" % res["delay_ms"], fmt(t["rate"]), fmt(b["rate"]),
-             f"**{ratio:.2f}**", f"{median(_ratios(res['runs'])):.2f}",
-             f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}")]  # fmt: skip
+    rows = [
+        (
+            f"+{res['delay_ms']:g} ms per chunk",
+            fmt(t["rate"]),
+            fmt(b["rate"]),
+            f"**{ratio:.2f}**",
+            f"{median(_ratios(res['runs'])):.2f}",
+            f"{fmt(t['p50_ms'])} / {fmt(b['p50_ms'])}",
+        )
+    ]
     if "base" in res:
         bt, bb = res["base"]["toolq"], res["base"]["bare"]
         rows.insert(0, ("none (from (a))", fmt(bt), fmt(bb), f"{bt / bb:.2f}", "", ""))
@@ -360,8 +485,17 @@ def render_delay(res: dict[str, Any]) -> str:
         f"which holds each chunk {res['delay_ms']} ms in each direction (so a round trip costs "
         f"≥ {2 * res['delay_ms']:g} ms more). prefork -c 2, {res['calls']:,} calls per run, "
         f"{res['concurrency']} in flight, {res['repeats']} rounds A B, medians.\n\n"
-        + table(("added delay", "toolq calls/s", "bare calls/s", "ratio of medians",
-                 "median per-round ratio", "p50 ms toolq / bare"), rows)  # fmt: skip
+        + table(
+            (
+                "added delay",
+                "toolq calls/s",
+                "bare calls/s",
+                "ratio of medians",
+                "median per-round ratio",
+                "p50 ms toolq / bare",
+            ),
+            rows,
+        )
     )
 
 
@@ -375,23 +509,35 @@ def latency(url: str, rate: float, seconds: float, repeats: int) -> dict[str, An
         for r in range(repeats):
             for side in SIDES if r % 2 == 0 else SIDES[::-1]:
                 res: LoadResult = open_loop(p.clients[side].call, rate, seconds)
-                row = {"p50_ms": percentile(res.latencies_ms, 50),
-                       "p90_ms": percentile(res.latencies_ms, 90),
-                       "p99_ms": percentile(res.latencies_ms, 99),
-                       "achieved": len(res.latencies_ms) / res.seconds, "errors": res.errors}
-                runs[side].append(row)  # fmt: skip
-                print(f"  [lat] {side:5s} p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms",
-                      flush=True)  # fmt: skip
+                row = {
+                    "p50_ms": percentile(res.latencies_ms, 50),
+                    "p90_ms": percentile(res.latencies_ms, 90),
+                    "p99_ms": percentile(res.latencies_ms, 99),
+                    "achieved": len(res.latencies_ms) / res.seconds,
+                    "errors": res.errors,
+                }
+                runs[side].append(row)
+                print(
+                    f"  [lat] {side:5s} p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms",
+                    flush=True,
+                )
     return {"rate": rate, "seconds": seconds, "repeats": repeats, "runs": runs}
 
 
 def render_latency(res: dict[str, Any]) -> str:
-    m = {s: {k: median([r[k] for r in res["runs"][s]]) for k in ("p50_ms", "p90_ms", "p99_ms")}
-         for s in SIDES}  # fmt: skip
+    m = {
+        s: {k: median([r[k] for r in res["runs"][s]]) for k in ("p50_ms", "p90_ms", "p99_ms")}
+        for s in SIDES
+    }
     rows = [(s, fmt(m[s]["p50_ms"]), fmt(m[s]["p90_ms"]), fmt(m[s]["p99_ms"])) for s in SIDES]
-    rows.append(("**toolq − bare**", f"**{m['toolq']['p50_ms'] - m['bare']['p50_ms']:+.1f}**",
-                 f"{m['toolq']['p90_ms'] - m['bare']['p90_ms']:+.1f}",
-                 f"**{m['toolq']['p99_ms'] - m['bare']['p99_ms']:+.1f}**"))  # fmt: skip
+    rows.append(
+        (
+            "**toolq - bare**",
+            f"**{m['toolq']['p50_ms'] - m['bare']['p50_ms']:+.1f}**",
+            f"{m['toolq']['p90_ms'] - m['bare']['p90_ms']:+.1f}",
+            f"**{m['toolq']['p99_ms'] - m['bare']['p99_ms']:+.1f}**",
+        )
+    )
     return (
         "## (d) Added latency at half load\n\n"
         f"Paced open-loop client at {res['rate']:.0f} calls/s (half the lower of the two "

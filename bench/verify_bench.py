@@ -6,11 +6,12 @@ window is zero. So every operation is: attempt → verifying → verification
 check → succeeded, and "time to verdict" is the time between the ledger's
 ``verifying`` and ``succeeded`` history entries.
 
-* **capacity**: a backlog of K writes (plain ``noop``) drained by one worker,
-  and a backlog of K verification checks drained by the same kind of worker;
+* **capacity**: a backlog of K writes (``write_once``: one provider round trip,
+  as a verification check makes) drained by one worker, and a backlog of K
+  verification checks drained by the same kind of worker;
   items/s between the first and the last verdict.
 * **sustained rate** S of the unknown-outcome workload on one worker serving
-  both queues: 1 / (1/W + 1/V), each operation costing one write and one check.
+  both queues, measured closed loop (32 in flight, median of 3 runs).
 * **verdict latency** at 50 % and 90 % of S (paced open loop).
 * **soak**: the same at a steady share of S for minutes, sampling the backlog
   (operations queued, running or verifying, and both queue lengths).
@@ -27,8 +28,9 @@ from typing import Any
 import redis
 
 from bench import apps, procs
+from bench.clients import ToolqClient
 from bench.common import fmt, median, percentile
-from bench.load import open_loop
+from bench.load import closed_loop, open_loop
 from bench.report import table
 
 APP = "bench.apps:tq"
@@ -37,8 +39,9 @@ POOL = ("prefork", 2)
 
 @contextlib.contextmanager
 def worker(url: str, queues: str, tag: str) -> Iterator[procs.Child]:
-    w = procs.toolq_worker(f"verify-{tag}", APP, url, pool=POOL[0], concurrency=POOL[1],
-                           queues=queues)  # fmt: skip
+    w = procs.toolq_worker(
+        f"verify-{tag}", APP, url, pool=POOL[0], concurrency=POOL[1], queues=queues
+    )
     try:
         yield w
     finally:
@@ -77,10 +80,11 @@ def _drain_rate(r: redis.Redis, refs: list[str]) -> float:
 
 
 def _write_capacity(url: str, r: redis.Redis, k: int, tag: str) -> float:
-    """K plain no-op writes queued, then one worker drains them."""
-    refs = _submit_backlog("noop", k)
+    """K writes queued (one provider round trip each, as a check makes), then one worker
+    drains them."""
+    refs = _submit_backlog("write_once", k)
     with worker(url, "toolq.calls", f"cap-write-{tag}"):
-        _wait_state(r, "noop", "succeeded", k, 900)
+        _wait_state(r, "write_once", "succeeded", k, 900)
     return _drain_rate(r, refs)
 
 
@@ -108,13 +112,22 @@ def capacity(url: str, k: int, repeats: int = 3) -> dict[str, Any]:
                 writes.append(_write_capacity(url, r, k, str(i)))
             else:
                 checks.append(_verify_capacity(url, r, k, str(i)))
-        print(f"  capacity round {i + 1}: writes {writes[-1]:.0f}/s checks {checks[-1]:.0f}/s",
-              flush=True)  # fmt: skip
+        print(
+            f"  capacity round {i + 1}: writes {writes[-1]:.0f}/s checks {checks[-1]:.0f}/s",
+            flush=True,
+        )
     w, v = median(writes), median(checks)
-    return {"k": k, "repeats": repeats, "writes": writes, "checks": checks, "write_rate": w,
-            "verify_rate": v, "ratio": v / w,
-            "round_ratios": [b / a for a, b in zip(writes, checks, strict=True)],
-            "sustained": 1 / (1 / w + 1 / v)}  # fmt: skip
+    return {
+        "k": k,
+        "repeats": repeats,
+        "writes": writes,
+        "checks": checks,
+        "write_rate": w,
+        "verify_rate": v,
+        "ratio": v / w,
+        "round_ratios": [b / a for a, b in zip(writes, checks, strict=True)],
+        "sustained_model": 1 / (1 / w + 1 / v),
+    }
 
 
 def _paced(url: str, rate: float, seconds: float) -> tuple[list[str], Any]:
@@ -138,13 +151,20 @@ def latency_at(url: str, rate: float, seconds: float) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     refs, res = _paced(url, rate, seconds)
     times = _history_times(r, refs)
-    verdict = [t["succeeded"] - t["verifying"] for t in times
-               if "succeeded" in t and "verifying" in t]  # fmt: skip
-    return {"rate": rate, "seconds": seconds, "ops": len(refs), "errors": res.errors,
-            "achieved": len(res.latencies_ms) / res.seconds,
-            "verdict_p50_ms": percentile(verdict, 50), "verdict_p99_ms": percentile(verdict, 99),
-            "e2e_p50_ms": percentile(res.latencies_ms, 50),
-            "e2e_p99_ms": percentile(res.latencies_ms, 99)}  # fmt: skip
+    verdict = [
+        t["succeeded"] - t["verifying"] for t in times if "succeeded" in t and "verifying" in t
+    ]
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "ops": len(refs),
+        "errors": res.errors,
+        "achieved": len(res.latencies_ms) / res.seconds,
+        "verdict_p50_ms": percentile(verdict, 50),
+        "verdict_p99_ms": percentile(verdict, 99),
+        "e2e_p50_ms": percentile(res.latencies_ms, 50),
+        "e2e_p99_ms": percentile(res.latencies_ms, 99),
+    }
 
 
 def soak(url: str, rate: float, seconds: float, every: float = 5.0) -> dict[str, Any]:
@@ -169,8 +189,11 @@ def soak(url: str, rate: float, seconds: float, every: float = 5.0) -> dict[str,
     stop.set()
     th.join()
     times = _history_times(r, refs)
-    verdict = [(t["verifying"], t["succeeded"] - t["verifying"]) for t in times
-               if "succeeded" in t and "verifying" in t]  # fmt: skip
+    verdict = [
+        (t["verifying"], t["succeeded"] - t["verifying"])
+        for t in times
+        if "succeeded" in t and "verifying" in t
+    ]
     verdict.sort()
     half = len(verdict) // 2
     first = [v for _, v in verdict[:half]]
@@ -183,19 +206,33 @@ def soak(url: str, rate: float, seconds: float, every: float = 5.0) -> dict[str,
         mx, my = sum(xs) / n, sum(backlog) / n
         den = sum((x - mx) ** 2 for x in xs)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, backlog, strict=True)) / den
-    return {"rate": rate, "seconds": seconds, "ops": len(refs), "errors": res.errors,
-            "unsettled": len(refs) - len(verdict),
-            "achieved": len(res.latencies_ms) / res.seconds,
-            "backlog_first_half": sum(backlog[: n // 2]) / max(1, n // 2),
-            "backlog_second_half": sum(backlog[n // 2 :]) / max(1, n - n // 2),
-            "backlog_max": max(backlog) if backlog else 0, "slope_per_min": slope * 60,
-            "verdict_p50_first": percentile(first, 50), "verdict_p50_second": percentile(second, 50),
-            "verdict_p99_first": percentile(first, 99), "verdict_p99_second": percentile(second, 99),
-            "samples": samples}  # fmt: skip
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "ops": len(refs),
+        "errors": res.errors,
+        "unsettled": len(refs) - len(verdict),
+        "achieved": len(res.latencies_ms) / res.seconds,
+        "backlog_first_half": sum(backlog[: n // 2]) / max(1, n // 2),
+        "backlog_second_half": sum(backlog[n // 2 :]) / max(1, n - n // 2),
+        "backlog_max": max(backlog) if backlog else 0,
+        "slope_per_min": slope * 60,
+        "verdict_p50_first": percentile(first, 50),
+        "verdict_p50_second": percentile(second, 50),
+        "verdict_p99_first": percentile(first, 99),
+        "verdict_p99_second": percentile(second, 99),
+        "samples": samples,
+    }
 
 
-def run(url: str, seconds: float, soak_seconds: float, k: int = 2000,
-        soak_share: float = 0.7) -> dict[str, Any]:  # fmt: skip
+def run(
+    url: str,
+    seconds: float,
+    soak_seconds: float,
+    k: int = 2000,
+    soak_share: float = 0.7,
+    sustained_calls: int = 2000,
+) -> dict[str, Any]:
     print(f"verify: capacity with backlogs of {k}", flush=True)
     cap = capacity(url, k)
     print(f"  {cap}", flush=True)
@@ -206,9 +243,18 @@ def run(url: str, seconds: float, soak_seconds: float, k: int = 2000,
     sched = procs.toolq_scheduler("verify-scheduler", APP, url)
     try:
         with worker(url, "toolq.calls,toolq.verify", "both"):
-            # Warm up, then measure.
-            open_loop(lambda i: apps.tq.wait(apps.tq.submit("unknown_once", {"n": i})
-                                             .operation_ref, 60), 20, 3)  # fmt: skip
+            # The sustained rate S of this workload, measured: closed loop, 32 in flight.
+            client = ToolqClient(url, "unknown_once")
+            closed_loop(client.call, 200, 16)
+            rates = [closed_loop(client.call, sustained_calls, 32).rate for _ in range(3)]
+            cap["sustained"] = median(rates)
+            cap["sustained_runs"] = rates
+            print(f"  sustained: {rates}", flush=True)
+            open_loop(
+                lambda i: apps.tq.wait(apps.tq.submit("unknown_once", {"n": i}).operation_ref, 60),
+                20,
+                3,
+            )
             for share in (0.5, 0.9):
                 rate = share * cap["sustained"]
                 print(f"verify: latency at {share:.0%} of {cap['sustained']:.0f}/s", flush=True)
@@ -228,34 +274,72 @@ def run(url: str, seconds: float, soak_seconds: float, k: int = 2000,
 
 def render(res: dict[str, Any]) -> str:
     c = res["capacity"]
-    rows = [(f"{x['share']:.0%} ({x['rate']:.0f}/s)", fmt(x["achieved"]),
-             fmt(x["verdict_p50_ms"]), fmt(x["verdict_p99_ms"]), fmt(x["e2e_p50_ms"]),
-             fmt(x["e2e_p99_ms"]), x["errors"]) for x in res["latency"]]  # fmt: skip
+    rows = [
+        (
+            f"{x['share']:.0%} ({x['rate']:.0f}/s)",
+            fmt(x["achieved"]),
+            fmt(x["verdict_p50_ms"]),
+            fmt(x["verdict_p99_ms"]),
+            fmt(x["e2e_p50_ms"]),
+            fmt(x["e2e_p99_ms"]),
+            x["errors"],
+        )
+        for x in res["latency"]
+    ]
     s = res["soak"]
-    grows = s["slope_per_min"] > 0.05 * s["rate"] * 60 / 60 and \
-        s["backlog_second_half"] > 2 * max(1.0, s["backlog_first_half"])  # fmt: skip
+    grows = s["slope_per_min"] > 0.05 * s["rate"] * 60 / 60 and s["backlog_second_half"] > 2 * max(
+        1.0, s["backlog_first_half"]
+    )
     ok = "met" if c["ratio"] >= 1.2 else "NOT met"
-    return "\n".join([
-        "## (g) Verification: unknown outcome → verdict\n",
-        f"Pool: one worker, {res['pool']}. Tool commits, then raises `OutcomeUnknown` on "
-        "attempt 1; its verifier finds the commit; consistency window 0. One scheduler runs "
-        "beside it.\n",
-        table(("backlog of", "writes/s (noop)", "verification checks/s", "checks / writes",
-               "per-round ratios"),
-              [(f"{c['k']:,} × {c['repeats']} rounds", fmt(c["write_rate"]),
-                fmt(c["verify_rate"]), f"**{c['ratio']:.2f}**",
-                ", ".join(f"{x:.2f}" for x in c["round_ratios"]))]),
-        f"\nVerification capacity vs write capacity on the same pool: **{c['ratio']:.2f}×** "
-        f"(target ≥ 1.2×: {ok}). Sustained rate of the unknown-outcome workload on one "
-        f"worker serving both queues, S = 1/(1/W + 1/V) = {c['sustained']:.0f} ops/s.\n",
-        table(("load (share of S)", "achieved ops/s", "verdict p50 ms", "verdict p99 ms",
-               "submit→settled p50 ms", "p99 ms", "errors"), rows),
-        f"\n**Soak**: {s['seconds']:.0f} s at {s['share']:.0%} of S ({s['rate']:.0f} ops/s, "
-        f"{s['ops']:,} operations, {s['unsettled']} not settled, {s['errors']} errors). "
-        f"Backlog (queued + running + verifying) mean {s['backlog_first_half']:.1f} in the "
-        f"first half, {s['backlog_second_half']:.1f} in the second, max {s['backlog_max']}; "
-        f"trend {s['slope_per_min']:+.2f} ops/min. Verdict p50 {fmt(s['verdict_p50_first'])} → "
-        f"{fmt(s['verdict_p50_second'])} ms, p99 {fmt(s['verdict_p99_first'])} → "
-        f"{fmt(s['verdict_p99_second'])} ms (first half → second half). Backlog "
-        + ("**grows**." if grows else "does not grow."),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## (g) Verification: unknown outcome → verdict\n",
+            f"Pool: one worker, {res['pool']}. Tool commits, then raises `OutcomeUnknown` on "
+            "attempt 1; its verifier finds the commit; consistency window 0. One scheduler runs "
+            "beside it.\n",
+            table(
+                (
+                    "backlog of",
+                    "writes/s (one provider call)",
+                    "verification checks/s",
+                    "checks / writes",
+                    "per-round ratios",
+                ),
+                [
+                    (
+                        f"{c['k']:,} x {c['repeats']} rounds",
+                        fmt(c["write_rate"]),
+                        fmt(c["verify_rate"]),
+                        f"**{c['ratio']:.2f}**",
+                        ", ".join(f"{x:.2f}" for x in c["round_ratios"]),
+                    )
+                ],
+            ),
+            f"\nVerification capacity vs write capacity on the same pool: **{c['ratio']:.2f}x** "
+            f"(target ≥ 1.2x: {ok}). Sustained rate of the unknown-outcome workload on one "
+            f"worker serving both queues, measured closed loop (32 in flight): S = "
+            f"{c['sustained']:.0f} ops/s (runs: "
+            + ", ".join(f"{x:.0f}" for x in c.get("sustained_runs", []))
+            + f"; the model 1/(1/W + 1/V) gives {c['sustained_model']:.0f}).\n",
+            table(
+                (
+                    "load (share of S)",
+                    "achieved ops/s",
+                    "verdict p50 ms",
+                    "verdict p99 ms",
+                    "submit→settled p50 ms",
+                    "p99 ms",
+                    "errors",
+                ),
+                rows,
+            ),
+            f"\n**Soak**: {s['seconds']:.0f} s at {s['share']:.0%} of S ({s['rate']:.0f} ops/s, "
+            f"{s['ops']:,} operations, {s['unsettled']} not settled, {s['errors']} errors). "
+            f"Backlog (queued + running + verifying) mean {s['backlog_first_half']:.1f} in the "
+            f"first half, {s['backlog_second_half']:.1f} in the second, max {s['backlog_max']}; "
+            f"trend {s['slope_per_min']:+.2f} ops/min. Verdict p50 {fmt(s['verdict_p50_first'])} → "
+            f"{fmt(s['verdict_p50_second'])} ms, p99 {fmt(s['verdict_p99_first'])} → "
+            f"{fmt(s['verdict_p99_second'])} ms (first half → second half). Backlog "
+            + ("**grows**." if grows else "does not grow."),
+        ]
+    )

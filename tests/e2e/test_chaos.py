@@ -28,10 +28,26 @@ def test_chaos_no_duplicate_no_lost_no_stuck_no_disagreement(tmp_path: Path) -> 
     # When workers, pool children and schedulers are SIGKILLed, the server is
     # restarted and messages are delivered twice, while 150 operations run
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--ops", "150", "--kills", "6",
-         "--interval", "2", "--no-report", "--json", str(out)],
-        cwd=REPO_ROOT, env=toolq_env(), capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench.chaos",
+            "--ops",
+            "150",
+            "--kills",
+            "6",
+            "--interval",
+            "2",
+            "--no-report",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        env=toolq_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads(out.read_text())
     report = proc.stdout[-3000:]

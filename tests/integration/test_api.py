@@ -175,7 +175,8 @@ def test_approval_needs_the_approve_scope(agent: TestClient, operator: TestClien
     refused = agent.post(f"/v1/operations/{ref}:approve")
     assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN_SCOPE"
     r = operator.post(f"/v1/operations/{ref}:approve")
-    assert r.status_code == 200 and r.json()["state"] == "queued"
+    # the view is read after the approval: a worker may already have taken it
+    assert r.status_code == 200 and r.json()["state"] in ("queued", "running", "succeeded")
     assert settle(agent, ref)["envelope"]["result"] == {"transferred": 5}
     again = operator.post(f"/v1/operations/{ref}:approve")
     assert again.status_code == 409 and again.json()["code"] == "INVALID_STATE"
