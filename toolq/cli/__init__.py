@@ -8,8 +8,6 @@ its own module and registers itself here.
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
 
@@ -25,12 +23,12 @@ def main() -> None:
     """
 
 
-for _module in ("processes", "operations", "monitor", "stack", "interfaces"):
-    try:
-        _mod = importlib.import_module(f"toolq.cli.{_module}")
-    except ModuleNotFoundError as _exc:  # an area still being written
-        if _exc.name != f"toolq.cli.{_module}":
-            raise
-        continue
-    for _cmd in getattr(_mod, "COMMANDS", ()):
-        main.add_command(_cmd)
+def _register() -> None:
+    from toolq.cli import interfaces, monitor, operations, processes, stack
+
+    for module in (processes, operations, monitor, stack, interfaces):
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register()
