@@ -508,7 +508,7 @@ def latency(url: str, rate: float, seconds: float, repeats: int) -> dict[str, An
     with pair(url, "prefork", 2, tag="lat-") as p:
         for r in range(repeats):
             for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-                res: LoadResult = open_loop(p.clients[side].call, rate, seconds)
+                res: LoadResult = open_loop(p.clients[side].call, rate, seconds, max_in_flight=90)
                 row = {
                     "p50_ms": percentile(res.latencies_ms, 50),
                     "p90_ms": percentile(res.latencies_ms, 90),

@@ -143,7 +143,8 @@ def _paced(url: str, rate: float, seconds: float) -> tuple[list[str], Any]:
         if not env.ok:
             raise RuntimeError(env.code)
 
-    res = open_loop(call, rate, seconds)
+    # Under 100 in flight: the client's Redis pool fails past 100 connections (reported).
+    res = open_loop(call, rate, seconds, max_in_flight=90)
     return refs, res
 
 

@@ -30,8 +30,13 @@ class Keys:
         return f"{self.prefix}:wake"
 
     @property
+    def sleep_until(self) -> str:
+        """When a sleeping scheduler plans to wake (ms); earlier due items wake it."""
+        return f"{self.prefix}:sleep_until"
+
+    @property
     def notify(self) -> str:
-        """Pub/Sub channel: ``<state> <ref>`` on every transition."""
+        """Pub/Sub channel: ``<state> <ref>`` when an operation settles (``tq.wait``)."""
         return f"{self.prefix}:notify"
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -14,10 +15,11 @@ from toolq import State, ToolQueue
 from toolq.ledger import Transition
 
 
-def _park(rt: ToolQueue, n: int, prefix: str) -> list[str]:
-    """Submit n operations and move them to waiting_retry, all due now."""
+def _park(rt: ToolQueue, n: int, prefix: str, due_in_ms: int = 0) -> list[str]:
+    """Submit n operations and move them to waiting_retry, all due in ``due_in_ms``."""
     refs = [f"{prefix}/{i}" for i in range(n)]
     now = int(time.time() * 1000)
+    due = now + due_in_ms
     pipe = rt.redis.pipeline(transaction=False)
     for ref in refs:
         rt.submit("lookup", {"mode": ref}, operation_ref=ref)
@@ -33,8 +35,8 @@ def _park(rt: ToolQueue, n: int, prefix: str) -> list[str]:
                 states=(State.RUNNING,),
                 to=State.WAITING_RETRY,
                 by="test",
-                due_ms=now,
-                set={"retry_due": str(now)},
+                due_ms=due,
+                set={"retry_due": str(due)},
             )
             for r in refs[i : i + 500]
         ]
@@ -130,3 +132,25 @@ def test_not_before_in_the_past_runs_at_once_and_absurd_one_escalates(
     finally:
         for p in procs:
             stop_process(p)
+
+
+def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:
+    # Given a scheduler with nothing due, sleeping up to 30 s
+    from toolq.scheduler.service import Scheduler
+
+    sched = Scheduler(rt)
+    sched.max_sleep = 30.0
+    worker = threading.Thread(target=sched.run, daemon=True)
+    worker.start()
+    try:
+        assert wait_until(lambda: rt.redis.get(rt.ledger.keys.sleep_until) is not None, 5)
+        time.sleep(0.3)
+        # When an item falls due in 0.2 s
+        ref = _park(rt, 1, "wake", due_in_ms=200)[0]
+        # Then it is dispatched then, not when the 30 s sleep ends
+        assert wait_until(lambda: rt.get(ref).state is State.QUEUED, 5)  # type: ignore[union-attr]
+    finally:
+        sched.stop()
+        worker.join(timeout=10)
+        sched.close()
+    assert not worker.is_alive()

@@ -13,14 +13,23 @@ local DUE = P .. ':due'
 local WAKE = P .. ':wake'
 local NOTIFY = P .. ':notify'
 local STATS = P .. ':stats'
+local SLEEP = P .. ':sleep_until'
+-- Waiters (tq.wait) only care about states that need nothing more from the runtime.
+local SETTLED = {succeeded = true, failed = true, escalated = true, cancelled = true,
+  needs_input = true, awaiting_approval = true}
+local function notify(state, ref)
+  if SETTLED[state] then redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref) end
+end
 local function opkey(ref) return P .. ':op:' .. ref end
 local function histkey(ref) return P .. ':hist:' .. ref end
 local function idxkey(tool, state) return P .. ':idx:' .. tool .. ':' .. state end
 
--- Put ref in the due set; wake a sleeping scheduler if this is now the earliest item.
+-- Put ref in the due set; wake the sleeping scheduler only if it planned to sleep
+-- past this item (most items, leases and unclaimed checks, lie beyond its wake-up).
 local function set_due(ref, ms)
-  local first = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
-  if first[2] == nil or tonumber(first[2]) > ms then
+  local sleeping_until = tonumber(redis.call('GET', SLEEP) or '0')
+  if sleeping_until > 0 and ms < sleeping_until then
+    redis.call('SET', SLEEP, ms)
     redis.call('DEL', WAKE)
     redis.call('LPUSH', WAKE, '1')
   end
@@ -65,7 +74,7 @@ if msg ~= '' then
 end
 stat(tool, 'submitted')
 if attempt > 0 then stat(tool, 'attempts') end
-redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref)
+notify(state, ref)
 return {'created', state}
 """
 )
@@ -95,7 +104,6 @@ if kind == 'run' then
     redis.call('ZADD', idxkey(tool, 'running'), now, ref)
     history(ref, {at = now, from = 'queued', to = 'running', attempt = attempt, by = holder})
     set_due(ref, now + lease)
-    redis.call('PUBLISH', NOTIFY, 'running ' .. ref)
     return body
   end
   if state == 'running' and tonumber(f[2]) == attempt then
@@ -216,7 +224,7 @@ for i, it in ipairs(items) do
         redis.call('EXPIRE', key, it.ttl)
         redis.call('EXPIRE', histkey(ref), it.ttl)
       end
-      if not it.quiet then redis.call('PUBLISH', NOTIFY, it.to .. ' ' .. ref) end
+      if not it.quiet then notify(it.to, ref) end
       out[i] = 'ok'
     end
   end
@@ -273,5 +281,21 @@ for i = 1, #due, 2 do
   end
 end
 return out
+"""
+)
+
+# The scheduler is about to sleep: plan the wake-up at the earliest due item (at
+# most max_ms away) and record it, so that scripts adding an earlier item wake it.
+# ARGV: prefix now max_ms  ->  the planned wake-up (ms)
+PLAN_SLEEP = (
+    PRELUDE
+    + r"""
+local now, max_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('DEL', WAKE)
+local wake_at = now + max_ms
+local first = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+if first[2] ~= nil and tonumber(first[2]) < wake_at then wake_at = tonumber(first[2]) end
+redis.call('SET', SLEEP, wake_at)
+return wake_at
 """
 )

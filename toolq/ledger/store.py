@@ -127,6 +127,7 @@ class Ledger:
         self._renew = client.register_script(scripts.RENEW)
         self._apply = client.register_script(scripts.APPLY)
         self._claim_due = client.register_script(scripts.CLAIM_DUE)
+        self._plan_sleep = client.register_script(scripts.PLAN_SLEEP)
 
     # ------------------------------------------------------------------ writes
 
@@ -242,6 +243,10 @@ class Ledger:
             row.update({name: _s(raw[i + 2 + j]) for j, name in enumerate(scripts.DUE_FIELDS)})
             items.append(row)
         return items
+
+    def plan_sleep(self, now_ms: int, max_ms: int) -> int:
+        """Record when the scheduler will wake (the earliest due item, at most max_ms away)."""
+        return int(float(self._plan_sleep(args=[self.prefix, now_ms, max_ms])))
 
     # ------------------------------------------------------------------ reads
 

@@ -189,13 +189,13 @@ class Scheduler:
             client.lpush(self.tq.ledger.keys.wake, "stop")
 
     def _sleep(self) -> None:
-        keys = self.tq.ledger.keys
-        first = self.tq.redis.zrange(keys.due, 0, 0, withscores=True)
-        next_due = int(first[0][1]) if first else None
-        seconds = sleep_seconds(next_due, self.now_ms(), self.max_sleep)
+        now = self.now_ms()
+        wake_at = self.tq.ledger.plan_sleep(now, int(self.max_sleep * 1000))
+        seconds = sleep_seconds(wake_at, now, self.max_sleep)
         if seconds <= 0.001:
             return
-        # Woken early when a script adds an item earlier than the earliest one.
+        # Woken early when a script adds an item due before the planned wake-up.
+        keys = self.tq.ledger.keys
         self._blocking_client().blpop([keys.wake], timeout=max(0.01, seconds))
 
     def _blocking_client(self) -> redis.Redis:
