@@ -26,9 +26,11 @@ local function idxkey(tool, state) return P .. ':idx:' .. tool .. ':' .. state e
 
 -- Put ref in the due set; wake the sleeping scheduler only if it planned to sleep
 -- past this item (most items, leases and unclaimed checks, lie beyond its wake-up).
+local sleeping_until = nil
 local function set_due(ref, ms)
-  local sleeping_until = tonumber(redis.call('GET', SLEEP) or '0')
+  if sleeping_until == nil then sleeping_until = tonumber(redis.call('GET', SLEEP) or '0') end
   if sleeping_until > 0 and ms < sleeping_until then
+    sleeping_until = ms
     redis.call('SET', SLEEP, ms)
     redis.call('DEL', WAKE)
     redis.call('LPUSH', WAKE, '1')
@@ -63,15 +65,12 @@ if state == 'queued' then attempt = 1 end
 redis.call('HSET', key, 'ref', ref, 'tool', tool, 'args', args, 'fp', fp, 'submit_fp', fp,
   'call_id', call_id, 'state', state, 'attempt', attempt, 'max_attempts', max_attempts,
   'deadline', deadline, 'created', now, 'updated', now, 'entered', now, 'rev', 1,
-  'vcheck', 0, 'vfail', 0, 'repubs', 0)
+  'vcheck', 0, 'vfail', 0, 'repubs', 0, 'published', (msg ~= '' and now) or 0)
+if msg ~= '' then redis.call('LPUSH', queue, msg) end
 redis.call('SADD', P .. ':tools', tool)
 redis.call('ZADD', idxkey(tool, state), now, ref)
 history(ref, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
 set_due(ref, due)
-if msg ~= '' then
-  redis.call('LPUSH', queue, msg)
-  redis.call('HSET', key, 'published', now)
-end
 stat(tool, 'submitted')
 if attempt > 0 then stat(tool, 'attempts') end
 notify(state, ref)
@@ -89,7 +88,7 @@ local now, lease, kind, vcheck = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], 
 local key = opkey(ref)
 local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
   'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
-  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created')
+  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev')
 local state = f[1]
 if not state then return {'missing'} end
 local tool = f[5]
@@ -98,8 +97,8 @@ local body = {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11],
 if kind == 'run' then
   if state == 'queued' and tonumber(f[2]) == attempt then
     redis.call('HSET', key, 'state', 'running', 'lease_holder', holder,
-      'lease_until', now + lease, 'entered', now, 'updated', now)
-    redis.call('HINCRBY', key, 'rev', 1)
+      'lease_until', now + lease, 'entered', now, 'updated', now,
+      'rev', (tonumber(f[18]) or 0) + 1)
     redis.call('ZREM', idxkey(tool, 'queued'), ref)
     redis.call('ZADD', idxkey(tool, 'running'), now, ref)
     history(ref, {at = now, from = 'queued', to = 'running', attempt = attempt, by = holder})
@@ -165,22 +164,27 @@ local out = {}
 for i, it in ipairs(items) do
   local ref = it.ref
   local key = opkey(ref)
-  local cur = redis.call('HMGET', key, 'state', 'tool', 'attempt')
+  -- one read: the fields every transition needs, then those its guards name
+  local names = {'state', 'tool', 'attempt', 'rev'}
+  local wants = {}
+  if it.expect then
+    for which, want in pairs(it.expect) do
+      for field, val in pairs(want) do
+        table.insert(names, field)
+        table.insert(wants, {which, val})
+      end
+    end
+  end
+  local cur = redis.call('HMGET', key, unpack(names))
   local state = cur[1]
   if not state then
     out[i] = 'missing'
   else
     local ok = false
     for _, s in ipairs(it.states) do if s == state then ok = true end end
-    if ok and it.expect then
-      for _, which in ipairs({'*', state}) do
-        local want = it.expect[which]
-        if want then
-          for field, val in pairs(want) do
-            local have = redis.call('HGET', key, field)
-            if tostring(have or '') ~= tostring(val) then ok = false end
-          end
-        end
+    for j, w in ipairs(wants) do
+      if (w[1] == '*' or w[1] == state) and tostring(cur[4 + j] or '') ~= tostring(w[2]) then
+        ok = false
       end
     end
     if not ok then
@@ -192,7 +196,7 @@ for i, it in ipairs(items) do
         attempt = attempt + it.attempt_incr
         stat(tool, 'attempts', it.attempt_incr)
       end
-      local fields = {'updated', now, 'attempt', attempt}
+      local fields = {'updated', now, 'attempt', attempt, 'rev', (tonumber(cur[4]) or 0) + 1}
       if not it.quiet then
         table.insert(fields, 'state'); table.insert(fields, it.to)
         if it.to ~= state then
@@ -205,8 +209,11 @@ for i, it in ipairs(items) do
         for k, v in pairs(it.set) do table.insert(fields, k); table.insert(fields, v) end
       end
       if it.envelope then table.insert(fields, 'envelope'); table.insert(fields, it.envelope) end
+      if it.push then
+        redis.call('LPUSH', it.push[1], it.push[2])
+        table.insert(fields, 'published'); table.insert(fields, now)
+      end
       redis.call('HSET', key, unpack(fields))
-      redis.call('HINCRBY', key, 'rev', 1)
       if it.del and #it.del > 0 then redis.call('HDEL', key, unpack(it.del)) end
       if not it.quiet then
         history(ref, {at = now, from = state, to = it.to, attempt = attempt, by = it.by,
@@ -214,10 +221,6 @@ for i, it in ipairs(items) do
       end
       if it.due then
         if it.due < 0 then redis.call('ZREM', DUE, ref) else set_due(ref, it.due) end
-      end
-      if it.push then
-        redis.call('LPUSH', it.push[1], it.push[2])
-        redis.call('HSET', key, 'published', now)
       end
       if it.stats then for _, name in ipairs(it.stats) do stat(tool, name) end end
       if it.ttl then
@@ -258,7 +261,8 @@ DUE_FIELDS = (
 )
 
 # Take up to `limit` due items and hide them from other schedulers for `hold` ms.
-# ARGV: prefix now limit hold_ms  ->  [ref, due_score, f1..fn, ref, ...]
+# ARGV: prefix now limit hold_ms  ->  JSON [[ref, due_score, f1..fn], ...]
+# (one string: parsing thousands of reply elements costs more than the script)
 CLAIM_DUE = (
     PRELUDE
     + r"""
@@ -275,12 +279,13 @@ for i = 1, #due, 2 do
     redis.call('ZREM', DUE, ref)
   else
     redis.call('ZADD', DUE, now + hold, ref)
-    table.insert(out, ref)
-    table.insert(out, due[i + 1])
-    for j = 1, #fields do table.insert(out, f[j] or '') end
+    local row = {ref, due[i + 1]}
+    for j = 1, #fields do row[j + 2] = f[j] or '' end
+    table.insert(out, row)
   end
 end
-return out
+if #out == 0 then return '[]' end
+return cjson.encode(out)
 """
 )
 

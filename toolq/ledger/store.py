@@ -236,13 +236,9 @@ class Ledger:
 
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
         raw = self._claim_due(args=[self.prefix, now_ms, limit, hold_ms])
-        width = len(scripts.DUE_FIELDS)
-        items: list[dict[str, str]] = []
-        for i in range(0, len(raw), width + 2):
-            row = {"ref": _s(raw[i]), "due_score": _s(raw[i + 1])}
-            row.update({name: _s(raw[i + 2 + j]) for j, name in enumerate(scripts.DUE_FIELDS)})
-            items.append(row)
-        return items
+        names = ("ref", "due_score", *scripts.DUE_FIELDS)
+        # cjson writes every field as a string, except a score it may write as a number
+        return [dict(zip(names, map(str, row), strict=True)) for row in json.loads(raw)]
 
     def plan_sleep(self, now_ms: int, max_ms: int) -> int:
         """Record when the scheduler will wake (the earliest due item, at most max_ms away)."""

@@ -22,11 +22,18 @@ VERIFY_TASK = "toolq.verify"
 
 
 class MessageFactory:
+    """Builds toolq's task messages from one template per task, made by Celery itself.
+
+    ``as_task_v2`` costs about 100 us a call; a message differs from its template
+    only in its ids, its arguments and their repr, so those are all this fills in.
+    """
+
     def __init__(self, app: Celery, calls_queue: str, verify_queue: str) -> None:
         self.app = app
         self.calls_queue = calls_queue
         self.verify_queue = verify_queue
         self.origin = f"toolq@{socket.gethostname()}"
+        self._templates: dict[tuple[str, str], tuple[str, str]] = {}
 
     def run(self, ref: str, attempt: int) -> tuple[str, str]:
         return self.calls_queue, self.raw(RUN_TASK, [ref, attempt], self.calls_queue)
@@ -35,7 +42,18 @@ class MessageFactory:
         return self.verify_queue, self.raw(VERIFY_TASK, [ref, attempt, vcheck], self.verify_queue)
 
     def raw(self, task: str, args: list[Any], queue: str) -> str:
+        template, embed = self._templates.get((task, queue)) or self._template(task, queue)
         task_id = uuid4().hex
+        body = base64.b64encode(f"[{json.dumps(args)},{{}},{embed}]".encode()).decode()
+        return (
+            template.replace(_ID, task_id)
+            .replace(_TAG, uuid4().hex)
+            .replace(_BODY, body)
+            .replace(_REPR, json.dumps(repr(tuple(args)))[1:-1])
+        )
+
+    def reference(self, task: str, args: list[Any], queue: str, task_id: str) -> dict[str, Any]:
+        """The message exactly as Celery and kombu would build it (what the template copies)."""
         tm = self.app.amqp.as_task_v2(
             task_id, task, args=tuple(args), origin=self.origin, ignore_result=True
         )
@@ -47,16 +65,28 @@ class MessageFactory:
             priority=0,
             delivery_info={"exchange": "", "routing_key": queue},
             body_encoding="base64",
-            delivery_tag=uuid4().hex,
         )
-        message = {
+        return {
             "body": base64.b64encode(body).decode(),
             "content-encoding": content_encoding,
             "content-type": content_type,
             "headers": tm.headers,
             "properties": properties,
+            "embed": tm.body[2],
         }
-        return json.dumps(message, separators=(",", ":"))
+
+    def _template(self, task: str, queue: str) -> tuple[str, str]:
+        t = self.reference(task, [], queue, _ID)
+        embed = json.dumps(t.pop("embed"), separators=(",", ":"))
+        t["body"] = _BODY
+        t["headers"]["argsrepr"] = _REPR
+        t["properties"]["delivery_tag"] = _TAG
+        template = json.dumps(t, separators=(",", ":"))
+        self._templates[(task, queue)] = (template, embed)
+        return template, embed
+
+
+_ID, _TAG, _BODY, _REPR = "@@toolq-id@@", "@@toolq-tag@@", "@@toolq-body@@", "@@toolq-repr@@"
 
 
 def message_ref(raw: bytes | str | None) -> str | None:
