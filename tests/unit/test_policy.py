@@ -100,26 +100,48 @@ LATER = NOW + T.unclaimed_after_ms
     ("s", "queues", "action", "at"),
     [
         # published before the oldest waiting message: it left the queue, yet unclaimed
-        (snap(State.QUEUED, published_ms=100), Queues(oldest_call_ms=200), Action.REPUBLISH,
-         None),
+        (snap(State.QUEUED, published_ms=100), Queues(oldest_call_ms=200), Action.REPUBLISH, None),
         # published after it: may be waiting behind a backlog; never double the backlog
-        (snap(State.QUEUED, published_ms=300), Queues(oldest_call_ms=200), Action.RESCHEDULE,
-         LATER),
-        (snap(State.QUEUED, published_ms=200), Queues(oldest_call_ms=200), Action.RESCHEDULE,
-         LATER),
-        (snap(State.QUEUED, published_ms=300), Queues(oldest_call_ms=None), Action.REPUBLISH,
-         None),
+        (
+            snap(State.QUEUED, published_ms=300),
+            Queues(oldest_call_ms=200),
+            Action.RESCHEDULE,
+            LATER,
+        ),
+        (
+            snap(State.QUEUED, published_ms=200),
+            Queues(oldest_call_ms=200),
+            Action.RESCHEDULE,
+            LATER,
+        ),
+        (snap(State.QUEUED, published_ms=300), Queues(oldest_call_ms=None), Action.REPUBLISH, None),
         # a verification check outstanding behind a verify backlog
-        (snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
-         Queues(oldest_verify_ms=250), Action.RESCHEDULE, LATER),
-        (snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
-         Queues(oldest_verify_ms=400), Action.VERIFY, None),
+        (
+            snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
+            Queues(oldest_verify_ms=250),
+            Action.RESCHEDULE,
+            LATER,
+        ),
+        (
+            snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
+            Queues(oldest_verify_ms=400),
+            Action.VERIFY,
+            None,
+        ),
         # no check outstanding (the last was taken; a recheck is due): publish one
-        (snap(State.VERIFYING, published_ms=100, vclaimed_ms=300),
-         Queues(oldest_verify_ms=50), Action.VERIFY, None),
+        (
+            snap(State.VERIFYING, published_ms=100, vclaimed_ms=300),
+            Queues(oldest_verify_ms=50),
+            Action.VERIFY,
+            None,
+        ),
         # the calls backlog does not hold back verification
-        (snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
-         Queues(oldest_call_ms=10), Action.VERIFY, None),
+        (
+            snap(State.VERIFYING, published_ms=300, vclaimed_ms=100),
+            Queues(oldest_call_ms=10),
+            Action.VERIFY,
+            None,
+        ),
     ],
 )
 def test_decide_never_republishes_what_may_still_be_queued(
