@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("toolq.scheduler")
 
 MAINTENANCE_EVERY_S = 60.0
+#: Sleeps shorter than this are taken locally rather than in a blocking BLPOP.
+SHORT_SLEEP_S = 0.1
 
 
 @dataclass
@@ -194,9 +196,14 @@ class Scheduler:
         seconds = sleep_seconds(wake_at, now, self.max_sleep)
         if seconds <= 0.001:
             return
+        if seconds < SHORT_SLEEP_S:
+            # A server checks blocked clients' timeouts only every 1/hz s (100 ms at
+            # the default hz 10): a short BLPOP would oversleep. Sleep here instead.
+            self._stop.wait(seconds)
+            return
         # Woken early when a script adds an item due before the planned wake-up.
         keys = self.tq.ledger.keys
-        self._blocking_client().blpop([keys.wake], timeout=max(0.01, seconds))
+        self._blocking_client().blpop([keys.wake], timeout=seconds)
 
     def _blocking_client(self) -> redis.Redis:
         if self._blocking is None:
