@@ -1,6 +1,6 @@
 """``python -m bench``: run the benchmarks and write bench/RESULTS.md.
 
-    python -m bench                      everything at full size (long: about an hour)
+    python -m bench                      everything at full size (about 1.5 h on 2 CPUs)
     python -m bench throughput --calls 20000 --repeats 5
     python -m bench io | commands | latency | delay
     python -m bench scheduler [--sizes 1000,100000,1000000]
@@ -36,7 +36,15 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
     pools = [("prefork", 2), ("threads", a.threads)]
     if a.pools:
         pools = [p for p in pools if p[0] in a.pools.split(",")]
-    if part == "throughput":
+    if part == "throughput" and a.no_scheduler:
+        # What-if: toolq without its scheduler running (the hot path never needs it).
+        res = tp.throughput(url, a.calls, a.repeats, a.concurrency, pools, with_scheduler=False)
+        text = tp.render_throughput(res).replace(
+            "## (a) Throughput: no-op write, toolq vs bare Celery",
+            "## (a') What if: the same without toolq's scheduler running",
+        )
+        report.update("nosched", text, res)
+    elif part == "throughput":
         for pool in pools:
             res = tp.throughput(url, a.calls, a.repeats, a.concurrency, [pool])
             # Keep the other pool's last results: each pool can be re-run on its own.
@@ -101,11 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=32, help="client calls in flight")
     ap.add_argument("--threads", type=int, default=8, help="threads pool size for (a)")
     ap.add_argument("--pools", default="", help="throughput: only these pools (prefork,threads)")
+    ap.add_argument(
+        "--no-scheduler", action="store_true", help="throughput what-if: no toolq scheduler"
+    )
     ap.add_argument("--io-calls", type=int, default=6400)
     ap.add_argument("--io-repeats", type=int, default=3)
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--latency-repeats", type=int, default=3)
-    ap.add_argument("--delay-calls", type=int, default=5000)
+    ap.add_argument("--delay-calls", type=int, default=2000)
     ap.add_argument("--delay-repeats", type=int, default=3)
     ap.add_argument("--sizes", default="1000,100000,1000000")
     ap.add_argument("--drain", type=int, default=100000)

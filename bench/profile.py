@@ -86,7 +86,8 @@ def main() -> None:
     out = procs.LOG_DIR / "profile"
     out.mkdir(parents=True, exist_ok=True)
     with server(a.redis_url) as srv, pair(srv.url, a.pool, a.c) as p:
-        worker, scheduler, bare = p.children
+        worker, scheduler, bare = p.worker, p.scheduler, p.bare
+        assert worker is not None and scheduler is not None and bare is not None
         targets = {"client": os.getpid()}
         w = worker if a.side == "toolq" else bare
         for i, pid in enumerate(w.descendants() or [w.pid]):

@@ -22,7 +22,18 @@ OUT = Path(os.environ.get("BENCH_OUT", str(BENCH_DIR)))
 RESULTS = OUT / "RESULTS.md"
 RAW = OUT / "results"
 
-ORDER = ("env", "throughput", "io", "commands", "latency", "delay", "scheduler", "verify", "chaos")
+ORDER = (
+    "env",
+    "throughput",
+    "nosched",
+    "io",
+    "commands",
+    "latency",
+    "delay",
+    "scheduler",
+    "verify",
+    "chaos",
+)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -89,18 +89,18 @@ def _result(ch: procs.Child, name: str, timeout: float) -> dict[str, Any]:
 def lag_at_size(url: str, n: int, rate: float, seconds: float) -> dict[str, Any]:
     r = redis.Redis.from_url(url)
     r.flushdb()
-    probes = int(rate * seconds)
-    held = max(0, n - probes)
+    probes = min(n, int(rate * seconds))
+    held = n - probes
     far = int(time.time() * 1000) + 86_400_000
     t_pop = populate(r, "held:", held, far, 0.0)
     mem = int(r.info("memory")["used_memory"])
     name = f"sched-lag-{n}"
-    ch = _probe(url, name, seconds=seconds + 6)
+    ch = _probe(url, name, seconds=probes / rate + 6)
     rss_idle = procs.rss_kb(ch.pid)
     start = int(time.time() * 1000) + 1500
     populate(r, "probe:", probes, start, 1000 / rate)
     r.lpush(f"{PREFIX}:wake", "1")  # what the ledger's set_due does for an earlier item
-    data = _result(ch, name, seconds + 60)
+    data = _result(ch, name, probes / rate + 60)
     queued = r.llen(CALLS_QUEUE)
     r.delete(CALLS_QUEUE)
     lags = data["lags_ms"]

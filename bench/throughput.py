@@ -37,6 +37,9 @@ class Pair:
     concurrency: int
     kind: str = "noop"
     children: list[procs.Child] = field(default_factory=list)
+    worker: procs.Child | None = None
+    scheduler: procs.Child | None = None
+    bare: procs.Child | None = None
     clients: dict[str, Any] = field(default_factory=dict)
 
 
@@ -48,27 +51,23 @@ def pair(
     kind: str = "noop",
     client_url: str | None = None,
     tag: str = "",
+    with_scheduler: bool = True,
 ) -> Iterator[Pair]:
     """Start a toolq worker + scheduler and a bare Celery worker on ``url``."""
     p = Pair(url, pool, concurrency, kind)
     name = f"{tag}{pool}{concurrency}"
     try:
-        p.children.append(
-            procs.toolq_worker(
-                f"tq-worker-{name}",
-                APP,
-                url,
-                pool=pool,
-                concurrency=concurrency,
-                queues="toolq.calls",
-            )
+        p.worker = procs.toolq_worker(
+            f"tq-worker-{name}", APP, url, pool=pool, concurrency=concurrency, queues="toolq.calls"
         )
-        p.children.append(procs.toolq_scheduler(f"tq-scheduler-{name}", APP, url))
-        p.children.append(
-            procs.bare_worker(
-                f"bare-worker-{name}", url, pool=pool, concurrency=concurrency, queues="bare.calls"
-            )
+        p.children.append(p.worker)
+        if with_scheduler:
+            p.scheduler = procs.toolq_scheduler(f"tq-scheduler-{name}", APP, url)
+            p.children.append(p.scheduler)
+        p.bare = procs.bare_worker(
+            f"bare-worker-{name}", url, pool=pool, concurrency=concurrency, queues="bare.calls"
         )
+        p.children.append(p.bare)
         for side in SIDES:
             p.clients[side] = make_client(side, client_url or url, kind)
             warm = closed_loop(p.clients[side].call, WARMUP, min(32, 2 * concurrency))
@@ -121,14 +120,15 @@ def interleaved(
 
 def cpu_snapshot(p: Pair, side: str, server_pid: int) -> dict[str, float]:
     """CPU seconds so far of the processes serving ``side`` (and of this client process)."""
-    worker, scheduler, bare = p.children
+    worker, scheduler, bare = p.worker, p.scheduler, p.bare
+    assert worker is not None and bare is not None
     snap = {
         "client": time.process_time(),
         "server": procs.cpu_seconds(server_pid) if server_pid else 0.0,
     }
     if side == "toolq":
         snap["worker"] = procs.group_cpu(worker)
-        snap["scheduler"] = procs.group_cpu(scheduler)
+        snap["scheduler"] = procs.group_cpu(scheduler) if scheduler is not None else 0.0
     else:
         snap["worker"] = procs.group_cpu(bare)
         snap["scheduler"] = 0.0
@@ -154,7 +154,12 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> list[float]:
 
 
 def throughput(
-    url: str, calls: int, repeats: int, concurrency: int, pools: list[tuple[str, int]]
+    url: str,
+    calls: int,
+    repeats: int,
+    concurrency: int,
+    pools: list[tuple[str, int]],
+    with_scheduler: bool = True,
 ) -> dict[str, Any]:
     import redis
 
@@ -167,7 +172,7 @@ def throughput(
     }
     for pool, conc in pools:
         print(f"throughput: {pool} -c {conc}, {calls} calls x {repeats} rounds", flush=True)
-        with pair(url, pool, conc) as p:
+        with pair(url, pool, conc, with_scheduler=with_scheduler) as p:
             runs = interleaved(p, stats, calls, repeats, concurrency, f"{pool} -c {conc}")
         results["pools"][f"{pool} -c {conc}"] = runs
     return results
