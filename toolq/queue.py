@@ -109,12 +109,17 @@ class ToolQueue:
     def redis(self) -> redis.Redis:
         with self._lock:
             if self._redis is None:
-                self._redis = redis.Redis.from_url(
+                # A blocking pool: past max_connections a caller waits for a free
+                # connection instead of failing with "Too many connections".
+                pool = redis.BlockingConnectionPool.from_url(
                     self.redis_url,
+                    max_connections=self.settings.limits.max_connections,
+                    timeout=20,
                     socket_connect_timeout=5,
                     socket_keepalive=True,
                     health_check_interval=30,
                 )
+                self._redis = redis.Redis(connection_pool=pool)
             return self._redis
 
     @property

@@ -51,6 +51,8 @@ class SchedulerSettings(BaseModel):
 
 class LimitSettings(BaseModel):
     max_args_bytes: int = Field(default=256 * 1024, ge=64)
+    #: Redis connections one process opens at most; more callers wait for one.
+    max_connections: int = Field(default=256, ge=4, le=10_000)
     max_ref_length: int = Field(default=200, ge=8, le=200)
 
 

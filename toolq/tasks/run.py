@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from toolq.errors import ToolFailure
 from toolq.ledger.record import ms_to_dt
 from toolq.ledger.store import Claim, Ledger, Transition
 from toolq.tasks import outcome
@@ -95,9 +96,7 @@ class Runtime:
                     self.after_call_hook(ref, attempt)
                 t = outcome.after_success(a, result, self.now_ms(), self.policy)
             except Exception as exc:
-                log.warning(
-                    "tool %s failed for %s attempt %d", tool.name, ref, attempt, exc_info=True
-                )
+                _log_failure(tool.name, ref, attempt, exc)
                 t = outcome.after_failure(
                     a, exc, self.now_ms(), self.policy, self.messages, self.rng
                 )
@@ -231,6 +230,17 @@ class Runtime:
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
             return f"refused:{res}"
         return str(t.to)
+
+
+def _log_failure(tool: str, ref: str, attempt: int, exc: Exception) -> None:
+    """A failure the tool reported on purpose is routine: one line. Anything else
+    gets its traceback, in the log only (keyed by operation_ref, never in an envelope)."""
+    if isinstance(exc, ToolFailure):
+        log.info("tool %s: %s attempt %d: %s", tool, ref, attempt, exc.code)
+    else:
+        log.warning(
+            "tool %s failed unexpectedly for %s attempt %d", tool, ref, attempt, exc_info=exc
+        )
 
 
 def _patient(fn: Callable[[], T], patience_s: float) -> T:
