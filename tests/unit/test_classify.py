@@ -7,6 +7,7 @@ are the ones the libraries really raise (and their cause chains too).
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -227,6 +228,16 @@ def answering_server(payload: bytes) -> Iterator[str]:
                 if not chunk:
                     break
                 data += chunk
+            # Read the body too: closing with unread bytes makes the kernel send a
+            # reset, and the client would see that instead of the truncated reply.
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            missing = int(length.group(1)) - len(body) if length else 0
+            while missing > 0:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                missing -= len(chunk)
             conn.sendall(payload)
 
     with _listener() as server:
