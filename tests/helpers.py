@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from toolq.procs import pdeathsig_preexec
 
@@ -171,3 +172,16 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+@contextlib.contextmanager
+def serving(tq: Any, app: str, redis_url: str) -> Iterator[Any]:
+    """``tq`` pointed at ``redis_url``, with a worker and a scheduler for ``app`` running."""
+    tq.configure(redis_url=redis_url)
+    procs = [start_worker(app, redis_url), start_scheduler(app, redis_url)]
+    try:
+        yield tq
+    finally:
+        for p in procs:
+            stop_process(p, timeout=5)
+        tq.close()

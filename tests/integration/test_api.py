@@ -7,7 +7,6 @@ The last test fuzzes the generated OpenAPI document with schemathesis.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.helpers import start_scheduler, start_worker, stop_process
+from tests.helpers import serving
 from tests.integration.apps import interfaces_app
 from tests.integration.apps.interfaces_app import APP, SECRET
 from toolq import ToolQueue
@@ -40,18 +39,8 @@ TOKENS = f"{AGENT}=invoke,read;{OPERATOR}=approve,input,cancel,read"
 
 @pytest.fixture(scope="module")
 def tq(module_redis_url: str) -> Iterator[ToolQueue]:
-    app_tq = interfaces_app.tq
-    app_tq.configure(redis_url=module_redis_url)
-    procs: list[subprocess.Popen[bytes]] = [
-        start_worker(APP, module_redis_url),
-        start_scheduler(APP, module_redis_url),
-    ]
-    try:
+    with serving(interfaces_app.tq, APP, module_redis_url) as app_tq:
         yield app_tq
-    finally:
-        for p in procs:
-            stop_process(p, timeout=5)
-        app_tq.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,9 +24,8 @@ from mcp.types import CallToolResult, TextContent
 
 from tests.helpers import (
     REPO_ROOT,
-    start_scheduler,
+    serving,
     start_toolq,
-    start_worker,
     stop_process,
     toolq_env,
     wait_until,
@@ -46,18 +44,8 @@ Progress = list[tuple[float, str | None]]
 
 @pytest.fixture(scope="module")
 def tq(module_redis_url: str) -> Iterator[ToolQueue]:
-    app_tq = interfaces_app.tq
-    app_tq.configure(redis_url=module_redis_url)
-    procs: list[subprocess.Popen[bytes]] = [
-        start_worker(APP, module_redis_url),
-        start_scheduler(APP, module_redis_url),
-    ]
-    try:
+    with serving(interfaces_app.tq, APP, module_redis_url) as app_tq:
         yield app_tq
-    finally:
-        for p in procs:
-            stop_process(p, timeout=5)
-        app_tq.close()
 
 
 @pytest.fixture(scope="module")
