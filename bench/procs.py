@@ -9,7 +9,6 @@ nobody reads.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -18,25 +17,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from toolq.procs import descendants, pdeathsig_preexec
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolq-bench-logs"))
-
-
-def _pdeathsig() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -67,7 +51,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_pdeathsig(),
+                preexec_fn=pdeathsig_preexec(),
             )
 
     @property
@@ -102,26 +86,7 @@ class Child:
 
     def descendants(self) -> list[int]:
         """Live descendants of the leader (a prefork worker's pool children)."""
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] == "Z":
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-        found: list[int] = []
-        todo = [self.proc.pid]
-        while todo:
-            for c in children.get(todo.pop(), []):
-                if c not in found:
-                    found.append(c)
-                    todo.append(c)
-        return found
+        return descendants(self.proc.pid)
 
 
 def python_child(name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Child:

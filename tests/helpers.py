@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolq.procs import descendants as procs_descendants
 from toolq.procs import pdeathsig_preexec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -154,24 +155,7 @@ def pid_gone(pid: int) -> bool:
 
 def descendants(pid: int) -> set[int]:
     """Every live descendant of ``pid`` (Linux /proc), not ``pid`` itself."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+    return set(procs_descendants(pid))
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -89,3 +90,26 @@ class Spawner:
 
 #: The process-wide spawner.
 spawner = Spawner()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live (not zombie) descendant of ``pid``, parents before children (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
