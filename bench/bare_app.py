@@ -3,8 +3,11 @@
 The broker settings are toolq's own (``toolq.workers.app.celery_config``: late
 acks, reject on worker lost, prefetch 1, JSON, the same visibility timeout,
 task events on), so the two sides differ only in what toolq adds: the ledger
-instead of a result backend. The URL comes from ``BENCH_REDIS_URL``
-(``celery -A bench.bare_app:app worker`` takes no app arguments);
+instead of a result backend. kombu's own Redis transport, not toolq's
+one-client-per-channel subclass (``toolq.workers.transport``), unless
+``BENCH_BARE_TRANSPORT=toolq`` (a what-if: bare Celery with that fix too).
+The URL comes from ``BENCH_REDIS_URL`` (``celery -A bench.bare_app:app
+worker`` takes no app arguments);
 ``BENCH_VISIBILITY_TIMEOUT`` shortens the visibility timeout for the
 countdown experiment, and ``BENCH_RESTORE_INTERVAL`` sets kombu's unacked
 sweep period (``unacked_restore_interval``, throttle 1).
@@ -40,6 +43,8 @@ def _config(url: str) -> dict[str, Any]:
     restore = os.environ.get("BENCH_RESTORE_INTERVAL")
     if restore:  # kombu >= 5.7: sweep the unacked set every `restore` s (default ~100 s)
         transport.update(unacked_restore_interval=int(restore), unacked_restore_throttle=1)
+    if os.environ.get("BENCH_BARE_TRANSPORT") != "toolq":
+        conf.pop("broker_transport", None)
     conf.update(
         broker_url=url,
         result_backend=url,

@@ -50,7 +50,7 @@ from toolq.workers.app import make_celery
 from toolq.workers.messages import RUN_TASK, VERIFY_TASK, MessageFactory
 
 R = TypeVar("R")
-_REF_RE = re.compile(r"^[A-Za-z0-9_.:/@#+=-]{1,200}$")
+_REF_RE = re.compile(r"[A-Za-z0-9_.:/@#+=-]{1,200}")
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,7 @@ class ToolQueue:
             operation_ref = f"{run_id}/{step}"
         if operation_ref is None:
             return f"op_{uuid.uuid4().hex}"
-        if not isinstance(operation_ref, str) or not _REF_RE.match(operation_ref):
+        if not isinstance(operation_ref, str) or not _REF_RE.fullmatch(operation_ref):
             raise errors.InvalidArguments(
                 "operation_ref must be 1-200 characters of letters, digits and _.:/@#+=-"
             )
@@ -377,7 +377,7 @@ class ToolQueue:
         ev = notifier.watch(ref)
         try:
             while True:
-                f = self.ledger.fields(ref, "state", "envelope", "tool", "call_id")
+                f = self.ledger.fields(ref, "state", "envelope", "tool", "call_id", "rev")
                 if not f:
                     raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
                 state = State(f["state"])
@@ -385,9 +385,7 @@ class ToolQueue:
                 if state in SETTLED:
                     if env is None:  # approval required before the first attempt
                         env = envelopes.needs_approval_envelope(ref, f["tool"], f.get("call_id"))
-                    if env.ok and state is not State.SUCCEEDED:  # pragma: no cover - invariant 8
-                        raise AssertionError("a success envelope on an unsettled write")
-                    return env
+                    return _settled(state, env)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     if env is not None and not env.ok:
@@ -395,6 +393,11 @@ class ToolQueue:
                     raise TimeoutError(f"operation {ref[:80]} is still {state}")
                 ev.wait(remaining)
                 ev.clear()
+                n = ev.notice
+                # A notice newer than what was read carries the outcome: no second read.
+                newer = n is not None and n.envelope and n.rev > int(f.get("rev") or 0)
+                if n is not None and newer and State(n.state) in SETTLED:
+                    return _settled(State(n.state), load_envelope(n.envelope))
         finally:
             notifier.unwatch(ref, ev)
 
@@ -556,3 +559,9 @@ class ToolQueue:
                 for t in self.registry
             ],
         }
+
+
+def _settled(state: State, env: ToolSuccess | ToolError) -> ToolSuccess | ToolError:
+    if env.ok and state is not State.SUCCEEDED:  # pragma: no cover - invariant 8
+        raise AssertionError("a success envelope on an unsettled write")
+    return env

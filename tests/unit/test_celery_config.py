@@ -59,3 +59,16 @@ def test_a_password_never_appears_in_repr_or_errors(url: str) -> None:
 def test_a_url_that_is_not_redis_is_refused() -> None:
     with pytest.raises(ValueError, match="redis://"):
         ToolQueue(redis_url="http://user:pw@host/")
+
+
+@pytest.mark.parametrize(
+    ("url", "ours"),
+    [
+        ("redis://h:6379/0", True),
+        ("rediss://h:6380/0", False),  # kombu's own: it reads TLS from the scheme
+        ("unix:///tmp/redis.sock", False),
+    ],
+)
+def test_redis_brokers_get_the_one_client_per_channel_transport(url: str, ours: bool) -> None:
+    c = celery_config(ToolqSettings(), url)
+    assert (c.get("broker_transport") == "toolq.workers.transport:Transport") is ours

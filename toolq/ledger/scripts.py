@@ -17,8 +17,12 @@ local SLEEP = P .. ':sleep_until'
 -- Waiters (tq.wait) only care about states that need nothing more from the runtime.
 local SETTLED = {succeeded = true, failed = true, escalated = true, cancelled = true,
   needs_input = true, awaiting_approval = true}
-local function notify(state, ref)
-  if SETTLED[state] then redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref) end
+-- "state ref\nrev\nenvelope": a waiter that read an older rev takes the envelope from
+-- the notice itself (toolq.notify) instead of reading the record again.
+local function notify(state, ref, rev, envelope)
+  if SETTLED[state] then
+    redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref .. '\n' .. rev .. '\n' .. (envelope or ''))
+  end
 end
 local function opkey(ref) return P .. ':op:' .. ref end
 local function histkey(ref) return P .. ':hist:' .. ref end
@@ -73,7 +77,7 @@ history(ref, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
 set_due(ref, due)
 stat(tool, 'submitted')
 if attempt > 0 then stat(tool, 'attempts') end
-notify(state, ref)
+notify(state, ref, 1)
 return {'created', state}
 """
 )
@@ -196,7 +200,8 @@ for i, it in ipairs(items) do
         attempt = attempt + it.attempt_incr
         stat(tool, 'attempts', it.attempt_incr)
       end
-      local fields = {'updated', now, 'attempt', attempt, 'rev', (tonumber(cur[4]) or 0) + 1}
+      local rev = (tonumber(cur[4]) or 0) + 1
+      local fields = {'updated', now, 'attempt', attempt, 'rev', rev}
       if not it.quiet then
         table.insert(fields, 'state'); table.insert(fields, it.to)
         if it.to ~= state then
@@ -227,7 +232,7 @@ for i, it in ipairs(items) do
         redis.call('EXPIRE', key, it.ttl)
         redis.call('EXPIRE', histkey(ref), it.ttl)
       end
-      if not it.quiet then notify(it.to, ref) end
+      if not it.quiet then notify(it.to, ref, rev, it.envelope) end
       out[i] = 'ok'
     end
   end

@@ -16,12 +16,13 @@ from kombu import Exchange, Queue
 
 from toolq.settings import ToolqSettings
 from toolq.workers.messages import RUN_TASK, VERIFY_TASK
+from toolq.workers.transport import TRANSPORT
 
 
 def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
     q = settings.queues
     transport = {"visibility_timeout": q.visibility_timeout}
-    return {
+    conf: dict[str, Any] = {
         "broker_url": url,
         "result_backend": None,
         "task_ignore_result": True,
@@ -52,6 +53,10 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "worker_redirect_stdouts": False,
         "broker_pool_limit": 10,
     }
+    if url and url.startswith("redis://"):
+        # kombu's Redis transport, minus a new client object per publish and ack.
+        conf["broker_transport"] = TRANSPORT
+    return conf
 
 
 def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = None) -> Celery:

@@ -1,0 +1,27 @@
+"""toolq's kombu transport against a real server: one client object per channel,
+and messages still go through (kombu's own behaviour, minus the client churn)."""
+
+from __future__ import annotations
+
+from kombu import Connection, Exchange, Queue
+
+from toolq.workers.transport import TRANSPORT
+
+
+def test_a_channel_reuses_one_client_and_still_carries_messages(redis_url: str) -> None:
+    q = Queue("t.calls", Exchange("t.calls", type="direct"), routing_key="t.calls")
+    with Connection(redis_url, transport=TRANSPORT) as conn:
+        ch = conn.default_channel
+        with ch.conn_or_acquire() as first, ch.conn_or_acquire() as second:
+            assert first is second
+        with conn.Producer() as producer:
+            for i in range(3):
+                producer.publish({"n": i}, exchange=q.exchange, routing_key="t.calls", declare=[q])
+        got = []
+        for _ in range(3):
+            m = q(ch).get(no_ack=False)
+            assert m is not None
+            got.append(m.payload["n"])
+            m.ack()
+        assert got == [0, 1, 2]
+        assert q(ch).get() is None
