@@ -41,3 +41,15 @@ def test_every_message_has_its_own_ids() -> None:
 @pytest.mark.parametrize("raw", [None, b"", b"{}", b'{"body": "!!"}', b"not json"])
 def test_message_ref_of_anything_else_is_none(raw: bytes | None) -> None:
     assert message_ref(raw) is None
+
+
+def test_message_ids_are_version_4_uuids_and_distinct() -> None:
+    import uuid
+
+    from toolq.workers.messages import uuid4_hex
+
+    ids = [uuid4_hex() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for h in ids:
+        u = uuid.UUID(h)
+        assert (u.version, u.variant, u.hex) == (4, uuid.RFC_4122, h)

@@ -21,6 +21,9 @@ from toolq.ledger import scripts
 from toolq.ledger.record import HistoryEntry, OperationRecord, load_envelope
 from toolq.ledger.states import ALLOWED, State
 
+#: APPLY's arguments before the blobs: prefix, now, items.
+APPLY_FIXED_ARGS = 3
+
 
 @dataclass
 class Transition:
@@ -53,7 +56,11 @@ class Transition:
             if not self.quiet and self.to not in ALLOWED[state]:
                 raise ValueError(f"transition {state} -> {self.to} is not allowed")
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self, blobs: list[str]) -> dict[str, Any]:
+        """The script's view of this transition. Long strings (the envelope, the
+        Celery message) go to ``blobs``, passed as script arguments of their own,
+        and the item names their ARGV index: JSON inside JSON would be escaped
+        here and unescaped by the script, the largest cost of a batch."""
         item: dict[str, Any] = {
             "ref": self.ref,
             "states": [str(s) for s in self.states],
@@ -71,13 +78,16 @@ class Transition:
         if self.delete:
             item["del"] = list(self.delete)
         if self.envelope is not None:
-            item["envelope"] = self.envelope.model_dump_json(exclude_none=True)
+            blobs.append(self.envelope.model_dump_json(exclude_none=True))
+            item["envelope"] = APPLY_FIXED_ARGS + len(blobs)
         if self.remove_due:
             item["due"] = -1
         elif self.due_ms is not None:
             item["due"] = self.due_ms
         if self.push is not None:
-            item["push"] = list(self.push)
+            queue, message = self.push
+            blobs.append(message)
+            item["push"] = [queue, APPLY_FIXED_ARGS + len(blobs)]
         if self.stats:
             item["stats"] = list(self.stats)
         if self.ttl is not None:
@@ -228,8 +238,10 @@ class Ledger:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
         if not transitions:
             return []
-        wire = json.dumps([t.to_wire() for t in transitions], separators=(",", ":"))
-        return [_s(x) for x in self._apply(args=[self.prefix, now_ms, wire])]
+        blobs: list[str] = []
+        items = [t.to_wire(blobs) for t in transitions]
+        wire = json.dumps(items, separators=(",", ":"))
+        return [_s(x) for x in self._apply(args=[self.prefix, now_ms, wire, *blobs])]
 
     def apply_one(self, transition: Transition, now_ms: int) -> str:
         return self.apply([transition], now_ms)[0]

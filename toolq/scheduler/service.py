@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,17 @@ class TickStats:
     lags_ms: list[int] = field(default_factory=list)
     #: (tool, state left, ms spent in it) for operations moved out of pending recovery
     recovered: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """One batch taken and decided, not yet applied."""
+
+    now: int
+    stats: TickStats
+    transitions: list[Transition] = field(default_factory=list)
+    lags: list[int] = field(default_factory=list)
+    left: list[tuple[str, str, int] | None] = field(default_factory=list)
 
 
 class Scheduler:
@@ -89,20 +101,23 @@ class Scheduler:
 
     def tick(self) -> TickStats:
         """Take one batch of due items and act on it; returns what was done."""
+        return self._commit(self._take())
+
+    def _take(self) -> _Batch:
+        """Claim a batch of due items (hidden from other ticks for ``hold``) and decide."""
         tq = self.tq
         now = self.now_ms()
         rows = tq.ledger.claim_due(now, self.batch, self.hold_ms)
-        stats = TickStats(taken=len(rows))
+        batch = _Batch(now, TickStats(taken=len(rows)))
         if not rows:
-            return stats
+            return batch
+        stats = batch.stats
         m = tq.messages
         messages = outcome.Messages(run=m.run, verify=m.verify)
         policy = tq.policy
         timeouts = self.timeouts
         queues = self._queue_ages(rows)
-        transitions: list[Transition] = []
-        lags: list[int] = []
-        left: list[tuple[str, str, int] | None] = []
+        transitions, lags, left = batch.transitions, batch.lags, batch.left
         for row in rows:
             snap = Snapshot.from_row(row)
             d = decide(snap, now, timeouts, queues)
@@ -120,8 +135,15 @@ class Scheduler:
                 lags.append(now - int(float(row.get("due_score") or now)))
             else:
                 lags.append(-1)
-        results = tq.ledger.apply(transitions, now)
-        for t, res, lag, gone in zip(transitions, results, lags, left, strict=True):
+        return batch
+
+    def _commit(self, batch: _Batch) -> TickStats:
+        """Apply a batch's transitions (one script call) and count what took."""
+        stats = batch.stats
+        results = self.tq.ledger.apply(batch.transitions, batch.now)
+        for t, res, lag, gone in zip(
+            batch.transitions, results, batch.lags, batch.left, strict=True
+        ):
             if res == "ok":
                 stats.applied += 1
                 if lag >= 0:
@@ -131,7 +153,7 @@ class Scheduler:
             else:
                 stats.refused += 1
                 log.debug("%s: %s refused (now %s)", t.ref, t.to, res)
-        if self.on_tick is not None:
+        if self.on_tick is not None and stats.taken:
             self.on_tick(stats)
         return stats
 
@@ -167,17 +189,32 @@ class Scheduler:
     def run(self) -> None:
         """Run until :meth:`stop`. Survives Redis going away and coming back."""
         log.info("scheduler %s started on %s", self.id, self.tq.settings.safe_url)
-        while not self._stop.is_set():
-            try:
-                stats = self.tick()
-                self._heartbeat()
-                self._maintain()
-                if stats.taken >= self.batch:
-                    continue  # more is due right now
-                self._sleep()
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
-                log.warning("redis unavailable (%s); retrying", type(exc).__name__)
-                self._stop.wait(0.5)
+        # While more is due than one batch holds, batch N+1 is taken and decided
+        # while batch N's script call runs: the server's work and this process's
+        # overlap. Batches never share an item (the hold hides a taken one).
+        with ThreadPoolExecutor(1, thread_name_prefix="toolq-apply") as applier:
+            inflight: Future[TickStats] | None = None
+            while not self._stop.is_set():
+                try:
+                    batch = self._take()
+                    if inflight is not None:
+                        done, inflight = inflight, None
+                        done.result()
+                    more = batch.stats.taken >= self.batch  # more is due right now
+                    if more:
+                        inflight = applier.submit(self._commit, batch)
+                    else:
+                        self._commit(batch)
+                    self._heartbeat()
+                    self._maintain()
+                    if not more:
+                        self._sleep()
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                    log.warning("redis unavailable (%s); retrying", type(exc).__name__)
+                    self._stop.wait(0.5)
+            if inflight is not None:
+                with contextlib.suppress(redis.RedisError):
+                    inflight.result()
         log.info("scheduler %s stopped", self.id)
 
     def stop(self) -> None:

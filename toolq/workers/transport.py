@@ -6,7 +6,8 @@ redis-py 8 building a client costs more than the command it sends (its
 response-callback table is rebuilt each time): py-spy put it at 17 % of a
 threads-pool worker's CPU (task events and late acks), see bench/RESULTS.md.
 The client objects all share the channel's connection pool, so one client per
-pool is the same thing, built once.
+pool is the same thing, built once. It also lets a closing channel give its
+unacknowledged messages back after the connection is gone (see below).
 
 Used for ``redis://`` brokers (``broker_transport`` in
 :func:`toolq.workers.app.celery_config`); other schemes get kombu's own.
@@ -33,6 +34,13 @@ class Channel(kombu_redis.Channel):
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
         if client:
             yield client
+            return
+        if self._pool is None and self._toolq_client is not None:
+            # Closing: the pools are gone, and kombu 5.7 would build a new one from a
+            # connection already torn down (``'NoneType' object has no attribute
+            # 'hostname'`` in restore_unacked, after a Redis restart: the worker then
+            # exits). The last pool reconnects as well as a new one would.
+            yield self._toolq_client
             return
         pool = self.pool
         if self._toolq_client is None or self._toolq_client_pool is not pool:
