@@ -238,9 +238,12 @@ class Scheduler:
             # the default hz 10): a short BLPOP would oversleep. Sleep here instead.
             self._stop.wait(seconds)
             return
-        # Woken early when a script adds an item due before the planned wake-up.
+        # Woken early when a script adds an item due before the planned wake-up. An idle
+        # server times blocked clients out only when its event loop wakes (every 1/hz s):
+        # block until SHORT_SLEEP_S before the due time and take the rest locally.
         keys = self.tq.ledger.keys
-        self._blocking_client().blpop([keys.wake], timeout=seconds)
+        timeout = max(seconds - SHORT_SLEEP_S, 0.01)  # 0 would block for ever
+        self._blocking_client().blpop([keys.wake], timeout=timeout)
 
     def _blocking_client(self) -> redis.Redis:
         if self._blocking is None:
