@@ -35,7 +35,7 @@ class Channel(kombu_redis.Channel):
         if client:
             yield client
             return
-        if self._pool is None and self._toolq_client is not None:
+        if self._pool is None and self._toolq_client is not None:  # type: ignore[attr-defined]
             # Closing: the pools are gone, and kombu 5.7 would build a new one from a
             # connection already torn down (``'NoneType' object has no attribute
             # 'hostname'`` in restore_unacked, after a Redis restart: the worker then
