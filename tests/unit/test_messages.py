@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 
@@ -53,3 +54,10 @@ def test_message_ids_are_version_4_uuids_and_distinct() -> None:
     for h in ids:
         u = uuid.UUID(h)
         assert (u.version, u.variant, u.hex) == (4, uuid.RFC_4122, h)
+
+
+@pytest.mark.parametrize("args", [["op/1", 2], ['q"uo\\te é', 1, 3], [], [7], ["a", 1.5]])
+def test_message_arguments_are_written_as_json_dumps_writes_them(args: list[Any]) -> None:
+    from toolq.workers.messages import _json_list
+
+    assert _json_list(args) == json.dumps(args)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.connection import Connection
 
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.keys import Keys
@@ -238,19 +239,40 @@ class Ledger:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
         if not transitions:
             return []
-        blobs: list[str] = []
-        items = [t.to_wire(blobs) for t in transitions]
-        wire = json.dumps(items, separators=(",", ":"))
-        return [_s(x) for x in self._apply(args=[self.prefix, now_ms, wire, *blobs])]
+        return [_s(x) for x in self._apply(args=self._apply_args(transitions, now_ms))]
 
     def apply_one(self, transition: Transition, now_ms: int) -> str:
         return self.apply([transition], now_ms)[0]
 
+    def _apply_args(self, transitions: Sequence[Transition], now_ms: int) -> list[Any]:
+        blobs: list[str] = []
+        items = [t.to_wire(blobs) for t in transitions]
+        return [self.prefix, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
+
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
-        raw = self._claim_due(args=[self.prefix, now_ms, limit, hold_ms])
-        names = ("ref", "due_score", *scripts.DUE_FIELDS)
-        # cjson writes every field as a string, except a score it may write as a number
-        return [dict(zip(names, map(str, row), strict=True)) for row in json.loads(raw)]
+        return _due_rows(self._claim_due(args=[self.prefix, now_ms, limit, hold_ms]))
+
+    # The same two calls split into send and read, for a caller that keeps them in
+    # flight on connections of its own (the scheduler's drain). The scripts must be
+    # loaded (load_scripts); a server that lost them answers NOSCRIPT (ResponseError).
+
+    def load_scripts(self) -> None:
+        for script in (self._apply, self._claim_due):
+            script.sha = self.redis.script_load(script.script)
+
+    def send_apply(self, conn: Connection, transitions: Sequence[Transition], now_ms: int) -> None:
+        args = self._apply_args(transitions, now_ms)
+        conn.send_command("EVALSHA", self._apply.sha, 0, *args)  # type: ignore[no-untyped-call]
+
+    def read_apply(self, conn: Connection) -> list[str]:
+        return [_s(x) for x in conn.read_response()]
+
+    def send_claim_due(self, conn: Connection, now_ms: int, limit: int, hold_ms: int) -> None:
+        sha = self._claim_due.sha
+        conn.send_command("EVALSHA", sha, 0, self.prefix, now_ms, limit, hold_ms)  # type: ignore[no-untyped-call]
+
+    def read_claim_due(self, conn: Connection) -> list[dict[str, str]]:
+        return _due_rows(conn.read_response())
 
     def plan_sleep(self, now_ms: int, max_ms: int) -> int:
         """Record when the scheduler will wake (the earliest due item, at most max_ms away)."""
@@ -284,6 +306,12 @@ class Ledger:
 
     def tools(self) -> list[str]:
         return sorted(_s(t) for t in self.redis.smembers(self.keys.tools))
+
+
+def _due_rows(raw: Any) -> list[dict[str, str]]:
+    names = ("ref", "due_score", *scripts.DUE_FIELDS)
+    # cjson writes every field as a string, except a score it may write as a number
+    return [dict(zip(names, map(str, row), strict=True)) for row in json.loads(raw)]
 
 
 def _s(value: Any) -> str:

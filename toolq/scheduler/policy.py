@@ -104,7 +104,13 @@ class Snapshot:
     @classmethod
     def from_row(cls, row: dict[str, str]) -> Snapshot:
         def n(name: str) -> int:
-            return int(float(row.get(name) or 0))
+            v = row.get(name)
+            if not v:
+                return 0
+            try:
+                return int(v)
+            except ValueError:  # a score or a Lua number written as "1.5e+12"
+                return int(float(v))
 
         return cls(
             ref=row["ref"],

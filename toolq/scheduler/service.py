@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -105,9 +104,12 @@ class Scheduler:
 
     def _take(self) -> _Batch:
         """Claim a batch of due items (hidden from other ticks for ``hold``) and decide."""
-        tq = self.tq
         now = self.now_ms()
-        rows = tq.ledger.claim_due(now, self.batch, self.hold_ms)
+        return self._decide(self.tq.ledger.claim_due(now, self.batch, self.hold_ms), now)
+
+    def _decide(self, rows: list[dict[str, str]], now: int) -> _Batch:
+        """What each claimed item needs: the batch's transitions, not yet applied."""
+        tq = self.tq
         batch = _Batch(now, TickStats(taken=len(rows)))
         if not rows:
             return batch
@@ -139,8 +141,10 @@ class Scheduler:
 
     def _commit(self, batch: _Batch) -> TickStats:
         """Apply a batch's transitions (one script call) and count what took."""
+        return self._account(batch, self.tq.ledger.apply(batch.transitions, batch.now))
+
+    def _account(self, batch: _Batch, results: list[str]) -> TickStats:
         stats = batch.stats
-        results = self.tq.ledger.apply(batch.transitions, batch.now)
         for t, res, lag, gone in zip(
             batch.transitions, results, batch.lags, batch.left, strict=True
         ):
@@ -189,33 +193,62 @@ class Scheduler:
     def run(self) -> None:
         """Run until :meth:`stop`. Survives Redis going away and coming back."""
         log.info("scheduler %s started on %s", self.id, self.tq.settings.safe_url)
-        # While more is due than one batch holds, batch N+1 is taken and decided
-        # while batch N's script call runs: the server's work and this process's
-        # overlap. Batches never share an item (the hold hides a taken one).
-        with ThreadPoolExecutor(1, thread_name_prefix="toolq-apply") as applier:
-            inflight: Future[TickStats] | None = None
-            while not self._stop.is_set():
-                try:
-                    batch = self._take()
-                    if inflight is not None:
-                        done, inflight = inflight, None
-                        done.result()
-                    more = batch.stats.taken >= self.batch  # more is due right now
-                    if more:
-                        inflight = applier.submit(self._commit, batch)
-                    else:
-                        self._commit(batch)
+        while not self._stop.is_set():
+            try:
+                batch = self._take()
+                if batch.stats.taken >= self.batch:  # more is due right now
+                    self._drain(batch)
+                else:
+                    self._commit(batch)
                     self._heartbeat()
                     self._maintain()
-                    if not more:
-                        self._sleep()
-                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
-                    log.warning("redis unavailable (%s); retrying", type(exc).__name__)
-                    self._stop.wait(0.5)
-            if inflight is not None:
-                with contextlib.suppress(redis.RedisError):
-                    inflight.result()
+                    self._sleep()
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                log.warning("redis unavailable (%s); retrying", type(exc).__name__)
+                self._stop.wait(0.5)
         log.info("scheduler %s stopped", self.id)
+
+    def _drain(self, batch: _Batch) -> None:
+        """Many items due at once: keep the server and this process busy together.
+
+        Each round sends batch N's APPLY and the claim of batch N+2, then decides
+        batch N+1 while the server runs them (two connections of its own, one
+        thread). Batches never share an item: a claimed one is held, hidden from
+        later claims, until its batch is applied or the hold runs out. Ends when
+        a claim comes back short; any error leaves held items to reappear after
+        the hold, and their transitions are compare-and-sets, so nothing doubles.
+        """
+        ledger = self.tq.ledger
+        ledger.load_scripts()
+        pool = self.tq.redis.connection_pool
+        applying, claiming = pool.get_connection(), pool.get_connection()
+        clean = False
+        beat = time.monotonic()
+        try:
+            claimed_at = self.now_ms()
+            ledger.send_claim_due(claiming, claimed_at, self.batch, self.hold_ms)
+            while True:
+                ledger.send_apply(applying, batch.transitions, batch.now)
+                rows, now = ledger.read_claim_due(claiming), claimed_at
+                more = len(rows) >= self.batch and not self._stop.is_set()
+                if more:
+                    claimed_at = self.now_ms()
+                    ledger.send_claim_due(claiming, claimed_at, self.batch, self.hold_ms)
+                upcoming = self._decide(rows, now)
+                self._account(batch, ledger.read_apply(applying))
+                if time.monotonic() - beat > 1.0:  # a round trip queued behind the scripts
+                    self._heartbeat()
+                    beat = time.monotonic()
+                batch = upcoming
+                if not more:
+                    self._commit(batch)
+                    clean = True
+                    return
+        finally:
+            for conn in (applying, claiming):
+                if not clean:
+                    conn.disconnect()  # type: ignore[no-untyped-call]  # a reply may be unread
+                pool.release(conn)
 
     def stop(self) -> None:
         """Stop the loop; a blocking wait is woken at once (safe from a signal handler)."""

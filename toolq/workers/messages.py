@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import socket
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import Celery
@@ -43,12 +44,12 @@ class MessageFactory:
 
     def raw(self, task: str, args: list[Any], queue: str) -> str:
         template, embed = self._templates.get((task, queue)) or self._template(task, queue)
-        body = base64.b64encode(f"[{json.dumps(args)},{{}},{embed}]".encode()).decode()
+        body = base64.b64encode(f"[{_json_list(args)},{{}},{embed}]".encode()).decode()
         return (
             template.replace(_ID, uuid4_hex())
             .replace(_TAG, uuid4_hex())
             .replace(_BODY, body)
-            .replace(_REPR, json.dumps(repr(tuple(args)))[1:-1])
+            .replace(_REPR, encode_basestring_ascii(repr(tuple(args)))[1:-1])
         )
 
     def reference(self, task: str, args: list[Any], queue: str, task_id: str) -> dict[str, Any]:
@@ -86,6 +87,15 @@ class MessageFactory:
 
 
 _ID, _TAG, _BODY, _REPR = "@@toolq-id@@", "@@toolq-tag@@", "@@toolq-body@@", "@@toolq-repr@@"
+
+
+def _json_list(args: list[Any]) -> str:
+    """``json.dumps(args)`` for the strings and ints a task takes, without the encoder
+    machinery (a scheduler batch builds one per message)."""
+    if not all(type(a) is str or type(a) is int for a in args):
+        return json.dumps(args)
+    parts = (encode_basestring_ascii(a) if type(a) is str else str(a) for a in args)
+    return "[" + ", ".join(parts) + "]"
 
 
 def uuid4_hex() -> str:
