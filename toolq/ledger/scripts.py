@@ -31,7 +31,7 @@ local function idxkey(tool, state) return P .. ':idx:' .. tool .. ':' .. state e
 -- Put ref in the due set; wake the sleeping scheduler only if it planned to sleep
 -- past this item (most items, leases and unclaimed checks, lie beyond its wake-up).
 local sleeping_until = nil
-local function set_due(ref, ms)
+local function wake_for(ms)
   if sleeping_until == nil then sleeping_until = tonumber(redis.call('GET', SLEEP) or '0') end
   if sleeping_until > 0 and ms < sleeping_until then
     sleeping_until = ms
@@ -39,6 +39,9 @@ local function set_due(ref, ms)
     redis.call('DEL', WAKE)
     redis.call('LPUSH', WAKE, '1')
   end
+end
+local function set_due(ref, ms)
+  wake_for(ms)
   redis.call('ZADD', DUE, ms, ref)
 end
 
@@ -60,15 +63,7 @@ local function touch(ref)
 end
 local function bdue(ref, ms, wake)  -- ms false: remove; wake: as set_due does
   touch(ref)
-  if ms and wake then
-    if sleeping_until == nil then sleeping_until = tonumber(redis.call('GET', SLEEP) or '0') end
-    if sleeping_until > 0 and ms < sleeping_until then
-      sleeping_until = ms
-      redis.call('SET', SLEEP, ms)
-      redis.call('DEL', WAKE)
-      redis.call('LPUSH', WAKE, '1')
-    end
-  end
+  if ms and wake then wake_for(ms) end
   B.due[ref] = ms
 end
 local function bmove(ref, from, to, score)  -- state index: the first from, the last to
