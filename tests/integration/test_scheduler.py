@@ -13,6 +13,7 @@ from tests.helpers import kill_group, start_scheduler, start_worker, stop_proces
 from tests.integration.conftest import APP, seen
 from toolq import State, ToolQueue
 from toolq.ledger import Transition
+from toolq.scheduler.service import Scheduler
 
 
 def _park(rt: ToolQueue, n: int, prefix: str, due_in_ms: int = 0) -> list[str]:
@@ -154,3 +155,33 @@ def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:
         worker.join(timeout=10)
         sched.close()
     assert not worker.is_alive()
+
+
+def test_a_drain_that_finds_its_script_gone_recovers_without_doubling(
+    rt: ToolQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given more items due than one batch, and a server that answers the drain's first
+    # raw APPLY with NOSCRIPT (as after SCRIPT FLUSH)
+    refs = _park(rt, 1200, "noscript")
+    real = rt.ledger.load_scripts
+    lost: list[str] = []
+
+    def first_time_lost() -> None:
+        if lost:
+            real()
+        else:
+            lost.append("apply")
+            rt.ledger._apply.sha = "0" * 40
+
+    monkeypatch.setattr(rt.ledger, "load_scripts", first_time_lost)
+    sched = Scheduler(rt)
+    t = threading.Thread(target=sched.run, daemon=True)
+    t.start()
+    try:
+        # Then the scheduler keeps running, and every item is dispatched once
+        assert wait_until(lambda: _dispatches_per_ref(rt, refs) == {1}, 30, interval=0.5)
+    finally:
+        sched.stop()
+        t.join(10)
+    assert lost == ["apply"] and not t.is_alive()
+    assert _dispatched(rt) == 1200

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import redis
+from redis.exceptions import NoScriptError
 
 from toolq.ledger.states import PENDING_RECOVERY, TERMINAL
 from toolq.ledger.store import Transition
@@ -203,7 +204,12 @@ class Scheduler:
                     self._heartbeat()
                     self._maintain()
                     self._sleep()
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            except (
+                redis.ConnectionError,
+                redis.TimeoutError,
+                redis.BusyLoadingError,
+                NoScriptError,  # a drain's raw script call after SCRIPT FLUSH: loaded again
+            ) as exc:
                 log.warning("redis unavailable (%s); retrying", type(exc).__name__)
                 self._stop.wait(0.5)
         log.info("scheduler %s stopped", self.id)
