@@ -93,6 +93,11 @@ def python_child(name: str, args: Sequence[str], env: Mapping[str, str] | None =
     return Child(name, [sys.executable, *args], env)
 
 
+def _pool_args(pool: str, concurrency: int, queues: str, loglevel: str) -> list[str]:
+    """The worker options both sides are started with, spelled once."""
+    return ["--pool", pool, "--concurrency", str(concurrency), "-Q", queues, "--loglevel", loglevel]
+
+
 def toolq_worker(
     name: str,
     app: str,
@@ -105,23 +110,8 @@ def toolq_worker(
     loglevel: str = "WARNING",
     hostname: str | None = None,
 ) -> Child:
-    argv = [
-        "-m",
-        "toolq.cli",
-        "worker",
-        "--app",
-        app,
-        "--redis-url",
-        url,
-        "--pool",
-        pool,
-        "--concurrency",
-        str(concurrency),
-        "-Q",
-        queues,
-        "--loglevel",
-        loglevel,
-    ]
+    argv = ["-m", "toolq.cli", "worker", "--app", app, "--redis-url", url]
+    argv += _pool_args(pool, concurrency, queues, loglevel)
     if hostname:
         argv += ["--hostname", hostname]
     return python_child(name, argv, env)
@@ -150,27 +140,10 @@ def bare_worker(
     queues: str,
     env: Mapping[str, str] | None = None,
 ) -> Child:
-    return python_child(
-        name,
-        [
-            "-m",
-            "celery",
-            "-A",
-            "bench.bare_app:app",
-            "worker",
-            "--pool",
-            pool,
-            "--concurrency",
-            str(concurrency),
-            "-Q",
-            queues,
-            "--loglevel",
-            "WARNING",
-            "--without-mingle",
-            "--without-gossip",
-        ],
-        {"BENCH_REDIS_URL": url, **(env or {})},
-    )
+    argv = ["-m", "celery", "-A", "bench.bare_app:app", "worker"]
+    argv += _pool_args(pool, concurrency, queues, "WARNING")
+    argv += ["--without-mingle", "--without-gossip"]
+    return python_child(name, argv, {"BENCH_REDIS_URL": url, **(env or {})})
 
 
 def rss_kb(pid: int) -> int:
