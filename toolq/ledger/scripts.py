@@ -66,10 +66,14 @@ local function bdue(ref, ms, wake)  -- ms false: remove; wake: as set_due does
   if ms and wake then wake_for(ms) end
   B.due[ref] = ms
 end
-local function bmove(ref, from, to, score)  -- state index: the first from, the last to
+local function bmove(ref, tool, from, to, score)  -- state index: the first from, the last to
   touch(ref)
   local m = B.idx[ref]
-  if m then m.to = to; m.score = score else B.idx[ref] = {from = from, to = to, score = score} end
+  if m then
+    m.to = to; m.score = score
+  else
+    B.idx[ref] = {tool = tool, from = from, to = to, score = score}
+  end
 end
 local function bstat(tool, name, n)
   local f = tool .. '|' .. name
@@ -83,7 +87,7 @@ end
 local function many(cmd, key, args)
   for i = 1, #args, 1000 do redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args))) end
 end
-local function flush(tool_of)
+local function flush()
   local add, rem = {}, {}
   local function put(t, key, ...)
     if not t[key] then t[key] = {} end
@@ -94,9 +98,8 @@ local function flush(tool_of)
     if ms then put(add, DUE, ms, ref) elseif ms == false then put(rem, DUE, ref) end
     local m = B.idx[ref]
     if m then
-      local tool = tool_of[ref]
-      if m.from and m.from ~= m.to then put(rem, idxkey(tool, m.from), ref) end
-      put(add, idxkey(tool, m.to), m.score, ref)
+      if m.from ~= m.to then put(rem, idxkey(m.tool, m.from), ref) end
+      put(add, idxkey(m.tool, m.to), m.score, ref)
     end
   end
   for key, args in pairs(rem) do if #args > 0 then many('ZREM', key, args) end end
@@ -220,7 +223,6 @@ APPLY = (
 local now = tonumber(ARGV[2])
 local items = cjson.decode(ARGV[3])
 local out = {}
-local tool_of = {}
 for i, it in ipairs(items) do
   local ref = it.ref
   local key = opkey(ref)
@@ -251,7 +253,6 @@ for i, it in ipairs(items) do
       out[i] = state
     else
       local tool = cur[2]
-      tool_of[ref] = tool
       local attempt = tonumber(cur[3])
       if it.attempt_incr and it.attempt_incr > 0 then
         attempt = attempt + it.attempt_incr
@@ -263,7 +264,7 @@ for i, it in ipairs(items) do
         table.insert(fields, 'state'); table.insert(fields, it.to)
         if it.to ~= state then
           table.insert(fields, 'entered'); table.insert(fields, now)
-          bmove(ref, state, it.to, now)
+          bmove(ref, tool, state, it.to, now)
         end
       end
       if it.set then
@@ -294,7 +295,7 @@ for i, it in ipairs(items) do
     end
   end
 end
-flush(tool_of)
+flush()
 return out
 """
 )
@@ -347,7 +348,7 @@ for i = 1, #due, 2 do
     table.insert(out, row)
   end
 end
-flush({})
+flush()
 if #out == 0 then return '[]' end
 return cjson.encode(out)
 """
