@@ -53,10 +53,11 @@ local function history(ref, entry)
   redis.call('RPUSH', histkey(ref), cjson.encode(entry))
 end
 
--- A script that walks many items gathers its writes to shared keys (the due set,
--- the state indexes, the stats hash, the queues) and makes them in flush(), one
--- command per key: per item that is six fewer commands. Nothing reads these keys
--- before the flush, and only each ref's last word counts, so the result is the same.
+-- A script that walks many items (APPLY, CLAIM_DUE, RENEW) gathers its writes to
+-- shared keys (the due set, the state indexes, the stats hash, the queues) and makes
+-- them in flush(), one command per key: per item that is six fewer commands. Nothing
+-- reads these keys before the flush, and only each ref's last word counts, so the
+-- result is the same. Scripts about one operation write directly (set_due, stat).
 local B = {due = {}, idx = {}, stats = {}, push = {}, refs = {}}
 local function touch(ref)
   if B.due[ref] == nil and B.idx[ref] == nil then table.insert(B.refs, ref) end
@@ -200,15 +201,16 @@ for i = 4, #ARGV, 4 do
   local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'vholder')
   if kind == 'run' and f[1] == 'running' and tonumber(f[2]) == attempt and f[3] == holder then
     redis.call('HSET', key, 'lease_until', now + lease)
-    set_due(ref, now + lease)
+    bdue(ref, now + lease, true)
   elseif kind == 'verify' and f[1] == 'verifying' and tonumber(f[2]) == attempt
       and f[4] == holder then
     redis.call('HSET', key, 'vlease_until', now + lease)
-    set_due(ref, now + lease)
+    bdue(ref, now + lease, true)
   else
     table.insert(lost, ref)
   end
 end
+flush()
 return lost
 """
 )
