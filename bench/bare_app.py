@@ -1,10 +1,10 @@
 """Bare Celery, for comparison: a no-op task awaited through the Redis result backend.
 
-The broker settings are toolq's own (``toolq.workers.app.celery_config``: late
+The broker settings are toolq's own (``toolq.broker.app.celery_config``: late
 acks, reject on worker lost, prefetch 1, JSON, the same visibility timeout,
 task events on), so the two sides differ only in what toolq adds: the ledger
 instead of a result backend. kombu's own Redis transport, not toolq's
-one-client-per-channel subclass (``toolq.workers.transport``), unless
+one-client-per-channel subclass (``toolq.broker.transport``), unless
 ``BENCH_BARE_TRANSPORT=toolq`` (a what-if: bare Celery with that fix too).
 The URL comes from ``BENCH_REDIS_URL`` (``celery -A bench.bare_app:app
 worker`` takes no app arguments);
@@ -23,8 +23,8 @@ import redis
 from celery import Celery
 from kombu import Exchange, Queue
 
+from toolq.broker.app import celery_config
 from toolq.settings import QueueSettings, ToolqSettings
-from toolq.workers.app import celery_config
 
 QUEUE = "bare.calls"
 URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

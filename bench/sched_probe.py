@@ -50,9 +50,9 @@ def main() -> None:
         if a.until and applied >= a.until:
             done.set()
 
-    sched = Scheduler(tq, on_tick=on_tick)
+    sched = Scheduler(tq.app, on_tick=on_tick)
     tq.redis.ping()
-    tq.messages  # noqa: B018 - build the Celery app before the clock starts
+    tq.app.messages  # noqa: B018 - build the Celery app before the clock starts
 
     def sample() -> None:
         while not done.wait(0.25):

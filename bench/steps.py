@@ -66,7 +66,7 @@ def run(url: str, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {"n": n}
     # toolq
     out["toolq.messages.run (build a Celery message)"] = measure(
-        r, n, lambda i: tq.messages.run(f"x{i}", 1)
+        r, n, lambda i: tq.app.messages.run(f"x{i}", 1)
     )
     out["toolq submit"] = measure(
         r, n, lambda i: refs.append(tq.submit("noop", {"n": i}).operation_ref)

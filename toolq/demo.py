@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from toolq.examples.provider import InvoiceProvider, ProviderConfig
-from toolq.ledger import PENDING_RECOVERY, TERMINAL, OperationRecord, State
 from toolq.queue import ToolQueue
+from toolq.record import OperationRecord
 from toolq.stack import Stack, StackConfig
+from toolq.states import PENDING_RECOVERY, TERMINAL, State
 
 APP = "toolq.examples.invoices:tq"
 WRITE, READ = "create_invoice", "get_invoice"
@@ -195,7 +196,7 @@ class Agent:
         if not self.run.killed or self.run.actions["redeliveries_injected"] >= 2:
             return  # after the kill, so the killed worker cannot swallow the copy
         rec = self.tq.ledger.fields(op.ref, "attempt")
-        queue, message = self.tq.messages.run(op.ref, int(rec.get("attempt") or 1))
+        queue, message = self.tq.app.messages.run(op.ref, int(rec.get("attempt") or 1))
         self.tq.redis.lpush(queue, message)
         op.redelivered = True
         self.run.actions["redeliveries_injected"] += 1
@@ -375,7 +376,7 @@ def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
         tq = invoices.tq  # this process only submits and reads: the workers run the tools
         tq.configure(redis_url=stack.redis_url)
         recovery = tq.settings.recovery.model_copy(update={"unclaimed_after": 5.0})
-        tq.settings = tq.settings.model_copy(update={"recovery": recovery})
+        tq.app.settings = tq.settings.model_copy(update={"recovery": recovery})
         agent = Agent(tq, stack, provider, opts, err)
         agent.say(
             f"stack up: valkey {stack.redis_url}, scheduler, {opts.calls_workers} calls "

@@ -50,12 +50,23 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import redis
-from prometheus_client import REGISTRY, Counter, Histogram, Info, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Info, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from toolq import observe
 from toolq.errors import ToolqError
 from toolq.monitor import PENDING, status_snapshot
+from toolq.observe import observe_recovery
+
+__all__ = [
+    "LedgerCollector",
+    "MetricsServer",
+    "observe_recovery",
+    "observe_tick",
+    "snapshot_metrics",
+    "start_metrics_server",
+]
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -66,22 +77,6 @@ if TYPE_CHECKING:
 METRICS_HOST_ENV = "TOOLQ_METRICS_HOST"
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
-PENDING_RECOVERY_SECONDS = Histogram(
-    "toolq_pending_recovery_seconds",
-    "Time an operation spent in a pending-recovery state, observed when it left it.",
-    ["tool", "state"],
-    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, float("inf")),
-)
-DISPATCH_LAG_SECONDS = Histogram(
-    "toolq_scheduler_dispatch_lag_seconds",
-    "Publish time minus due time of each dispatch, republish and verification (this scheduler).",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf")),
-)
-SCHEDULER_ACTIONS = Counter(
-    "toolq_scheduler_actions",
-    "Decisions this scheduler took on due operations, by action.",
-    ["action"],
-)
 PROCESS_INFO = Info("toolq_process", "The toolq process serving these metrics.")
 
 # stats-hash counter -> (metric, help, extra label name, its value)
@@ -114,20 +109,9 @@ _COUNTERS: dict[str, tuple[str, str, str, str]] = {
 _OTHER_COUNTER = ("toolq_ledger_events", "Other ledger counters, by name.", "event")
 
 
-def observe_recovery(tool: str, seconds: float, state: str = "") -> None:
-    """Record that an operation of ``tool`` left ``state`` after ``seconds`` in it."""
-    PENDING_RECOVERY_SECONDS.labels(tool=tool, state=state).observe(max(0.0, seconds))
-
-
 def observe_tick(stats: TickStats) -> None:
     """The scheduler's ``on_tick`` callback: dispatch lags and actions of one batch."""
-    for lag_ms in stats.lags_ms:
-        DISPATCH_LAG_SECONDS.observe(max(0, lag_ms) / 1000)
-    for action, n in stats.actions.items():
-        SCHEDULER_ACTIONS.labels(action=str(action)).inc(n)
-    # (tool, state, ms in it) of operations the batch moved out of pending recovery
-    for tool, state, ms in stats.recovered:
-        observe_recovery(tool, ms / 1000, state=state)
+    observe.observe_tick(stats.lags_ms, stats.actions, stats.recovered)
 
 
 class LedgerCollector(Collector):
@@ -236,34 +220,30 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
-        with _setup_lock:
-            if _collector.tq is self.tq:
-                _collector.tq = None
 
 
-_collector = LedgerCollector()
-_registered = False
-_setup_lock = threading.Lock()
+class _ProcessSeries(Collector):
+    """This process's own series (prometheus_client's default registry)."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
 
 
 def start_metrics_server(port: int, tq: ToolQueue, role: str) -> MetricsServer:
     """Serve ``/metrics`` on ``port`` from a daemon thread.
 
     Binds to ``TOOLQ_METRICS_HOST`` (default 127.0.0.1; set ``0.0.0.0`` in a
-    container). The ledger collector is registered once per process and reads
-    through ``tq``; a later call points it at that call's ``tq``. ``port=0``
-    picks a free port (see the returned handle).
+    container). Each server has a registry of its own: the ledger collector
+    reading through ``tq``, and this process's series. ``port=0`` picks a free
+    port (see the returned handle).
     """
-    global _registered
     host = os.environ.get(METRICS_HOST_ENV) or DEFAULT_METRICS_HOST
-    with _setup_lock:
-        _collector.tq = tq
-        if not _registered:
-            REGISTRY.register(_collector)
-            _registered = True
-        PROCESS_INFO.info({"role": role, "version": _version()})
+    PROCESS_INFO.info({"role": role, "version": _version()})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LedgerCollector(tq))
+    registry.register(_ProcessSeries())
     try:
-        server, thread = start_http_server(port, addr=host)
+        server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise ToolqError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
     return MetricsServer(host, int(server.server_address[1]), tq, server, thread)

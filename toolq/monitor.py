@@ -19,7 +19,6 @@ turns it into the table ``toolq status`` shows.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from toolq.keys import Keys
-from toolq.ledger.states import PENDING_RECOVERY, TERMINAL, State
+from toolq.states import PENDING_RECOVERY, TERMINAL, State
 
 if TYPE_CHECKING:
     from toolq.queue import ToolQueue
@@ -56,10 +55,6 @@ KOMBU_UNACKED_KEY = "unacked"
 
 WorkerProbe = Callable[[], dict[str, Any]]
 
-# Tools seen by the previous snapshot of a ToolQueue, so that the next one
-# needs a single round trip even for tools its registry does not know.
-_seen_tools: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
-
 
 @dataclass(frozen=True)
 class Sources:
@@ -84,11 +79,12 @@ def status_snapshot(
     """
     q = tq.settings.queues
     sources = Sources(tq.ledger.keys, (q.calls, q.verify))
-    hint = frozenset(t.name for t in tq.registry) | _seen_tools.get(tq, frozenset())
+    hint = frozenset(t.name for t in tq.registry) | tq.app.seen_tools
     probe = (lambda: ping_workers(tq, worker_timeout)) if workers else None
     now = int(tq.clock() * 1000) if now_ms is None else now_ms
     snap = read_status(tq.redis, sources, now_ms=now, tools_hint=hint, workers=probe)
-    _seen_tools[tq] = frozenset(snap["tools"])
+    # the next snapshot needs one round trip even for tools this registry does not know
+    tq.app.seen_tools = frozenset(snap["tools"])
     return snap
 
 

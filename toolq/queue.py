@@ -12,7 +12,6 @@ env = tq.wait(ref, timeout=30.0)
 from __future__ import annotations
 
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,33 +20,19 @@ from typing import Any, TypeVar, overload
 
 import redis
 from celery import Celery
-from pydantic import SecretStr
 
 from toolq import errors
-from toolq.envelope import (
-    ToolError,
-    ToolSuccess,
-)
-from toolq.ledger import Ledger, OperationRecord, State, Transition
-from toolq.ledger.record import load_envelope
-from toolq.ledger.states import SETTLED
-from toolq.notify import Notifier
-from toolq.redact import redact_url
-from toolq.scheduler.policy import Jitter, attempts_remaining
+from toolq import fixed as envelopes
+from toolq.app import App
+from toolq.envelope import ToolError, ToolSuccess
+from toolq.ledger import Ledger
+from toolq.record import OperationRecord, load_envelope
+from toolq.recovery import operator
+from toolq.recovery.transition import Transition
 from toolq.settings import ToolqSettings
-from toolq.state import discover_redis_url
-from toolq.tasks import envelopes, outcome
-from toolq.tasks.registry import (
-    Registry,
-    Tool,
-    ToolOptions,
-    args_model_for,
-    canonical_json,
-    fingerprint,
-)
+from toolq.states import SETTLED, State
 from toolq.tasks.run import Runtime
-from toolq.workers.app import make_celery
-from toolq.workers.messages import RUN_TASK, VERIFY_TASK, MessageFactory
+from toolq.tools import Jitter, Tool, ToolOptions, args_model_for, canonical_json, fingerprint
 
 R = TypeVar("R")
 _REF_RE = re.compile(r"[A-Za-z0-9_.:/@#+=-]{1,200}")
@@ -61,7 +46,11 @@ class Submission:
 
 
 class ToolQueue:
-    """Tools, the ledger and the Celery app of one toolq deployment."""
+    """The client facade: register tools, submit calls, wait, act as an operator.
+
+    Holds an :class:`~toolq.app.App` (``tq.app``): the settings, registry and
+    connections that workers and the scheduler run on.
+    """
 
     def __init__(
         self,
@@ -70,149 +59,63 @@ class ToolQueue:
         settings: ToolqSettings | None = None,
         name: str = "toolq",
         clock: Callable[[], float] = time.time,
+        app: App | None = None,
     ) -> None:
-        settings = settings or ToolqSettings()
-        if redis_url is not None:
-            settings = settings.model_copy(update={"redis_url": SecretStr(redis_url)})
-            ToolqSettings.model_validate(settings.model_dump())  # same checks as the env path
-        self.settings = settings
-        self.name = name
-        self.clock = clock
-        self.registry = Registry()
-        self._lock = threading.RLock()
-        self._redis: redis.Redis | None = None
-        self._ledger: Ledger | None = None
-        self._celery: Celery | None = None
-        self._messages: MessageFactory | None = None
-        self._runtime: Runtime | None = None
-        self._notifier: Notifier | None = None
+        self.app = app or App(redis_url, settings=settings, name=name, clock=clock)
 
     def __repr__(self) -> str:
-        url = self.settings.safe_url if self.settings.redis_url else "(no url yet)"
-        return f"<ToolQueue {self.name} {url} tools={len(self.registry)}>"
+        a = self.app
+        url = a.settings.safe_url if a.settings.redis_url else "(no url yet)"
+        return f"<ToolQueue {a.name} {url} tools={len(a.registry)}>"
 
-    # ------------------------------------------------------------------ wiring
+    # ------------------------------------------------------------------ the app's parts
+
+    @property
+    def settings(self) -> ToolqSettings:
+        return self.app.settings
+
+    @property
+    def name(self) -> str:
+        return self.app.name
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.app.clock
+
+    @property
+    def registry(self) -> Any:
+        return self.app.registry
 
     @property
     def redis_url(self) -> str:
-        if self.settings.redis_url is None:
-            found = discover_redis_url()
-            if found is None:
-                raise errors.RequestRefused(
-                    "no Redis URL: pass redis_url=, set TOOLQ_REDIS_URL, or run `toolq up` "
-                    "in this directory"
-                )
-            self.settings = self.settings.model_copy(update={"redis_url": SecretStr(found)})
-        return self.settings.url
+        return self.app.redis_url
 
     @property
     def redis(self) -> redis.Redis:
-        with self._lock:
-            if self._redis is None:
-                # A blocking pool: past max_connections a caller waits for a free
-                # connection instead of failing with "Too many connections".
-                pool = redis.BlockingConnectionPool.from_url(
-                    self.redis_url,
-                    max_connections=self.settings.limits.max_connections,
-                    timeout=20,
-                    socket_connect_timeout=5,
-                    socket_keepalive=True,
-                    health_check_interval=30,
-                )
-                self._redis = redis.Redis(connection_pool=pool)
-            return self._redis
+        return self.app.redis
 
     @property
     def ledger(self) -> Ledger:
-        if self._ledger is None:
-            self._ledger = Ledger(self.redis, self.settings.prefix)
-        return self._ledger
+        return self.app.ledger
 
     @property
     def celery(self) -> Celery:
         """The Celery app: ``celery -A module:celery_app worker`` serves every toolq queue."""
-        with self._lock:
-            if self._celery is None:
-                self._celery = self._make_celery()
-            return self._celery
-
-    @property
-    def messages(self) -> MessageFactory:
-        if self._messages is None:
-            q = self.settings.queues
-            self._messages = MessageFactory(self.celery, q.calls, q.verify)
-        return self._messages
+        return self.app.celery
 
     @property
     def runtime(self) -> Runtime:
-        if self._runtime is None:
-            m = self.messages
-            self._runtime = Runtime(
-                self.registry,
-                self.ledger,
-                outcome.Messages(run=m.run, verify=m.verify),
-                self.policy,
-                int(self.settings.lease.seconds * 1000),
-                self.clock,
-            )
-        return self._runtime
-
-    @property
-    def policy(self) -> outcome.Policy:
-        r = self.settings.recovery
-        return outcome.Policy(
-            unclaimed_after_ms=int(r.unclaimed_after * 1000),
-            approval_timeout_ms=int(r.approval_timeout * 1000),
-            input_timeout_ms=int(r.input_timeout * 1000),
-            retention_s=r.retention,
-        )
+        return self.app.runtime
 
     def configure(self, *, redis_url: str) -> None:
         """Point this ToolQueue (and its Celery app) at another server, before use."""
-        self.settings = self.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
-        ToolqSettings.model_validate(self.settings.model_dump())
-        with self._lock:
-            if self._notifier is not None:
-                self._notifier.close()
-                self._notifier = None
-            if self._redis is not None:
-                self._redis.close()
-            self._redis = None
-            self._ledger = None
-            self._runtime = None
-            if self._celery is not None:
-                self._celery.conf.update(broker_url=redis_url)
-
-    def _make_celery(self) -> Celery:
-        url: str | None
-        try:
-            url = self.redis_url
-        except errors.RequestRefused:
-            url = None  # set later by configure(), before any worker starts
-        app = make_celery(self.settings, self.name, url)
-        app.toolq = self  # type: ignore[attr-defined]
-        tq = self
-
-        @app.task(name=RUN_TASK, ignore_result=True)
-        def run(ref: str, attempt: int) -> str:
-            return tq.runtime.run_attempt(ref, int(attempt))
-
-        @app.task(name=VERIFY_TASK, ignore_result=True)
-        def verify(ref: str, attempt: int, vcheck: int) -> str:
-            return tq.runtime.run_check(ref, int(attempt), int(vcheck))
-
-        return app
+        self.app.configure(redis_url=redis_url)
 
     def close(self) -> None:
-        if self._notifier is not None:
-            self._notifier.close()
-            self._notifier = None
-        if self._runtime is not None:
-            self._runtime.leases.stop()
-        if self._redis is not None:
-            self._redis.close()
-            self._redis = None
-            self._ledger = None
+        self.app.close()
+
+    def describe(self) -> dict[str, Any]:
+        return self.app.describe()
 
     # ------------------------------------------------------------------ tools
 
@@ -306,15 +209,15 @@ class ToolQueue:
         ref = self._ref(operation_ref, run_id, step)
         if call_id is not None and (not isinstance(call_id, str) or len(call_id) > 200):
             raise errors.InvalidArguments("call_id must be a string of at most 200 characters")
-        now_ms = int(self.clock() * 1000)
+        app = self.app
+        now_ms = app.now_ms()
         state = State.AWAITING_APPROVAL if t.options.requires_approval else State.QUEUED
-        queue, message = self.messages.run(ref, 1) if state is State.QUEUED else ("", "")
+        queue, message = app.messages.run(ref, 1) if state is State.QUEUED else ("", "")
+        policy = app.policy
         due = now_ms + (
-            self.policy.unclaimed_after_ms
-            if state is State.QUEUED
-            else self.policy.approval_timeout_ms
+            policy.unclaimed_after_ms if state is State.QUEUED else policy.approval_timeout_ms
         )
-        res = self.ledger.submit(
+        res = app.ledger.submit(
             ref=ref,
             tool=t.name,
             args_json=canonical,
@@ -341,7 +244,7 @@ class ToolQueue:
             canonical = canonical_json(model)
         except (TypeError, ValueError):
             raise errors.InvalidArguments("arguments are not JSON-serialisable") from None
-        cap = self.settings.limits.max_args_bytes
+        cap = self.app.settings.limits.max_args_bytes
         if len(canonical.encode()) > cap:
             raise errors.InvalidArguments(
                 f"arguments are larger than the {cap}-byte limit", limit=cap
@@ -373,7 +276,7 @@ class ToolQueue:
         verifying, ``RATE_LIMITED`` while waiting to retry); ``TimeoutError`` if none.
         """
         deadline = time.monotonic() + max(0.0, timeout)
-        notifier = self._get_notifier()
+        notifier = self.app.notifier
         ev = notifier.watch(ref)
         try:
             while True:
@@ -401,164 +304,41 @@ class ToolQueue:
         finally:
             notifier.unwatch(ref, ev)
 
-    def _get_notifier(self) -> Notifier:
-        with self._lock:
-            if self._notifier is None:
-                self._notifier = Notifier(self.redis, self.ledger.keys.notify)
-            return self._notifier
-
     # ------------------------------------------------------------------ operator actions
 
-    def approve(self, ref: str) -> State:
+    def approve(self, ref: str, *, by: str = "operator:approve") -> State:
         """Approve an operation awaiting approval, bound to its current arguments."""
-        f = self._fields_in(ref, State.AWAITING_APPROVAL)
-        return self._requeue(
-            ref,
-            f,
-            by="operator:approve",
-            code="APPROVED",
-            extra={"approved_fp": f["fp"]},
-            expect_field="fp",
+        app = self.app
+        return self._apply(
+            operator.approve(self._view(ref), app.now_ms(), app.policy, app.outbound, by)
         )
 
-    def provide_input(self, ref: str, args: Any) -> State:
+    def provide_input(self, ref: str, args: Any, *, by: str = "operator:input") -> State:
         """Replace the arguments of an operation that needs input; identical ones are refused."""
-        f = self._fields_in(ref, State.NEEDS_INPUT)
-        tool = self.registry.get(f["tool"])
-        canonical = self._canonical(tool.validate(args))
-        fp = fingerprint(canonical)
-        if fp == f.get("blocked_fp") or fp == f.get("fp"):
-            raise errors.InvalidArguments(
-                "the arguments are identical to the ones that needed fixing",
-                code_hint="ARGUMENTS_UNCHANGED",
-            )
-        return self._requeue(
-            ref,
-            f,
-            by="operator:input",
-            code="INPUT_PROVIDED",
-            extra={"args": canonical, "fp": fp},
-            expect_field="blocked_fp",
+        app = self.app
+        v = self._view(ref)
+        v.require(State.NEEDS_INPUT)
+        canonical = self._canonical(self.registry.get(v.tool).validate(args))
+        t = operator.provide_input(
+            v, canonical, fingerprint(canonical), app.now_ms(), app.policy, app.outbound, by
         )
+        return self._apply(t)
 
-    def cancel(self, ref: str) -> State:
+    def cancel(self, ref: str, *, by: str = "operator:cancel") -> State:
         """Cancel an operation that has not started a write (queued or waiting on someone)."""
-        f = self._fields(ref)
-        state = State(f["state"])
-        if state is State.CANCELLED:
-            return state
-        cancellable = (
-            State.QUEUED,
-            State.WAITING_RETRY,
-            State.NEEDS_INPUT,
-            State.AWAITING_APPROVAL,
-        )
-        if state not in cancellable:
-            raise errors.InvalidState(
-                f"operation is {state}; only queued or waiting operations can be cancelled",
-                state=str(state),
-            )
-        env = envelopes.cancelled_envelope(ref, f["tool"], f.get("call_id"))
-        t = Transition(
-            ref=ref,
-            states=(state,),
-            to=State.CANCELLED,
-            by="operator:cancel",
-            code="CANCELLED",
-            expect={"*": {"rev": f["rev"]}},
-            envelope=env,
-            remove_due=True,
-            ttl=self.settings.recovery.retention,
-            stats=("cancelled",),
-        )
-        return self._apply(t)
+        t = operator.cancel(self._view(ref), self.app.policy, by)
+        return State.CANCELLED if t is None else self._apply(t)
 
-    def _fields(self, ref: str) -> dict[str, str]:
-        f = self.ledger.fields(
-            ref,
-            "state",
-            "tool",
-            "call_id",
-            "fp",
-            "blocked_fp",
-            "attempt",
-            "max_attempts",
-            "rev",
-            "deadline",
-        )
-        if "state" not in f:
-            raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
-        return f
-
-    def _fields_in(self, ref: str, state: State) -> dict[str, str]:
-        f = self._fields(ref)
-        if f["state"] != state:
-            raise errors.InvalidState(f"operation is {f['state']}, not {state}", state=f["state"])
-        return f
-
-    def _requeue(
-        self,
-        ref: str,
-        f: dict[str, str],
-        *,
-        by: str,
-        code: str,
-        extra: dict[str, str],
-        expect_field: str,
-    ) -> State:
-        state = State(f["state"])
-        attempt = int(f.get("attempt") or 0)
-        now_ms = int(self.clock() * 1000)
-        expect = {"*": {"rev": f["rev"], expect_field: f.get(expect_field, "")}}
-        if attempts_remaining(attempt, int(f.get("max_attempts") or 0)) == 0:
-            env = envelopes.escalation_envelope(
-                "ATTEMPTS_EXHAUSTED", ref, f["tool"], f.get("call_id")
-            )
-            t = Transition(
-                ref=ref,
-                states=(state,),
-                to=State.ESCALATED,
-                by=by,
-                code="ATTEMPTS_EXHAUSTED",
-                expect=expect,
-                envelope=env,
-                remove_due=True,
-                ttl=self.settings.recovery.retention,
-                stats=("escalated",),
-            )
-        else:
-            t = Transition(
-                ref=ref,
-                states=(state,),
-                to=State.QUEUED,
-                by=by,
-                code=code,
-                expect=expect,
-                attempt_incr=1,
-                set={**extra, "repubs": "0"},
-                push=self.messages.run(ref, attempt + 1),
-                due_ms=now_ms + self.policy.unclaimed_after_ms,
-            )
-        return self._apply(t)
+    def _view(self, ref: str) -> operator.View:
+        return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))
 
     def _apply(self, t: Transition) -> State:
-        res = self.ledger.apply_one(t, int(self.clock() * 1000))
+        res = self.ledger.apply_one(t, self.app.now_ms())
         if res != "ok":
             raise errors.InvalidState(
                 f"operation changed meanwhile (now {res}); read it again", state=res
             )
         return t.to
-
-    # ------------------------------------------------------------------ info
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "redis_url": redact_url(self.redis_url),
-            "tools": [
-                {"name": t.name, "writes": t.writes, "verifier": t.verification_tool}
-                for t in self.registry
-            ],
-        }
 
 
 def _settled(state: State, env: ToolSuccess | ToolError) -> ToolSuccess | ToolError:

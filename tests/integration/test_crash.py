@@ -102,7 +102,7 @@ def test_whole_worker_killed_then_its_message_redelivered(
     assert wait_until(lambda: _committed_and_running(rt, provider, ref), 20)
     kill_group(worker[0])
     # Celery's own redelivery, done at once rather than after the visibility timeout
-    queue, message = rt.messages.run(ref, 1)
+    queue, message = rt.app.messages.run(ref, 1)
     rt.redis.lpush(queue, message)
     worker.append(start_worker(APP, module_redis_url, pool="prefork", concurrency=1))
 

@@ -14,9 +14,9 @@ from toolq import errors
 from toolq.demo import build_report
 from toolq.examples import invoices
 from toolq.examples.provider import InvoiceProvider, ProviderConfig
-from toolq.ledger import TERMINAL, State
 from toolq.stack import Stack, StackConfig
-from toolq.tasks.registry import CallContext
+from toolq.states import TERMINAL, State
+from toolq.tools import CallContext
 
 TIMEOUT = 0.5
 

@@ -12,11 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from toolq.errors import ToolqError
-from toolq.ledger import State, Transition
 from toolq.metrics import METRICS_HOST_ENV, observe_recovery, observe_tick, start_metrics_server
 from toolq.queue import ToolQueue
+from toolq.recovery.transition import Transition
 from toolq.scheduler.service import Scheduler
-from toolq.tasks.registry import CallContext
+from toolq.states import State
+from toolq.tools import CallContext
 
 
 class Invoice(BaseModel):
@@ -59,7 +60,7 @@ def _short_run(tq: ToolQueue) -> None:
         if tq.ledger.stats().get("create_invoice|dispatched", 0) >= 3:
             dispatched.set()
 
-    sched = Scheduler(tq, on_tick=on_tick)
+    sched = Scheduler(tq.app, on_tick=on_tick)
     runner = threading.Thread(target=sched.run, daemon=True)
     runner.start()
     try:

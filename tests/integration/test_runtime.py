@@ -85,7 +85,7 @@ def test_every_attempt_sends_the_same_operation_ref(rt: ToolQueue, provider: red
 def test_a_message_delivered_twice_runs_the_tool_once(rt: ToolQueue, provider: redis.Redis) -> None:
     # Given a slow write, and a second copy of its message in the queue
     ref = rt.submit("pay", {"sleep": 1.0}, operation_ref="dup/1").operation_ref
-    queue, message = rt.messages.run(ref, 1)
+    queue, message = rt.app.messages.run(ref, 1)
     rt.redis.lpush(queue, message)
 
     env = rt.wait(ref, timeout=20)
@@ -225,7 +225,7 @@ def test_a_message_lost_before_any_worker_saw_it_is_published_again(rt: ToolQueu
         max_attempts=3,
         deadline_ms=now + 60_000,
         state=State.QUEUED,
-        due_ms=now + rt.policy.unclaimed_after_ms,
+        due_ms=now + rt.app.policy.unclaimed_after_ms,
         queue="",
         message="",
     )

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
 from tests.integration.conftest import APP, seen
 from toolq import State, ToolQueue
-from toolq.ledger import Transition
+from toolq.recovery.transition import Transition
 from toolq.scheduler.service import Scheduler
 
 
@@ -139,7 +139,7 @@ def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:
     # Given a scheduler with nothing due, sleeping up to 30 s
     from toolq.scheduler.service import Scheduler
 
-    sched = Scheduler(rt)
+    sched = Scheduler(rt.app)
     sched.max_sleep = 30.0
     worker = threading.Thread(target=sched.run, daemon=True)
     worker.start()
@@ -174,7 +174,7 @@ def test_a_drain_that_finds_its_script_gone_recovers_without_doubling(
             rt.ledger._apply.sha = "0" * 40
 
     monkeypatch.setattr(rt.ledger, "load_scripts", first_time_lost)
-    sched = Scheduler(rt)
+    sched = Scheduler(rt.app)
     t = threading.Thread(target=sched.run, daemon=True)
     t.start()
     try:

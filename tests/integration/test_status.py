@@ -13,10 +13,11 @@ from pydantic import BaseModel
 
 from toolq.cli import main
 from toolq.cli import monitor as cli_monitor
-from toolq.ledger import State, Transition
 from toolq.monitor import STATES, status_snapshot
 from toolq.queue import ToolQueue
-from toolq.tasks.registry import CallContext
+from toolq.recovery.transition import Transition
+from toolq.states import State
+from toolq.tools import CallContext
 
 APP = "toolq_status_test_app:tq"
 T0 = 1_700_000_000.0  # the fake clock's start (s)

@@ -10,8 +10,8 @@ import pytest
 from pydantic import SecretStr
 
 from toolq import ToolQueue
+from toolq.broker.app import celery_config
 from toolq.settings import QueueSettings, ToolqSettings
-from toolq.workers.app import celery_config
 
 ROOT = Path(__file__).resolve().parents[2] / "toolq"
 
@@ -71,4 +71,4 @@ def test_a_url_that_is_not_redis_is_refused() -> None:
 )
 def test_redis_brokers_get_the_one_client_per_channel_transport(url: str, ours: bool) -> None:
     c = celery_config(ToolqSettings(), url)
-    assert (c.get("broker_transport") == "toolq.workers.transport:Transport") is ours
+    assert (c.get("broker_transport") == "toolq.broker.transport:Transport") is ours

@@ -24,7 +24,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 DATASTORE = "redis"
-CELERY_APP = "toolq.workers.app:celery_app"
+CELERY_APP = "toolq.celery_app:celery_app"
 RESTART_POLICIES = {"always", "unless-stopped", "on-failure"}
 
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())

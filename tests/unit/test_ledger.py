@@ -28,7 +28,7 @@ class Args(BaseModel):
 @pytest.fixture
 def tq(fake_redis: fakeredis.FakeRedis) -> Iterator[ToolQueue]:
     q = ToolQueue(redis_url="redis://fake:6379/0")
-    q._redis = fake_redis  # the ledger's scripts run on fakeredis' Lua
+    q.app._redis = fake_redis  # the ledger's scripts run on fakeredis' Lua
     calls: list[tuple[str, int, bool]] = []
 
     @q.tool(max_attempts=3)
@@ -200,7 +200,7 @@ def test_an_approval_wait_without_a_call_id_returns_its_envelope(
     fake_redis: fakeredis.FakeRedis,
 ) -> None:
     q = ToolQueue(redis_url="redis://fake:6379/0")
-    q._redis = fake_redis
+    q.app._redis = fake_redis
 
     @q.tool(requires_approval=True)
     def gated(args: Args) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from toolq import ToolQueue
-from toolq.workers.messages import RUN_TASK, VERIFY_TASK, message_ref
+from toolq.broker.messages import RUN_TASK, VERIFY_TASK, message_ref
 
 
 @pytest.mark.parametrize(
@@ -17,7 +17,7 @@ from toolq.workers.messages import RUN_TASK, VERIFY_TASK, message_ref
     [(RUN_TASK, ["run_81/step_4", 2], "toolq.calls"), (VERIFY_TASK, ["r#1", 3, 7], "toolq.verify")],
 )
 def test_a_templated_message_equals_celerys_own(task: str, args: list[object], queue: str) -> None:
-    m = ToolQueue(redis_url="redis://127.0.0.1:1/0").messages
+    m = ToolQueue(redis_url="redis://127.0.0.1:1/0").app.messages
     built = json.loads(m.raw(task, args, queue))
     task_id = built["headers"]["id"]
     ref = m.reference(task, args, queue, task_id)
@@ -33,7 +33,7 @@ def test_a_templated_message_equals_celerys_own(task: str, args: list[object], q
 
 
 def test_every_message_has_its_own_ids() -> None:
-    m = ToolQueue(redis_url="redis://127.0.0.1:1/0").messages
+    m = ToolQueue(redis_url="redis://127.0.0.1:1/0").app.messages
     a, b = (json.loads(m.run("r", 1)[1]) for _ in range(2))
     assert a["headers"]["id"] != b["headers"]["id"]
     assert a["properties"]["delivery_tag"] != b["properties"]["delivery_tag"]
@@ -47,7 +47,7 @@ def test_message_ref_of_anything_else_is_none(raw: bytes | None) -> None:
 def test_message_ids_are_version_4_uuids_and_distinct() -> None:
     import uuid
 
-    from toolq.workers.messages import uuid4_hex
+    from toolq.broker.messages import uuid4_hex
 
     ids = [uuid4_hex() for _ in range(2000)]
     assert len(set(ids)) == len(ids)
@@ -58,6 +58,6 @@ def test_message_ids_are_version_4_uuids_and_distinct() -> None:
 
 @pytest.mark.parametrize("args", [["op/1", 2], ['q"uo\\te é', 1, 3], [], [7], ["a", 1.5]])
 def test_message_arguments_are_written_as_json_dumps_writes_them(args: list[Any]) -> None:
-    from toolq.workers.messages import _json_list
+    from toolq.broker.messages import _json_list
 
     assert _json_list(args) == json.dumps(args)

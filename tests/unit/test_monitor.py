@@ -14,16 +14,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from toolq.cli.monitor import render_status
-from toolq.keys import Keys
-from toolq.ledger import Ledger, State, Transition
-from toolq.metrics import (
-    DISPATCH_LAG_SECONDS,
-    PENDING_RECOVERY_SECONDS,
-    LedgerCollector,
-    observe_recovery,
-    observe_tick,
-    snapshot_metrics,
-)
+from toolq.ledger import Ledger
+from toolq.metrics import LedgerCollector, observe_tick, snapshot_metrics
 from toolq.monitor import (
     COUNTERS,
     PENDING,
@@ -34,7 +26,11 @@ from toolq.monitor import (
     read_status,
     shape,
 )
+from toolq.observe import DISPATCH_LAG_SECONDS, PENDING_RECOVERY_SECONDS, observe_recovery
+from toolq.queue import ToolQueue
+from toolq.recovery.transition import Transition
 from toolq.scheduler.service import TickStats
+from toolq.states import State
 
 NOW = 1_700_000_000_000
 CALLS, VERIFY = "toolq.calls", "toolq.verify"
@@ -352,23 +348,15 @@ def test_snapshot_metrics_name_every_series(ledger: Ledger) -> None:
 
 def test_an_unreachable_ledger_scrapes_as_down() -> None:
     down = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
-    settings = SimpleNamespace(queues=SimpleNamespace(calls=CALLS, verify=VERIFY))
-    tq = _Queue(settings=settings, registry=[], clock=lambda: NOW / 1000, redis=down,
-                ledger=SimpleNamespace(keys=Keys()))  # fmt: skip
+    tq = ToolQueue(redis_url="redis://127.0.0.1:1/0", clock=lambda: NOW / 1000)
+    tq.app._redis = down
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(tq))  # type: ignore[arg-type]
+    registry.register(LedgerCollector(tq))
 
     fams = _families(generate_latest(registry).decode())
 
     assert [s.value for s in fams["toolq_ledger_up"].samples] == [0]
     assert "toolq_operations" not in fams
-
-
-class _Queue:
-    """Stands in for a ToolQueue (hashable and weakly referenceable, like one)."""
-
-    def __init__(self, **attrs: Any) -> None:
-        self.__dict__.update(attrs)
 
 
 def test_observe_tick_feeds_the_dispatch_lag_histogram() -> None:

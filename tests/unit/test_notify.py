@@ -40,7 +40,7 @@ class Args(BaseModel):
 @pytest.fixture
 def tq(fake_redis: fakeredis.FakeRedis) -> Iterator[ToolQueue]:
     q = ToolQueue(redis_url="redis://fake:6379/0")
-    q._redis = fake_redis
+    q.app._redis = fake_redis
 
     @q.tool
     def noop(args: Args) -> dict[str, int]:

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolq.ledger.states import State
-from toolq.scheduler.policy import (
+from toolq.recovery.policy import (
     Action,
     Jitter,
     Queues,
@@ -22,6 +21,7 @@ from toolq.scheduler.policy import (
     sleep_seconds,
     verify_backoff_ms,
 )
+from toolq.states import State
 
 T = Timeouts(unclaimed_after_ms=60_000, approval_timeout_ms=10_000, input_timeout_ms=20_000)
 NOW = 1_000_000

@@ -55,7 +55,7 @@ def build(world: World) -> ToolQueue:
         recovery=RecoverySettings(unclaimed_after=30),
     )
     tq = ToolQueue(redis_url="redis://model/0", settings=s, clock=world.clock)
-    tq._redis = fakeredis.FakeRedis()
+    tq.app._redis = fakeredis.FakeRedis()
 
     @tq.tool(consistency_window=1.0, max_attempts=4, verify_checks=2, verify_backoff=0.5)
     def write(args: Args, ctx: CallContext) -> str:
@@ -145,7 +145,7 @@ def test_no_interleaving_makes_two_side_effects(
 ) -> None:
     world = World()
     tq = build(world)
-    sched = Scheduler(tq)
+    sched = Scheduler(tq.app)
     refs = []
     for i, plan in enumerate(plans):
         ref = f"op/{i}"
@@ -164,7 +164,7 @@ def test_no_interleaving_makes_two_side_effects(
         elif action == "duplicate" and int(arg) < len(refs):  # type: ignore[call-overload]
             ref = refs[int(arg)]  # type: ignore[call-overload]
             attempt = int(tq.ledger.fields(ref, "attempt")["attempt"])
-            tq.redis.lpush(*tq.messages.run(ref, attempt))
+            tq.redis.lpush(*tq.app.messages.run(ref, attempt))
         else:
             sched.tick()
         assert all(n <= 1 for n in world.effects.values()), world.effects

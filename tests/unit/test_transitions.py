@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from toolq.ledger import Transition
-from toolq.ledger.states import ALLOWED, SETTLED, TERMINAL, State, allowed, sources
+from toolq.recovery.transition import Transition
+from toolq.states import ALLOWED, SETTLED, TERMINAL, State, allowed, sources
 
 S = State
 EXPECTED = {

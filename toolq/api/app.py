@@ -19,8 +19,8 @@ from toolq import errors
 from toolq.api.auth import ApiSettings, Tokens, check_bind
 from toolq.api.guard import ERROR_RESPONSES, ApiError, install
 from toolq.envelope import ToolError, to_dict
-from toolq.ledger.record import OperationRecord
-from toolq.ledger.states import SETTLED, State
+from toolq.record import OperationRecord
+from toolq.states import SETTLED, State
 
 if TYPE_CHECKING:
     from toolq.queue import ToolQueue

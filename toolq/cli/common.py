@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import json
-import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -86,27 +83,12 @@ def resolve_app_path(app_path: str | None, state_dir: Path | None) -> str:
 
 def load_app(app_path: str, redis_url: str | None = None) -> Any:
     """Import ``MODULE:ATTR`` and return the ToolQueue, pointed at ``redis_url`` if given."""
-    from toolq.queue import ToolQueue
+    from toolq.loader import load_app as load
 
-    module_name, _, attr = app_path.partition(":")
-    if not module_name or not attr:
-        raise CliError(f"--app must look like MODULE:ATTR, got {app_path!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise CliError(f"{module_name!r} has no attribute {attr!r}")
-    if not isinstance(obj, ToolQueue):
-        raise CliError(f"{app_path} is a {type(obj).__name__}, not a toolq.ToolQueue")
-    if redis_url:
-        obj.configure(redis_url=redis_url)
-    return obj
+        return load(app_path, redis_url)
+    except ToolqError as exc:
+        raise CliError(str(exc)) from None
 
 
 def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None) -> Any:

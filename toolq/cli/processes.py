@@ -72,7 +72,9 @@ def worker(
     tq = open_app(app_path, redis_url, state_dir)
     _metrics(metrics_port, tq, "worker")
     run_worker(
-        tq,
+        tq.celery,
+        tq.registry,
+        tq.settings.queues,
         queues=queues,
         concurrency=concurrency,
         pool=pool,
@@ -117,7 +119,7 @@ def scheduler(
         from toolq.metrics import observe_tick
 
         on_tick = observe_tick
-    sched = Scheduler(tq, on_tick=on_tick)
+    sched = Scheduler(tq.app, on_tick=on_tick)
 
     def _stop(signum: int, frame: Any) -> None:
         sched.stop()

@@ -65,9 +65,8 @@ def _port(value: int | None, what: str) -> int | None:
 
 
 def _api_available() -> bool:
-    from toolq.cli import main
-
-    return "api" in main.commands
+    """The HTTP API is the ``api`` extra: served only when FastAPI and uvicorn are installed."""
+    return all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn"))
 
 
 def _ping(url: str) -> None:

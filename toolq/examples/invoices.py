@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 from toolq.classify import classify_exception, classify_http
 from toolq.errors import InvalidInput, Misconfigured, NeedsApproval, NotFound, Unavailable
 from toolq.queue import ToolQueue
-from toolq.tasks.registry import CallContext
+from toolq.tools import CallContext
 
 PROVIDER_URL_ENV = "TOOLQ_EXAMPLE_PROVIDER_URL"
 TIMEOUT_ENV = "TOOLQ_EXAMPLE_PROVIDER_TIMEOUT"

@@ -1,18 +1,5 @@
-"""The operation ledger: the source of truth for every operation."""
+"""The operation ledger in Redis: the source of truth for every operation."""
 
-from toolq.ledger.record import HistoryEntry, OperationRecord
-from toolq.ledger.states import PENDING_RECOVERY, SETTLED, TERMINAL, State
-from toolq.ledger.store import Claim, Ledger, SubmitResult, Transition
+from toolq.ledger.store import Claim, Ledger, SubmitResult
 
-__all__ = [
-    "PENDING_RECOVERY",
-    "SETTLED",
-    "TERMINAL",
-    "Claim",
-    "HistoryEntry",
-    "Ledger",
-    "OperationRecord",
-    "State",
-    "SubmitResult",
-    "Transition",
-]
+__all__ = ["Claim", "Ledger", "SubmitResult"]

@@ -1,8 +1,8 @@
 """The ledger in Redis: operation records, history, indexes, and transitions.
 
 Every write is one Lua script call (:mod:`toolq.ledger.scripts`); which
-transition to ask for is decided by pure code (:mod:`toolq.ledger.states`,
-:mod:`toolq.tasks.outcome`, :mod:`toolq.scheduler.policy`) and checked here
+transition to ask for is decided by pure code (:mod:`toolq.states`,
+:mod:`toolq.recovery.outcome`, :mod:`toolq.recovery.policy`) and checked here
 against the transition table before it is sent.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -19,83 +19,12 @@ from redis.connection import Connection
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.keys import Keys
 from toolq.ledger import scripts
-from toolq.ledger.record import HistoryEntry, OperationRecord, load_envelope
-from toolq.ledger.states import ALLOWED, State
+from toolq.record import HistoryEntry, OperationRecord, load_envelope
+from toolq.recovery.transition import Transition
+from toolq.states import State
 
 #: APPLY's arguments before the blobs: prefix, now, items.
 APPLY_FIXED_ARGS = 3
-
-
-@dataclass
-class Transition:
-    """One compare-and-set the ledger applies atomically.
-
-    ``states`` are the states the operation must be in; ``expect`` maps a
-    state (or ``"*"``) to fields that must hold exactly these values.
-    """
-
-    ref: str
-    states: tuple[State, ...]
-    to: State
-    by: str
-    code: str | None = None
-    expect: dict[str, dict[str, str]] = field(default_factory=dict)
-    attempt_incr: int = 0
-    set: dict[str, str] = field(default_factory=dict)
-    delete: tuple[str, ...] = ()
-    envelope: ToolSuccess | ToolError | None = None
-    due_ms: int | None = None
-    remove_due: bool = False
-    push: tuple[str, str] | None = None
-    stats: tuple[str, ...] = ()
-    ttl: int | None = None
-    #: A field update without a state change: no history, no notification.
-    quiet: bool = False
-
-    def __post_init__(self) -> None:
-        for state in self.states:
-            if not self.quiet and self.to not in ALLOWED[state]:
-                raise ValueError(f"transition {state} -> {self.to} is not allowed")
-
-    def to_wire(self, blobs: list[str]) -> dict[str, Any]:
-        """The script's view of this transition. Long strings (the envelope, the
-        Celery message) go to ``blobs``, passed as script arguments of their own,
-        and the item names their ARGV index: JSON inside JSON would be escaped
-        here and unescaped by the script, the largest cost of a batch."""
-        item: dict[str, Any] = {
-            "ref": self.ref,
-            "states": [str(s) for s in self.states],
-            "to": str(self.to),
-            "by": self.by,
-        }
-        if self.code:
-            item["code"] = self.code
-        if self.expect:
-            item["expect"] = self.expect
-        if self.attempt_incr:
-            item["attempt_incr"] = self.attempt_incr
-        if self.set:
-            item["set"] = self.set
-        if self.delete:
-            item["del"] = list(self.delete)
-        if self.envelope is not None:
-            blobs.append(self.envelope.model_dump_json(exclude_none=True))
-            item["envelope"] = APPLY_FIXED_ARGS + len(blobs)
-        if self.remove_due:
-            item["due"] = -1
-        elif self.due_ms is not None:
-            item["due"] = self.due_ms
-        if self.push is not None:
-            queue, message = self.push
-            blobs.append(message)
-            item["push"] = [queue, APPLY_FIXED_ARGS + len(blobs)]
-        if self.stats:
-            item["stats"] = list(self.stats)
-        if self.ttl is not None:
-            item["ttl"] = self.ttl
-        if self.quiet:
-            item["quiet"] = True
-        return item
 
 
 @dataclass(frozen=True)
@@ -124,6 +53,47 @@ class Claim:
     holder: str = ""
     lease_until_ms: int = 0
     state: str = ""
+
+
+def to_wire(t: Transition, blobs: list[str]) -> dict[str, Any]:
+    """The script's view of this transition. Long strings (the envelope, the
+    Celery message) go to ``blobs``, passed as script arguments of their own,
+    and the item names their ARGV index: JSON inside JSON would be escaped
+    here and unescaped by the script, the largest cost of a batch."""
+    item: dict[str, Any] = {
+        "ref": t.ref,
+        "states": [str(s) for s in t.states],
+        "to": str(t.to),
+        "by": t.by,
+    }
+    if t.code:
+        item["code"] = t.code
+    if t.expect:
+        item["expect"] = t.expect
+    if t.attempt_incr:
+        item["attempt_incr"] = t.attempt_incr
+    if t.set:
+        item["set"] = t.set
+    if t.delete:
+        item["del"] = list(t.delete)
+    if t.envelope is not None:
+        blobs.append(t.envelope.model_dump_json(exclude_none=True))
+        item["envelope"] = APPLY_FIXED_ARGS + len(blobs)
+    if t.remove_due:
+        item["due"] = -1
+    elif t.due_ms is not None:
+        item["due"] = t.due_ms
+    if t.push is not None:
+        queue, message = t.push
+        blobs.append(message)
+        item["push"] = [queue, APPLY_FIXED_ARGS + len(blobs)]
+    if t.stats:
+        item["stats"] = list(t.stats)
+    if t.ttl is not None:
+        item["ttl"] = t.ttl
+    if t.quiet:
+        item["quiet"] = True
+    return item
 
 
 class Ledger:
@@ -246,7 +216,7 @@ class Ledger:
 
     def _apply_args(self, transitions: Sequence[Transition], now_ms: int) -> list[Any]:
         blobs: list[str] = []
-        items = [t.to_wire(blobs) for t in transitions]
+        items = [to_wire(t, blobs) for t in transitions]
         return [self.prefix, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
 
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:

@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from toolq import errors
 from toolq.api.auth import SCOPES
 from toolq.envelope import AnyEnvelope, FieldError, json_schema
-from toolq.ledger.states import SETTLED, State
 from toolq.mcp_server.envelopes import (
     CANCEL_OPERATION,
     GET_OPERATION,
@@ -32,7 +31,8 @@ from toolq.mcp_server.envelopes import (
     unexpected_envelope,
 )
 from toolq.render import to_mcp_result
-from toolq.tasks.registry import field_errors_of
+from toolq.states import SETTLED, State
+from toolq.tools import field_errors_of
 
 if TYPE_CHECKING:
     from toolq.queue import ToolQueue

@@ -23,8 +23,8 @@ from toolq.envelope import (
     Retry,
     ToolError,
 )
-from toolq.ledger.record import load_envelope
-from toolq.ledger.states import State
+from toolq.record import load_envelope
+from toolq.states import State
 
 GET_OPERATION = "get_operation"
 CANCEL_OPERATION = "cancel_operation"

@@ -3,7 +3,7 @@
 Not Celery beat and not countdown/ETA. Operations wait in a Redis sorted set
 scored by the time the scheduler must next look at them. A loop takes due
 items in batches (one script call), decides what each needs with the pure
-:func:`~toolq.scheduler.policy.decide`, and applies the transitions in one
+:func:`~toolq.recovery.policy.decide`, and applies the transitions in one
 more script call that also publishes their Celery messages, so a crash
 between "decided" and "published" cannot lose or double a dispatch.
 
@@ -23,20 +23,44 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 from redis.exceptions import NoScriptError
 
-from toolq.ledger.states import PENDING_RECOVERY, TERMINAL
-from toolq.ledger.store import Transition
-from toolq.scheduler.actions import for_decision
-from toolq.scheduler.policy import Action, Queues, Snapshot, Timeouts, decide, sleep_seconds
-from toolq.tasks import outcome
-from toolq.workers.messages import message_ref
+from toolq.broker.messages import message_ref
+from toolq.ledger import Ledger
+from toolq.recovery import outcome
+from toolq.recovery.actions import for_decision
+from toolq.recovery.policy import Action, Queues, Snapshot, Timeouts, decide, sleep_seconds
+from toolq.recovery.transition import Transition
+from toolq.settings import ToolqSettings
+from toolq.states import PENDING_RECOVERY, TERMINAL
+from toolq.tools import Registry
 
-if TYPE_CHECKING:
-    from toolq.queue import ToolQueue
+
+class Parts(Protocol):
+    """What the scheduler runs on (:class:`toolq.app.App` has all of it)."""
+
+    settings: ToolqSettings
+    registry: Registry
+    clock: Callable[[], float]
+
+    @property
+    def redis(self) -> redis.Redis: ...
+
+    @property
+    def redis_url(self) -> str: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def outbound(self) -> outcome.Messages: ...
+
+    @property
+    def policy(self) -> outcome.Policy: ...
+
 
 log = logging.getLogger("toolq.scheduler")
 
@@ -71,14 +95,14 @@ class _Batch:
 class Scheduler:
     def __init__(
         self,
-        tq: ToolQueue,
+        app: Parts,
         *,
         clock: Callable[[], float] | None = None,
         on_tick: Callable[[TickStats], None] | None = None,
     ) -> None:
-        self.tq = tq
-        self.clock = clock or tq.clock
-        s = tq.settings.scheduler
+        self.app = app
+        self.clock = clock or app.clock
+        s = app.settings.scheduler
         self.batch = s.batch
         self.max_sleep = s.max_sleep
         self.hold_ms = int(s.hold * 1000)
@@ -94,7 +118,7 @@ class Scheduler:
 
     @property
     def timeouts(self) -> Timeouts:
-        p = self.tq.policy
+        p = self.app.policy
         return Timeouts(p.unclaimed_after_ms, p.approval_timeout_ms, p.input_timeout_ms)
 
     # ------------------------------------------------------------------ one batch
@@ -106,18 +130,17 @@ class Scheduler:
     def _take(self) -> _Batch:
         """Claim a batch of due items (hidden from other ticks for ``hold``) and decide."""
         now = self.now_ms()
-        return self._decide(self.tq.ledger.claim_due(now, self.batch, self.hold_ms), now)
+        return self._decide(self.app.ledger.claim_due(now, self.batch, self.hold_ms), now)
 
     def _decide(self, rows: list[dict[str, str]], now: int) -> _Batch:
         """What each claimed item needs: the batch's transitions, not yet applied."""
-        tq = self.tq
+        app = self.app
         batch = _Batch(now, TickStats(taken=len(rows)))
         if not rows:
             return batch
         stats = batch.stats
-        m = tq.messages
-        messages = outcome.Messages(run=m.run, verify=m.verify)
-        policy = tq.policy
+        messages = app.outbound
+        policy = app.policy
         timeouts = self.timeouts
         queues = self._queue_ages(rows)
         transitions, lags, left = batch.transitions, batch.lags, batch.left
@@ -125,11 +148,11 @@ class Scheduler:
             snap = Snapshot.from_row(row)
             d = decide(snap, now, timeouts, queues)
             stats.actions[d.action] = stats.actions.get(d.action, 0) + 1
-            tool = tq.registry.get(snap.tool) if snap.tool in tq.registry else None
+            tool = app.registry.get(snap.tool) if snap.tool in app.registry else None
             t = for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
             if t is None:
                 if d.action is Action.DROP:
-                    tq.redis.zrem(tq.ledger.keys.due, snap.ref)
+                    app.redis.zrem(app.ledger.keys.due, snap.ref)
                 continue
             transitions.append(t)
             leaves = not t.quiet and t.to != snap.state and snap.state in PENDING_RECOVERY
@@ -142,7 +165,7 @@ class Scheduler:
 
     def _commit(self, batch: _Batch) -> TickStats:
         """Apply a batch's transitions (one script call) and count what took."""
-        return self._account(batch, self.tq.ledger.apply(batch.transitions, batch.now))
+        return self._account(batch, self.app.ledger.apply(batch.transitions, batch.now))
 
     def _account(self, batch: _Batch, results: list[str]) -> TickStats:
         stats = batch.stats
@@ -167,15 +190,15 @@ class Scheduler:
         queued or verifying operation is due (two round trips)."""
         if not any(r.get("state") in ("queued", "verifying") for r in rows):
             return Queues()
-        q = self.tq.settings.queues
-        oldest = self.tq.redis.pipeline(transaction=False)
+        q = self.app.settings.queues
+        oldest = self.app.redis.pipeline(transaction=False)
         oldest.lindex(q.calls, -1)
         oldest.lindex(q.verify, -1)
         raw_call, raw_verify = oldest.execute()
         refs = [message_ref(raw_call), message_ref(raw_verify)]
-        pipe = self.tq.redis.pipeline(transaction=False)
+        pipe = self.app.redis.pipeline(transaction=False)
         for ref in refs:
-            pipe.hget(self.tq.ledger.keys.op(ref or "-"), "published")
+            pipe.hget(self.app.ledger.keys.op(ref or "-"), "published")
         published = pipe.execute()
 
         def age(raw: bytes | None, ref: str | None, value: bytes | None) -> int | None:
@@ -193,7 +216,7 @@ class Scheduler:
 
     def run(self) -> None:
         """Run until :meth:`stop`. Survives Redis going away and coming back."""
-        log.info("scheduler %s started on %s", self.id, self.tq.settings.safe_url)
+        log.info("scheduler %s started on %s", self.id, self.app.settings.safe_url)
         while not self._stop.is_set():
             try:
                 batch = self._take()
@@ -224,9 +247,9 @@ class Scheduler:
         a claim comes back short; any error leaves held items to reappear after
         the hold, and their transitions are compare-and-sets, so nothing doubles.
         """
-        ledger = self.tq.ledger
+        ledger = self.app.ledger
         ledger.load_scripts()
-        pool = self.tq.redis.connection_pool
+        pool = self.app.redis.connection_pool
         applying, claiming = pool.get_connection(), pool.get_connection()
         clean = False
         beat = time.monotonic()
@@ -262,13 +285,13 @@ class Scheduler:
         # A connection of its own: a signal may interrupt the pool's lock holder.
         with (
             contextlib.suppress(redis.RedisError),
-            redis.Redis.from_url(self.tq.redis_url, socket_timeout=1) as client,
+            redis.Redis.from_url(self.app.redis_url, socket_timeout=1) as client,
         ):
-            client.lpush(self.tq.ledger.keys.wake, "stop")
+            client.lpush(self.app.ledger.keys.wake, "stop")
 
     def _sleep(self) -> None:
         now = self.now_ms()
-        wake_at = self.tq.ledger.plan_sleep(now, int(self.max_sleep * 1000))
+        wake_at = self.app.ledger.plan_sleep(now, int(self.max_sleep * 1000))
         seconds = sleep_seconds(wake_at, now, self.max_sleep)
         if seconds <= 0.001:
             return
@@ -280,19 +303,19 @@ class Scheduler:
         # Woken early when a script adds an item due before the planned wake-up. An idle
         # server times blocked clients out only when its event loop wakes (every 1/hz s):
         # block until SHORT_SLEEP_S before the due time and take the rest locally.
-        keys = self.tq.ledger.keys
+        keys = self.app.ledger.keys
         timeout = max(seconds - SHORT_SLEEP_S, 0.01)  # 0 would block for ever
         self._blocking_client().blpop([keys.wake], timeout=timeout)
 
     def _blocking_client(self) -> redis.Redis:
         if self._blocking is None:
             self._blocking = redis.Redis.from_url(
-                self.tq.redis_url, socket_timeout=self.max_sleep + 10, socket_connect_timeout=5
+                self.app.redis_url, socket_timeout=self.max_sleep + 10, socket_connect_timeout=5
             )
         return self._blocking
 
     def _heartbeat(self) -> None:
-        self.tq.redis.hset(self.tq.ledger.keys.schedulers, self.id, self.now_ms())
+        self.app.redis.hset(self.app.ledger.keys.schedulers, self.id, self.now_ms())
 
     def _maintain(self) -> None:
         """Forget index entries of finished operations past retention (the records expire)."""
@@ -300,19 +323,19 @@ class Scheduler:
         if now - self._last_maintenance < MAINTENANCE_EVERY_S:
             return
         self._last_maintenance = now
-        keys = self.tq.ledger.keys
-        cutoff = self.now_ms() - self.tq.settings.recovery.retention * 1000
-        pipe = self.tq.redis.pipeline(transaction=False)
-        for tool in self.tq.ledger.tools():
+        keys = self.app.ledger.keys
+        cutoff = self.now_ms() - self.app.settings.recovery.retention * 1000
+        pipe = self.app.redis.pipeline(transaction=False)
+        for tool in self.app.ledger.tools():
             for state in TERMINAL:
                 pipe.zremrangebyscore(keys.index(tool, state), "-inf", cutoff)
         stale = self.now_ms() - 3_600_000
-        for sid, beat in self.tq.redis.hgetall(keys.schedulers).items():
+        for sid, beat in self.app.redis.hgetall(keys.schedulers).items():
             if int(beat) < stale:
                 pipe.hdel(keys.schedulers, sid)
         pipe.execute()
 
     def close(self) -> None:
-        self.tq.redis.hdel(self.tq.ledger.keys.schedulers, self.id)
+        self.app.redis.hdel(self.app.ledger.keys.schedulers, self.id)
         if self._blocking is not None:
             self._blocking.close()

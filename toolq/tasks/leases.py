@@ -60,9 +60,18 @@ def _is_zombie(pid: int) -> bool:
 
 
 class LeaseKeeper:
-    def __init__(self, ledger: Ledger, lease_ms: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        lease_ms: int,
+        clock: Callable[[], float],
+        *,
+        renew_every: float | None = None,
+    ) -> None:
         self.ledger = ledger
         self.lease_ms = lease_ms
+        #: Seconds between renewals (``LeaseSettings.renew_every``: a third of the lease).
+        self.renew_every = renew_every if renew_every is not None else lease_ms / 3000
         self.clock = clock
         self.holder = process_holder()
         self._seq = itertools.count(1)
@@ -113,7 +122,7 @@ class LeaseKeeper:
         self._stop.set()
 
     def _loop(self) -> None:
-        every = self.lease_ms / 3000
+        every = self.renew_every
         while not self._stop.wait(every):
             with self._lock:
                 held = list(self._held)

@@ -18,11 +18,14 @@ from typing import Any, TypeVar
 import redis
 
 from toolq.errors import ToolFailure
-from toolq.ledger.record import ms_to_dt
-from toolq.ledger.store import Claim, Ledger, Transition
-from toolq.tasks import outcome
+from toolq.ledger.store import Claim, Ledger
+from toolq.observe import observe_recovery
+from toolq.record import ms_to_dt
+from toolq.recovery import outcome
+from toolq.recovery.transition import Transition
+from toolq.states import State
 from toolq.tasks.leases import LeaseKeeper, holder_is_dead
-from toolq.tasks.registry import CallContext, Registry, Tool
+from toolq.tools import CallContext, Registry, Tool
 
 log = logging.getLogger("toolq.worker")
 
@@ -42,6 +45,8 @@ class Runtime:
         policy: outcome.Policy,
         lease_ms: int,
         clock: Callable[[], float] = time.time,
+        *,
+        renew_every: float | None = None,
     ) -> None:
         self.registry = registry
         self.ledger = ledger
@@ -49,7 +54,7 @@ class Runtime:
         self.policy = policy
         self.lease_ms = lease_ms
         self.clock = clock
-        self.leases = LeaseKeeper(ledger, lease_ms, clock)
+        self.leases = LeaseKeeper(ledger, lease_ms, clock, renew_every=renew_every)
         self.rng = random.Random()
         #: Called with (ref, attempt) right after a tool returns, before the
         #: outcome is recorded: the crash tests' injection point.
@@ -139,8 +144,6 @@ class Runtime:
             return self.registry.get(claim.tool)
         # This worker was started without the tool: give the attempt back untouched.
         log.error("tool %s is not registered in this worker; %s left queued", claim.tool, ref)
-        from toolq.ledger.states import State
-
         self._record(
             Transition(
                 ref=ref,
@@ -218,8 +221,6 @@ class Runtime:
     @staticmethod
     def _observe_recovery(tool: str, seconds: float) -> None:
         """Time an operation spent verifying, for the metrics histogram (this process only)."""
-        from toolq.metrics import observe_recovery
-
         observe_recovery(tool, seconds, state="verifying")
 
     # ---------------------------------------------------------------- recording

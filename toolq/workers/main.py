@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from celery import signals
+from celery import Celery, signals
 
-if TYPE_CHECKING:
-    from toolq.queue import ToolQueue
+from toolq.settings import QueueSettings
+from toolq.tools import Registry
 
 log = logging.getLogger("toolq.worker")
 
 
 def worker_argv(
-    tq: ToolQueue,
+    q: QueueSettings,
     *,
     queues: str | None = None,
     concurrency: int | None = None,
@@ -23,7 +23,6 @@ def worker_argv(
     loglevel: str = "INFO",
     hostname: str | None = None,
 ) -> list[str]:
-    q = tq.settings.queues
     argv = [
         "worker",
         "-Q",
@@ -44,12 +43,11 @@ def worker_argv(
     return argv
 
 
-def run_worker(tq: ToolQueue, **options: Any) -> None:
-    """Run a Celery worker for ``tq`` in the foreground."""
-    app = tq.celery
+def run_worker(celery: Celery, registry: Registry, q: QueueSettings, **options: Any) -> None:
+    """Run a Celery worker for toolq's queues in the foreground."""
 
     @signals.worker_ready.connect(weak=False)
     def _ready(sender: Any = None, **_: Any) -> None:
-        tq.registry.warn_unverifiable()
+        registry.warn_unverifiable()
 
-    app.worker_main(worker_argv(tq, **options))
+    celery.worker_main(worker_argv(q, **options))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolq.ledger.states import State
-from toolq.ledger.store import Transition
-from toolq.scheduler.policy import Action, Decision, Snapshot, republish_delay_ms
-from toolq.tasks.envelopes import escalation_envelope
-from toolq.tasks.outcome import Messages, Policy, lease_lost, terminal
-from toolq.tasks.registry import Tool
+from toolq.fixed import escalation_envelope
+from toolq.recovery.outcome import Messages, Policy, lease_lost, terminal
+from toolq.recovery.policy import Action, Decision, Snapshot, republish_delay_ms
+from toolq.recovery.transition import Transition
+from toolq.states import State
+from toolq.tools import Tool
 
 
 def for_decision(

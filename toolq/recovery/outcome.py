@@ -20,20 +20,20 @@ from toolq.envelope import (
     NextAction,
     ToolError,
 )
-from toolq.ledger.record import ms_to_dt
-from toolq.ledger.states import State
-from toolq.ledger.store import Transition
-from toolq.scheduler.policy import (
-    attempts_remaining,
-    jittered_due,
-    verify_backoff_ms,
-)
-from toolq.tasks.envelopes import (
+from toolq.fixed import (
     escalation_envelope,
     success_envelope,
     unknown_envelope,
 )
-from toolq.tasks.registry import Tool
+from toolq.record import ms_to_dt
+from toolq.recovery.policy import (
+    attempts_remaining,
+    jittered_due,
+    verify_backoff_ms,
+)
+from toolq.recovery.transition import Transition
+from toolq.states import State
+from toolq.tools import Tool
 
 #: (queue, raw message) for a run or a verification check.
 MessageFor = Callable[..., tuple[str, str]]

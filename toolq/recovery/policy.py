@@ -7,40 +7,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
 
-from toolq.ledger.states import State
-
-
-@dataclass(frozen=True)
-class Jitter:
-    """Jitter added after ``not_before`` (never before it).
-
-    ``full``: uniform in [0, J]; ``equal``: J/2 + uniform in [0, J/2]; ``none``: 0,
-    where J = min(max_seconds, ratio x the delay being waited).
-    """
-
-    kind: Literal["full", "equal", "none"] = "full"
-    ratio: float = 0.1
-    max_seconds: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("full", "equal", "none"):
-            raise ValueError("jitter kind is full, equal or none")
-        if self.ratio < 0 or self.max_seconds < 0:
-            raise ValueError("jitter ratio and max_seconds are >= 0")
-
-    def bound_ms(self, delay_ms: int) -> int:
-        return int(min(self.max_seconds * 1000, self.ratio * max(0, delay_ms)))
-
-    def extra_ms(self, delay_ms: int, rng: random.Random) -> int:
-        bound = self.bound_ms(delay_ms)
-        if self.kind == "none" or bound <= 0:
-            return 0
-        if self.kind == "equal":
-            half = bound // 2
-            return half + rng.randint(0, bound - half)
-        return rng.randint(0, bound)
+from toolq.states import State
+from toolq.tools import Jitter
 
 
 def jittered_due(not_before_ms: int, now_ms: int, jitter: Jitter, rng: random.Random) -> int:

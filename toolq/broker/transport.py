@@ -10,7 +10,7 @@ pool is the same thing, built once. It also lets a closing channel give its
 unacknowledged messages back after the connection is gone (see below).
 
 Used for ``redis://`` brokers (``broker_transport`` in
-:func:`toolq.workers.app.celery_config`); other schemes get kombu's own.
+:func:`toolq.broker.app.celery_config`); other schemes get kombu's own.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 
 #: What ``broker_transport`` names.
-TRANSPORT = "toolq.workers.transport:Transport"
+TRANSPORT = "toolq.broker.transport:Transport"
 
 
 class Channel(kombu_redis.Channel):

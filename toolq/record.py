@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolq.envelope import ToolError, ToolSuccess, parse_envelope
-from toolq.ledger.states import PENDING_RECOVERY, SETTLED, TERMINAL, State
+from toolq.states import PENDING_RECOVERY, SETTLED, TERMINAL, State
 
 
 def ms_to_dt(ms: int | float) -> datetime:

@@ -17,8 +17,8 @@ from toolq.envelope import (
     ToolSuccess,
     Verification,
 )
-from toolq.ledger.record import ms_to_dt
-from toolq.tasks.registry import jsonable
+from toolq.record import ms_to_dt
+from toolq.tools import jsonable
 
 _C, _S, _A = Category, CommitState, NextAction
 _UNKNOWN_AGENT = "The write may have completed. Verify operation_ref before any new write."

@@ -6,22 +6,53 @@ import hashlib
 import inspect
 import json
 import logging
+import random
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from toolq import errors
 from toolq.envelope import FieldError
-from toolq.scheduler.policy import Jitter
 
 log = logging.getLogger("toolq.registry")
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """Jitter added after ``not_before`` (never before it).
+
+    ``full``: uniform in [0, J]; ``equal``: J/2 + uniform in [0, J/2]; ``none``: 0,
+    where J = min(max_seconds, ratio x the delay being waited).
+    """
+
+    kind: Literal["full", "equal", "none"] = "full"
+    ratio: float = 0.1
+    max_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("full", "equal", "none"):
+            raise ValueError("jitter kind is full, equal or none")
+        if self.ratio < 0 or self.max_seconds < 0:
+            raise ValueError("jitter ratio and max_seconds are >= 0")
+
+    def bound_ms(self, delay_ms: int) -> int:
+        return int(min(self.max_seconds * 1000, self.ratio * max(0, delay_ms)))
+
+    def extra_ms(self, delay_ms: int, rng: random.Random) -> int:
+        bound = self.bound_ms(delay_ms)
+        if self.kind == "none" or bound <= 0:
+            return 0
+        if self.kind == "equal":
+            half = bound // 2
+            return half + rng.randint(0, bound - half)
+        return rng.randint(0, bound)
 
 
 @dataclass(frozen=True)

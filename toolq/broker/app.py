@@ -14,9 +14,9 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from toolq.broker.messages import RUN_TASK, VERIFY_TASK
+from toolq.broker.transport import TRANSPORT
 from toolq.settings import ToolqSettings
-from toolq.workers.messages import RUN_TASK, VERIFY_TASK
-from toolq.workers.transport import TRANSPORT
 
 
 def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
@@ -63,22 +63,3 @@ def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = 
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_config(settings, url))
     return app
-
-
-def __getattr__(name: str) -> Any:
-    """``toolq.workers.app:celery_app`` for Flower and ``celery inspect``.
-
-    The app named by ``TOOLQ_APP`` when set (its tools registered), else a bare
-    app on ``TOOLQ_REDIS_URL``: enough for Flower, which only reads events.
-    """
-    if name != "celery_app":
-        raise AttributeError(name)
-    import os
-
-    app_path = os.environ.get("TOOLQ_APP")
-    if app_path:
-        from toolq.cli.common import load_app
-
-        return load_app(app_path, os.environ.get("TOOLQ_REDIS_URL")).celery
-    settings = ToolqSettings()
-    return make_celery(settings, url=settings.url if settings.redis_url else None)

@@ -1,0 +1,215 @@
+"""``App``: what workers and the scheduler need to run one toolq deployment.
+
+Settings, the tool registry, the clock, and the connections made from them
+(Redis, the ledger, the Celery app with toolq's two tasks registered, the
+message factory, the worker runtime, the notice subscription), each made
+lazily and once. The client facade (:class:`toolq.queue.ToolQueue`) holds an
+App; processes (``toolq worker``, ``toolq scheduler``) run on it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Celery
+from pydantic import SecretStr
+
+from toolq import errors
+from toolq.broker.app import make_celery
+from toolq.broker.messages import RUN_TASK, VERIFY_TASK, MessageFactory
+from toolq.ledger import Ledger
+from toolq.notify import Notifier
+from toolq.recovery import outcome
+from toolq.redact import redact_url
+from toolq.settings import ToolqSettings
+from toolq.state import discover_redis_url
+from toolq.tasks.run import Runtime
+from toolq.tools import Registry
+
+
+class App:
+    """One deployment's settings, tools and connections (thread-safe, lazy)."""
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        settings: ToolqSettings | None = None,
+        name: str = "toolq",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        settings = settings or ToolqSettings()
+        if redis_url is not None:
+            settings = settings.model_copy(update={"redis_url": SecretStr(redis_url)})
+            ToolqSettings.model_validate(settings.model_dump())  # same checks as the env path
+        self.settings = settings
+        self.name = name
+        self.clock = clock
+        self.registry = Registry()
+        #: Tools the previous status snapshot saw, so the next one needs one round trip.
+        self.seen_tools: frozenset[str] = frozenset()
+        self._lock = threading.RLock()
+        self._redis: redis.Redis | None = None
+        self._ledger: Ledger | None = None
+        self._celery: Celery | None = None
+        self._messages: MessageFactory | None = None
+        self._runtime: Runtime | None = None
+        self._notifier: Notifier | None = None
+
+    def __repr__(self) -> str:
+        url = self.settings.safe_url if self.settings.redis_url else "(no url yet)"
+        return f"<App {self.name} {url} tools={len(self.registry)}>"
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    @property
+    def redis_url(self) -> str:
+        if self.settings.redis_url is None:
+            found = discover_redis_url()
+            if found is None:
+                raise errors.RequestRefused(
+                    "no Redis URL: pass redis_url=, set TOOLQ_REDIS_URL, or run `toolq up` "
+                    "in this directory"
+                )
+            self.settings = self.settings.model_copy(update={"redis_url": SecretStr(found)})
+        return self.settings.url
+
+    @property
+    def redis(self) -> redis.Redis:
+        with self._lock:
+            if self._redis is None:
+                # A blocking pool: past max_connections a caller waits for a free
+                # connection instead of failing with "Too many connections".
+                pool = redis.BlockingConnectionPool.from_url(
+                    self.redis_url,
+                    max_connections=self.settings.limits.max_connections,
+                    timeout=20,
+                    socket_connect_timeout=5,
+                    socket_keepalive=True,
+                    health_check_interval=30,
+                )
+                self._redis = redis.Redis(connection_pool=pool)
+            return self._redis
+
+    @property
+    def ledger(self) -> Ledger:
+        with self._lock:
+            if self._ledger is None:
+                self._ledger = Ledger(self.redis, self.settings.prefix)
+            return self._ledger
+
+    @property
+    def celery(self) -> Celery:
+        """The Celery app: ``celery -A module:celery_app worker`` serves every toolq queue."""
+        with self._lock:
+            if self._celery is None:
+                self._celery = self._make_celery()
+            return self._celery
+
+    @property
+    def messages(self) -> MessageFactory:
+        with self._lock:
+            if self._messages is None:
+                q = self.settings.queues
+                self._messages = MessageFactory(self.celery, q.calls, q.verify)
+            return self._messages
+
+    @property
+    def outbound(self) -> outcome.Messages:
+        """The message builders the recovery decisions take."""
+        m = self.messages
+        return outcome.Messages(run=m.run, verify=m.verify)
+
+    @property
+    def runtime(self) -> Runtime:
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = Runtime(
+                    self.registry,
+                    self.ledger,
+                    self.outbound,
+                    self.policy,
+                    int(self.settings.lease.seconds * 1000),
+                    self.clock,
+                    renew_every=self.settings.lease.renew_every,
+                )
+            return self._runtime
+
+    @property
+    def policy(self) -> outcome.Policy:
+        r = self.settings.recovery
+        return outcome.Policy(
+            unclaimed_after_ms=int(r.unclaimed_after * 1000),
+            approval_timeout_ms=int(r.approval_timeout * 1000),
+            input_timeout_ms=int(r.input_timeout * 1000),
+            retention_s=r.retention,
+        )
+
+    @property
+    def notifier(self) -> Notifier:
+        with self._lock:
+            if self._notifier is None:
+                self._notifier = Notifier(self.redis, self.ledger.keys.notify)
+            return self._notifier
+
+    def configure(self, *, redis_url: str) -> None:
+        """Point this app (and its Celery app) at another server, before use."""
+        self.settings = self.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
+        ToolqSettings.model_validate(self.settings.model_dump())
+        with self._lock:
+            if self._notifier is not None:
+                self._notifier.close()
+                self._notifier = None
+            if self._redis is not None:
+                self._redis.close()
+            self._redis = None
+            self._ledger = None
+            self._runtime = None
+            if self._celery is not None:
+                self._celery.conf.update(broker_url=redis_url)
+
+    def _make_celery(self) -> Celery:
+        url: str | None
+        try:
+            url = self.redis_url
+        except errors.RequestRefused:
+            url = None  # set later by configure(), before any worker starts
+        celery = make_celery(self.settings, self.name, url)
+        celery.toolq_app = self  # type: ignore[attr-defined]
+        app = self
+
+        @celery.task(name=RUN_TASK, ignore_result=True)
+        def run(ref: str, attempt: int) -> str:
+            return app.runtime.run_attempt(ref, int(attempt))
+
+        @celery.task(name=VERIFY_TASK, ignore_result=True)
+        def verify(ref: str, attempt: int, vcheck: int) -> str:
+            return app.runtime.run_check(ref, int(attempt), int(vcheck))
+
+        return celery
+
+    def close(self) -> None:
+        with self._lock:
+            if self._notifier is not None:
+                self._notifier.close()
+                self._notifier = None
+            if self._runtime is not None:
+                self._runtime.leases.stop()
+            if self._redis is not None:
+                self._redis.close()
+                self._redis = None
+                self._ledger = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "redis_url": redact_url(self.redis_url),
+            "tools": [
+                {"name": t.name, "writes": t.writes, "verifier": t.verification_tool}
+                for t in self.registry
+            ],
+        }

@@ -1,0 +1,179 @@
+"""What an operator's action means for the ledger (pure): approve, provide input, cancel.
+
+The API, the CLI and the console all reach these through ``ToolQueue``; each
+returns the one compare-and-set that carries the action out, bound to the
+revision the operator read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolq import errors
+from toolq.fixed import cancelled_envelope, escalation_envelope
+from toolq.recovery.outcome import Messages, Policy, terminal
+from toolq.recovery.policy import attempts_remaining
+from toolq.recovery.transition import Transition
+from toolq.states import State
+
+#: The record fields an operator action reads.
+FIELDS = (
+    "state",
+    "tool",
+    "call_id",
+    "fp",
+    "blocked_fp",
+    "attempt",
+    "max_attempts",
+    "rev",
+    "deadline",
+)
+
+#: States an operation can be cancelled in: nothing of it is running.
+CANCELLABLE = (State.QUEUED, State.WAITING_RETRY, State.NEEDS_INPUT, State.AWAITING_APPROVAL)
+
+
+@dataclass(frozen=True)
+class View:
+    """An operation as an operator action reads it."""
+
+    ref: str
+    state: State
+    tool: str
+    call_id: str
+    fp: str
+    blocked_fp: str
+    attempt: int
+    max_attempts: int
+    rev: str
+    deadline_ms: int
+
+    @classmethod
+    def from_fields(cls, ref: str, f: dict[str, str]) -> View:
+        if "state" not in f:
+            raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
+        return cls(
+            ref=ref,
+            state=State(f["state"]),
+            tool=f.get("tool", ""),
+            call_id=f.get("call_id", ""),
+            fp=f.get("fp", ""),
+            blocked_fp=f.get("blocked_fp", ""),
+            attempt=int(f.get("attempt") or 0),
+            max_attempts=int(f.get("max_attempts") or 0),
+            rev=f.get("rev", ""),
+            deadline_ms=int(float(f.get("deadline") or 0)),
+        )
+
+    def require(self, state: State) -> None:
+        if self.state is not state:
+            raise errors.InvalidState(f"operation is {self.state}, not {state}", state=self.state)
+
+
+def cancel(v: View, policy: Policy, by: str = "operator:cancel") -> Transition | None:
+    """Cancel an operation that has not started a write; None if it is cancelled already."""
+    if v.state is State.CANCELLED:
+        return None
+    if v.state not in CANCELLABLE:
+        raise errors.InvalidState(
+            f"operation is {v.state}; only queued or waiting operations can be cancelled",
+            state=str(v.state),
+        )
+    return terminal(
+        Transition(
+            ref=v.ref,
+            states=(v.state,),
+            to=State.CANCELLED,
+            by=by,
+            code="CANCELLED",
+            expect={"*": {"rev": v.rev}},
+            envelope=cancelled_envelope(v.ref, v.tool, v.call_id),
+            stats=("cancelled",),
+        ),
+        policy,
+    )
+
+
+def approve(
+    v: View, now_ms: int, policy: Policy, messages: Messages, by: str = "operator:approve"
+) -> Transition:
+    """Approve an operation awaiting approval, bound to its current arguments."""
+    v.require(State.AWAITING_APPROVAL)
+    return _requeue(
+        v,
+        now_ms,
+        policy,
+        messages,
+        by=by,
+        code="APPROVED",
+        extra={"approved_fp": v.fp},
+        expect=("fp", v.fp),
+    )
+
+
+def provide_input(
+    v: View,
+    args_json: str,
+    fp: str,
+    now_ms: int,
+    policy: Policy,
+    messages: Messages,
+    by: str = "operator:input",
+) -> Transition:
+    """Replace the arguments of an operation that needs input; identical ones are refused."""
+    v.require(State.NEEDS_INPUT)
+    if fp in (v.blocked_fp, v.fp):
+        raise errors.InvalidArguments(
+            "the arguments are identical to the ones that needed fixing",
+            code_hint="ARGUMENTS_UNCHANGED",
+        )
+    return _requeue(
+        v,
+        now_ms,
+        policy,
+        messages,
+        by=by,
+        code="INPUT_PROVIDED",
+        extra={"args": args_json, "fp": fp},
+        expect=("blocked_fp", v.blocked_fp),
+    )
+
+
+def _requeue(
+    v: View,
+    now_ms: int,
+    policy: Policy,
+    messages: Messages,
+    *,
+    by: str,
+    code: str,
+    extra: dict[str, str],
+    expect: tuple[str, str],
+) -> Transition:
+    guard = {"*": {"rev": v.rev, expect[0]: expect[1]}}
+    if attempts_remaining(v.attempt, v.max_attempts) == 0:
+        return terminal(
+            Transition(
+                ref=v.ref,
+                states=(v.state,),
+                to=State.ESCALATED,
+                by=by,
+                code="ATTEMPTS_EXHAUSTED",
+                expect=guard,
+                envelope=escalation_envelope("ATTEMPTS_EXHAUSTED", v.ref, v.tool, v.call_id),
+                stats=("escalated",),
+            ),
+            policy,
+        )
+    return Transition(
+        ref=v.ref,
+        states=(v.state,),
+        to=State.QUEUED,
+        by=by,
+        code=code,
+        expect=guard,
+        attempt_incr=1,
+        set={**extra, "repubs": "0"},
+        push=messages.run(v.ref, v.attempt + 1),
+        due_ms=now_ms + policy.unclaimed_after_ms,
+    )
