@@ -61,9 +61,11 @@ import redis
 
 from bench import procs
 from bench.common import percentile
+from toolq.keys import Keys
 
 APP = "toolq.examples.invoices:tq"
 TOOL = "create_invoice"
+KEYS = Keys()  # the ledger keys of the default prefix the stack runs with
 TERMINAL = {"succeeded", "failed", "escalated", "cancelled"}
 RECOVERY = {"waiting_retry", "verifying", "awaiting_approval", "needs_input"}
 
@@ -438,7 +440,7 @@ class Chaos:
     def states(self, r: redis.Redis) -> dict[str, str]:
         pipe = r.pipeline(transaction=False)
         for ref in self.refs:
-            pipe.hget(f"toolq:op:{ref}", "state")
+            pipe.hget(KEYS.op(ref), "state")
         return {
             ref: (s.decode() if s else "missing")
             for ref, s in zip(self.refs, pipe.execute(), strict=True)
@@ -452,10 +454,10 @@ class Chaos:
             states = self.states(r)
             pipe = r.pipeline(transaction=False)
             for ref in self.refs:
-                pipe.lrange(f"toolq:hist:{ref}", 0, -1)
-                pipe.hget(f"toolq:op:{ref}", "envelope")
+                pipe.lrange(KEYS.history(ref), 0, -1)
+                pipe.hget(KEYS.op(ref), "envelope")
             raw = pipe.execute()
-            stats = {k.decode(): int(v) for k, v in r.hgetall("toolq:stats").items()}
+            stats = {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items()}
         finally:
             r.close()
         store = self.provider.store

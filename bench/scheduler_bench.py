@@ -30,8 +30,10 @@ import redis
 from bench import procs
 from bench.common import fmt, percentile
 from bench.report import table
+from toolq.keys import Keys
 
 PREFIX = "toolq"
+KEYS = Keys(PREFIX)
 CALLS_QUEUE = "toolq.calls"
 BATCH = 10_000
 
@@ -71,7 +73,7 @@ def populate(r: redis.Redis, tag: str, n: int, base_ms: int, step_ms: float) -> 
     deadline = int(time.time() * 1000) + 30 * 86400 * 1000
     t0 = time.perf_counter()
     for first in range(0, n, BATCH):
-        script(args=[PREFIX, tag, first, min(BATCH, n - first), base_ms, step_ms, deadline])
+        script(args=[KEYS.tag, tag, first, min(BATCH, n - first), base_ms, step_ms, deadline])
     return time.perf_counter() - t0
 
 
@@ -114,7 +116,7 @@ def lag_at_size(url: str, n: int, rate: float, seconds: float) -> dict[str, Any]
     rss_idle = procs.rss_kb(ch.pid)
     start = int(time.time() * 1000) + 1500
     populate(r, "probe:", probes, start, 1000 / rate)
-    r.lpush(f"{PREFIX}:wake", "1")  # what the ledger's set_due does for an earlier item
+    r.lpush(KEYS.wake, "1")  # what the ledger's set_due does for an earlier item
     data = _result(ch, name, probes / rate + 60)
     queued = r.llen(CALLS_QUEUE)
     r.delete(CALLS_QUEUE)

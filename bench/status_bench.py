@@ -98,7 +98,7 @@ def bench(url: str, sizes: list[int], runs: int) -> None:
     have = 0
     for size in sizes:
         started = time.perf_counter()
-        fill(client, tq.settings.prefix, have, size - have, now_ms)
+        fill(client, tq.ledger.keys.tag, have, size - have, now_ms)
         have = size
         took = time.perf_counter() - started
         mem = client.info("memory")["used_memory_human"]

@@ -32,9 +32,11 @@ from bench.clients import ToolqClient
 from bench.common import fmt, median, percentile
 from bench.load import closed_loop, open_loop
 from bench.report import table
+from toolq.keys import Keys
 
 APP = "bench.apps:tq"
 POOL = ("prefork", 2)
+KEYS = Keys()
 
 
 @contextlib.contextmanager
@@ -56,7 +58,7 @@ def _history_times(r: redis.Redis, refs: list[str]) -> list[dict[str, float]]:
     for i in range(0, len(refs), 1000):
         pipe = r.pipeline(transaction=False)
         for ref in refs[i : i + 1000]:
-            pipe.lrange(f"toolq:hist:{ref}", 0, -1)
+            pipe.lrange(KEYS.history(ref), 0, -1)
         for entries in pipe.execute():
             times: dict[str, float] = {}
             for raw in entries:
@@ -71,7 +73,7 @@ def _submit_backlog(tool: str, k: int) -> list[str]:
 
 
 def _wait_state(r: redis.Redis, tool: str, state: str, k: int, timeout: float) -> bool:
-    return procs.wait_for(lambda: r.zcard(f"toolq:idx:{tool}:{state}") >= k, timeout, 0.1)
+    return procs.wait_for(lambda: r.zcard(KEYS.index(tool, state)) >= k, timeout, 0.1)
 
 
 def _drain_rate(r: redis.Redis, refs: list[str]) -> float:
@@ -178,7 +180,7 @@ def soak(url: str, rate: float, seconds: float, every: float = 5.0) -> dict[str,
         while not stop.wait(every):
             pipe = r.pipeline(transaction=False)
             for state in ("queued", "running", "verifying"):
-                pipe.zcard(f"toolq:idx:unknown_once:{state}")
+                pipe.zcard(KEYS.index("unknown_once", state))
             pipe.llen("toolq.calls")
             pipe.llen("toolq.verify")
             q, run, ver, lc, lv = pipe.execute()

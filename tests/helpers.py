@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,6 +137,13 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now, for a child process to bind."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def pid_gone(pid: int) -> bool:

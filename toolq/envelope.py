@@ -10,8 +10,10 @@ Two shapes, discriminated by ``ok``; field names are the wire format.
 The models check their own consistency, so an inconsistent envelope cannot be
 built or parsed:
 
-- ``commit_state=unknown`` <=> ``next_action=verify_operation``, and then
-  ``retry.directive=never``: an unknown outcome is verified, never retried.
+- ``commit_state=unknown`` => ``retry.directive=never`` and ``next_action`` is
+  ``verify_operation`` (toolq is verifying it) or ``escalate`` (nothing will:
+  a person must check); ``next_action=verify_operation`` => ``unknown``. An
+  unknown outcome is verified or escalated, never retried.
 - ``directive=after_delay`` <=> ``next_action=wait_and_retry``, with an
   absolute, timezone-aware ``not_before`` (serialised as ISO 8601 UTC, ``Z``).
 - ``directive=after_input_fix`` <=> ``next_action=correct_input``.
@@ -214,6 +216,10 @@ _PAIRED_ACTIONS: dict[Directive, NextAction] = {
 }
 
 
+# An unknown outcome is being verified, or nothing will verify it and a person must.
+_UNKNOWN_ACTIONS = frozenset({NextAction.VERIFY_OPERATION, NextAction.ESCALATE})
+
+
 class ToolError(_Model):
     ok: Literal[False] = False
     code: str = Field(pattern=CODE_PATTERN, max_length=CODE_MAX)
@@ -273,8 +279,10 @@ class ToolError(_Model):
         if state is CommitState.COMMITTED:
             raise ValueError("an error envelope cannot say committed")
         unknown = state is CommitState.UNKNOWN
-        if unknown != (action is NextAction.VERIFY_OPERATION):
-            raise ValueError("commit_state unknown goes with next_action verify_operation, only")
+        if action is NextAction.VERIFY_OPERATION and not unknown:
+            raise ValueError("next_action verify_operation goes with commit_state unknown, only")
+        if unknown and action not in _UNKNOWN_ACTIONS:
+            raise ValueError("commit_state unknown goes with verify_operation or escalate, only")
         if unknown and directive is not Directive.NEVER:
             raise ValueError("commit_state unknown requires retry.directive never")
         for paired_directive, paired_action in _PAIRED_ACTIONS.items():

@@ -33,11 +33,20 @@ FIXED: dict[str, tuple[Category, CommitState, NextAction, str, str]] = {
         _UNKNOWN_AGENT,
         _UNKNOWN_USER,
     ),
+    # An unknown outcome nothing will settle: escalated, and the envelope says so.
     "VERIFICATION_UNAVAILABLE": (
         _C.DEPENDENCY,
         _S.UNKNOWN,
-        _A.VERIFY_OPERATION,
+        _A.ESCALATE,
         "The outcome is unknown and could not be verified; "
+        "an operator must check before anything is sent again.",
+        "I could not confirm whether this went through; a person will check.",
+    ),
+    "OUTCOME_UNVERIFIABLE": (
+        _C.DEPENDENCY,
+        _S.UNKNOWN,
+        _A.ESCALATE,
+        "The write may have completed and this tool has no verifier; "
         "an operator must check before anything is sent again.",
         "I could not confirm whether this went through; a person will check.",
     ),
@@ -67,14 +76,14 @@ FIXED: dict[str, tuple[Category, CommitState, NextAction, str, str]] = {
         _S.NOT_COMMITTED,
         _A.ESCALATE,
         "No approval arrived in time; this needs an operator.",
-        "This was not approved in time.",
+        "This was not approved in time; a person will look at it.",
     ),
     "INPUT_TIMEOUT": (
         _C.VALIDATION,
         _S.NOT_COMMITTED,
         _A.ESCALATE,
         "No corrected input arrived in time; this needs an operator.",
-        "No corrected details arrived in time.",
+        "No corrected details arrived in time; a person will look at it.",
     ),
     "OPERATION_CANCELLED": (
         _C.CONFLICT,
@@ -137,6 +146,17 @@ def unknown_envelope(
     """The write may have happened: what the agent sees while toolq verifies it."""
     details = {"verification_tool": verification_tool} if verification_tool else {}
     return fixed_envelope("OUTCOME_UNKNOWN", ref, tool, call_id, details)
+
+
+def unverifiable_envelope(
+    ref: str, tool: str, call_id: str | None, reason: str | None = None
+) -> ToolError:
+    """The write may have happened and nothing will verify it: a person must check.
+
+    ``reason`` is the code of what made the outcome unknown (a toolq or tool
+    code, never upstream text).
+    """
+    return fixed_envelope("OUTCOME_UNVERIFIABLE", ref, tool, call_id, {"reason": reason})
 
 
 def escalation_envelope(code: str, ref: str, tool: str, call_id: str | None) -> ToolError:

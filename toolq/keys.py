@@ -1,58 +1,103 @@
 """Every Redis key and channel toolq uses, in one place.
 
-The ledger's keys start with the settings prefix. Celery's own keys (queue
-lists, ``unacked``) are kombu's and are named by the queue settings.
+The ledger's keys all start with one hash tag made of the settings prefix:
+``Keys(prefix="toolq")`` names ``{toolq}:op:<ref>``, ``{toolq}:due``,
+``{toolq}:idx:<tool>:<state>``, ... Redis Cluster hashes only the part in
+braces, so every key a ledger script touches lives in one slot, as a script
+requires. Today that is one tag (one slot) for the whole deployment; the
+scale-out issue gives each ledger cell a tag of its own. Never tag per
+operation: a script that moves an operation also writes the due set and the
+state indexes, which must share the operation's slot.
+
+The scripts receive these names as KEYS (:mod:`toolq.ledger.scripts`); the two
+prefixes below (:attr:`Keys.op_prefix`, :attr:`Keys.index_prefix`) exist for
+the keys a script can only name from data it reads.
+
+Celery's own keys (the queue lists, ``unacked``) are kombu's: named by the
+queue settings and by kombu, they carry no prefix and no tag.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: kombu's Redis transport keeps every delivered, not yet acknowledged message in
+#: this hash until it is acked or restored (``kombu.transport.redis.Channel.unacked_key``,
+#: whose default toolq does not change). kombu names it, not toolq.
+KOMBU_UNACKED = "unacked"
+
 
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "toolq"
 
+    @property
+    def tag(self) -> str:
+        """The hash tag every ledger key (and the notify channel) starts with."""
+        return "{" + self.prefix + "}"
+
+    @property
+    def op_prefix(self) -> str:
+        """``op(ref)`` is this plus the ref (CLAIM_DUE reads refs from the due set)."""
+        return f"{self.tag}:op:"
+
     def op(self, ref: str) -> str:
-        return f"{self.prefix}:op:{ref}"
+        """Hash: the operation's record."""
+        return self.op_prefix + ref
 
     def history(self, ref: str) -> str:
-        return f"{self.prefix}:hist:{ref}"
+        """List: the operation's transitions, oldest first (JSON entries)."""
+        return f"{self.tag}:hist:{ref}"
 
     @property
     def due(self) -> str:
         """Sorted set: operation ref -> the next time the scheduler must look at it (ms)."""
-        return f"{self.prefix}:due"
+        return f"{self.tag}:due"
 
     @property
     def wake(self) -> str:
         """List the scheduler blocks on; pushed when an earlier due item is added."""
-        return f"{self.prefix}:wake"
+        return f"{self.tag}:wake"
 
     @property
     def sleep_until(self) -> str:
         """When a sleeping scheduler plans to wake (ms); earlier due items wake it."""
-        return f"{self.prefix}:sleep_until"
+        return f"{self.tag}:sleep_until"
 
     @property
     def notify(self) -> str:
-        """Pub/Sub channel: ``<state> <ref>`` when an operation settles (``tq.wait``)."""
-        return f"{self.prefix}:notify"
+        """Pub/Sub channel: ``<state> <ref>`` when an operation settles (``tq.wait``).
+
+        A channel, not a key (scripts get it as an argument); tagged all the
+        same, so that a sharded channel per cell can keep the name's shape.
+        """
+        return f"{self.tag}:notify"
 
     @property
     def tools(self) -> str:
-        return f"{self.prefix}:tools"
+        """Set: every tool the ledger has seen."""
+        return f"{self.tag}:tools"
 
     @property
     def stats(self) -> str:
         """Hash of counters: ``<tool>|<counter>``."""
-        return f"{self.prefix}:stats"
+        return f"{self.tag}:stats"
+
+    @property
+    def index_prefix(self) -> str:
+        """``index(tool, state)`` is this plus ``<tool>:<state>``.
+
+        The scripts learn a record's tool and state only by reading it, so they
+        build index names from this prefix (``IDX .. tool .. ':' .. state``);
+        the contract tests check both spellings name the same keys.
+        """
+        return f"{self.tag}:idx:"
 
     def index(self, tool: str, state: str) -> str:
         """Sorted set: refs of ``tool`` in ``state``, scored by when they entered it (ms)."""
-        return f"{self.prefix}:idx:{tool}:{state}"
+        return f"{self.index_prefix}{tool}:{state}"
 
     @property
     def schedulers(self) -> str:
         """Hash: scheduler id -> last heartbeat (ms)."""
-        return f"{self.prefix}:schedulers"
+        return f"{self.tag}:schedulers"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from toolq.keys import Keys
+from toolq.keys import KOMBU_UNACKED, Keys
 from toolq.states import PENDING_RECOVERY, TERMINAL, State
 
 if TYPE_CHECKING:
@@ -47,11 +47,10 @@ COUNTERS: tuple[str, ...] = (
 )  # fmt: skip
 
 # kombu's Redis transport: a queue with priorities keeps one list per step
-# (``name``, ``name\x06\x163``, ...), and every delivered, unacknowledged
-# message in one hash until it is acked or restored.
+# (``name``, ``name\x06\x163``, ...); its unacknowledged messages are in
+# ``toolq.keys.KOMBU_UNACKED``.
 _KOMBU_PRIORITY_SEP = "\x06\x16"
 _KOMBU_PRIORITY_STEPS = (3, 6, 9)
-KOMBU_UNACKED_KEY = "unacked"
 
 WorkerProbe = Callable[[], dict[str, Any]]
 
@@ -62,7 +61,7 @@ class Sources:
 
     keys: Keys
     queues: tuple[str, ...] = ("toolq.calls", "toolq.verify")
-    unacked_key: str = KOMBU_UNACKED_KEY
+    unacked_key: str = KOMBU_UNACKED
 
 
 def status_snapshot(

@@ -24,18 +24,17 @@ from celery import Celery
 from toolq import errors
 from toolq import fixed as envelopes
 from toolq.app import App
-from toolq.envelope import ToolError, ToolSuccess
+from toolq.envelope import FieldError, ToolError, ToolSuccess
 from toolq.ledger import Ledger
 from toolq.record import OperationRecord, load_envelope
 from toolq.recovery import operator
 from toolq.recovery.transition import Transition
-from toolq.settings import ToolqSettings
+from toolq.settings import REF_PUNCTUATION, ToolqSettings
 from toolq.states import SETTLED, State
 from toolq.tasks.run import Runtime
-from toolq.tools import Jitter, Tool, ToolOptions, args_model_for, canonical_json, fingerprint
+from toolq.tools import Tool, ToolOptions, args_model_for, canonical_json, fingerprint
 
 R = TypeVar("R")
-_REF_RE = re.compile(r"[A-Za-z0-9_.:/@#+=-]{1,200}")
 
 
 @dataclass(frozen=True)
@@ -124,61 +123,24 @@ class ToolQueue:
 
     @overload
     def tool(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        writes: bool = True,
-        consistency_window: float = 2.0,
-        max_attempts: int = 5,
-        deadline: float = 3600.0,
-        jitter: Jitter | None = None,
-        requires_approval: bool = False,
-        verify_checks: int = 5,
-        verify_backoff: float = 1.0,
-        safe_details: tuple[str, ...] = (),
-        idempotent: bool = True,
-        description: str | None = None,
+        self, fn: None = None, /, *, name: str | None = None, **options: Any
     ) -> Callable[[Callable[..., R]], Tool[R]]: ...
 
     def tool(
-        self,
-        fn: Callable[..., R] | None = None,
-        /,
-        *,
-        name: str | None = None,
-        writes: bool = True,
-        consistency_window: float = 2.0,
-        max_attempts: int = 5,
-        deadline: float = 3600.0,
-        jitter: Jitter | None = None,
-        requires_approval: bool = False,
-        verify_checks: int = 5,
-        verify_backoff: float = 1.0,
-        safe_details: tuple[str, ...] = (),
-        idempotent: bool = True,
-        description: str | None = None,
+        self, fn: Callable[..., R] | None = None, /, *, name: str | None = None, **options: Any
     ) -> Tool[R] | Callable[[Callable[..., R]], Tool[R]]:
-        """Register a tool. Defaults: a write, 5 attempts, 1 h deadline, 2 s window."""
+        """Register a tool (``def`` or ``async def``): ``@tq.tool`` or ``@tq.tool(**options)``.
+
+        ``options`` are :class:`~toolq.tools.ToolOptions` fields (defaults: a write,
+        5 attempts, 1 h deadline, 2 s window); an unknown or bad one raises
+        ``ValueError`` here, at registration.
+        """
+        opts = ToolOptions.parse(options, name)
 
         def register(f: Callable[..., R]) -> Tool[R]:
             tool_name = name or f.__name__
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", tool_name):
                 raise ValueError(f"tool name {tool_name!r} is not an identifier")
-            opts = ToolOptions(
-                writes=writes,
-                consistency_window=consistency_window,
-                max_attempts=max_attempts,
-                deadline=deadline,
-                jitter=jitter or Jitter(),
-                requires_approval=requires_approval,
-                verify_checks=verify_checks,
-                verify_backoff=verify_backoff,
-                safe_details=frozenset(safe_details),
-                idempotent=idempotent,
-                description=description or (f.__doc__ or "").strip().split("\n")[0],
-            )
             t: Tool[R] = Tool(tool_name, f, args_model_for(f, tool_name), opts)
             self.registry.add(t)
             return t
@@ -207,8 +169,11 @@ class ToolQueue:
         model = t.validate(args)
         canonical = self._canonical(model)
         ref = self._ref(operation_ref, run_id, step)
-        if call_id is not None and (not isinstance(call_id, str) or len(call_id) > 200):
-            raise errors.InvalidArguments("call_id must be a string of at most 200 characters")
+        longest = self.app.settings.limits.max_ref_length
+        if call_id is not None and (not isinstance(call_id, str) or len(call_id) > longest):
+            raise errors.InvalidArguments(
+                f"call_id must be a string of at most {longest} characters"
+            )
         app = self.app
         now_ms = app.now_ms()
         state = State.AWAITING_APPROVAL if t.options.requires_approval else State.QUEUED
@@ -251,15 +216,17 @@ class ToolQueue:
             )
         return canonical
 
-    @staticmethod
-    def _ref(operation_ref: str | None, run_id: str | None, step: str | int | None) -> str:
+    def _ref(self, operation_ref: str | None, run_id: str | None, step: str | int | None) -> str:
         if operation_ref is None and run_id is not None and step is not None:
             operation_ref = f"{run_id}/{step}"
         if operation_ref is None:
             return f"op_{uuid.uuid4().hex}"
-        if not isinstance(operation_ref, str) or not _REF_RE.fullmatch(operation_ref):
+        limits = self.app.settings.limits
+        if not isinstance(operation_ref, str) or not limits.ref_re.fullmatch(operation_ref):
             raise errors.InvalidArguments(
-                "operation_ref must be 1-200 characters of letters, digits and _.:/@#+=-"
+                f"operation_ref must be 1-{limits.max_ref_length} characters of letters, "
+                f"digits and {REF_PUNCTUATION}",
+                field_errors=[FieldError(field="operation_ref", rule="pattern")],
             )
         return operation_ref
 

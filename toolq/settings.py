@@ -5,6 +5,8 @@ Nested groups read ``TOOLQ_<GROUP>__<FIELD>`` (e.g. ``TOOLQ_LEASE__SECONDS=10``)
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -18,6 +20,8 @@ class LeaseSettings(BaseModel):
 
     @property
     def renew_every(self) -> float:
+        """Seconds between renewals (the App hands it to the worker's LeaseKeeper):
+        a third of the lease, so a failed renewal gets another chance before it runs out."""
         return self.seconds / 3
 
 
@@ -49,11 +53,32 @@ class SchedulerSettings(BaseModel):
     hold: float = Field(default=30.0, gt=0)
 
 
+#: The characters of an operation_ref besides letters and digits: safe in Redis
+#: keys, URL paths and log lines without quoting.
+REF_PUNCTUATION = "_.:/@#+=-"
+REF_CHARS = "A-Za-z0-9" + REF_PUNCTUATION
+
+
 class LimitSettings(BaseModel):
     max_args_bytes: int = Field(default=256 * 1024, ge=64)
     #: Redis connections one process opens at most; more callers wait for one.
     max_connections: int = Field(default=256, ge=4, le=10_000)
-    max_ref_length: int = Field(default=200, ge=8, le=200)
+    #: The longest operation_ref (and call_id) any edge accepts: the client,
+    #: the HTTP API and MCP all check against :attr:`ref_re`. At most 200
+    #: because the envelope contract carries refs of up to 200 characters; at
+    #: least 36 so the refs toolq mints itself (``mcp_`` + 32 hex) fit.
+    max_ref_length: int = Field(default=200, ge=36, le=200)
+
+    @property
+    def ref_pattern(self) -> str:
+        """An acceptable ref, anchored (also usable as a JSON Schema ``pattern``)."""
+        return f"^[{REF_CHARS}]{{1,{self.max_ref_length}}}$"
+
+    @property
+    def ref_re(self) -> re.Pattern[str]:
+        """:attr:`ref_pattern` compiled; use ``fullmatch`` (``$`` also matches before a
+        final newline)."""
+        return re.compile(self.ref_pattern)
 
 
 class ToolqSettings(BaseSettings):

@@ -20,6 +20,10 @@ class State(StrEnum):
 
 TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.ESCALATED, State.CANCELLED})
 
+#: States an operation is created in: queued, or awaiting_approval for a tool
+#: that requires approval before its first attempt.
+INITIAL = frozenset({State.QUEUED, State.AWAITING_APPROVAL})
+
 #: States in which the operation needs nothing more from the runtime:
 #: ``tq.wait`` returns when one is reached.
 SETTLED = TERMINAL | {State.NEEDS_INPUT, State.AWAITING_APPROVAL}

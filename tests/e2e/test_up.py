@@ -9,6 +9,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import descendants, pid_gone, start_toolq, stop_process, toolq_env, wait_until
 from toolq.state import read_state
 
@@ -121,6 +123,24 @@ def test_up_with_an_unreachable_server_fails_in_one_line(tmp_path: Path) -> None
     assert read_state(tmp_path / ".toolq") is None
 
 
+@pytest.mark.parametrize(
+    ("app", "error"),
+    [
+        ("nosuch:tq", "cannot import 'nosuch': ModuleNotFoundError: No module named 'nosuch'"),
+        ("toolq.examples.invoices:nope", "'toolq.examples.invoices' has no attribute 'nope'"),
+        ("nosuch", "--app must look like MODULE:ATTR, got 'nosuch'"),
+    ],
+)
+def test_up_with_a_wrong_app_fails_once_before_starting_anything(
+    tmp_path: Path, app: str, error: str
+) -> None:
+    res = _toolq(tmp_path, "up", "--app", app)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [f"Error: {error}"]
+    assert res.stdout == ""  # no "serving on", no process table
+    assert not (tmp_path / ".toolq").exists()  # no state written, no server's data directory
+
+
 def test_nothing_outlives_a_sigkilled_up(tmp_path: Path) -> None:
     # Given `toolq up` with everything started
     p, log = _start_up(tmp_path, "--no-api", "--no-metrics")
@@ -134,6 +154,13 @@ def test_nothing_outlives_a_sigkilled_up(tmp_path: Path) -> None:
         stop_process(p)
     # Then every process it started dies with it (PR_SET_PDEATHSIG)
     _assert_all_gone(pids)
+    # And a command that finds the server by the stale state file says what happened
+    status = _toolq(tmp_path, "status")
+    assert status.returncode == 2
+    assert status.stderr.strip().splitlines() == [
+        f"Error: the `toolq up` recorded in .toolq/state.json (pid {p.pid}) is no longer "
+        "running; start it again or pass --redis-url"
+    ]
     # And the stale state file does not stop the next `up` from starting
     p, log = _start_up(tmp_path, "--no-api", "--no-metrics")
     try:

@@ -8,11 +8,14 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from tests.helpers import free_port, start_scheduler, start_worker, stop_process, wait_until
+from tests.integration.conftest import APP
 from toolq.errors import ToolqError
-from toolq.metrics import METRICS_HOST_ENV, observe_recovery, observe_tick, start_metrics_server
+from toolq.metrics import METRICS_HOST_ENV, observe_tick, start_metrics_server
 from toolq.queue import ToolQueue
 from toolq.recovery.transition import Transition
 from toolq.scheduler.service import Scheduler
@@ -65,8 +68,6 @@ def _short_run(tq: ToolQueue) -> None:
     runner.start()
     try:
         assert dispatched.wait(20), "the scheduler did not dispatch the due retries"
-        # What the worker reports when an operation leaves pending recovery.
-        observe_recovery("create_invoice", 0.8, state="waiting_retry")
     finally:
         sched.stop()
         runner.join(timeout=10)
@@ -74,7 +75,15 @@ def _short_run(tq: ToolQueue) -> None:
     tq.submit("create_invoice", {"amount": 9}, operation_ref="inv/9")
 
 
+def _recovered(tool: str, state: str) -> float:
+    """How many operations this process saw leave ``state`` (the histogram's count)."""
+    labels = {"tool": tool, "state": state}
+    return REGISTRY.get_sample_value("toolq_pending_recovery_seconds_count", labels) or 0.0
+
+
 def test_the_endpoint_serves_the_named_series_after_a_short_run(tq: ToolQueue) -> None:
+    # The per-process histogram outlives a test: count from what it held before.
+    before = _recovered("create_invoice", "waiting_retry")
     server = start_metrics_server(0, tq, role="scheduler")
     try:
         _short_run(tq)
@@ -111,10 +120,17 @@ def test_the_endpoint_serves_the_named_series_after_a_short_run(tq: ToolQueue) -
         "toolq_ledger_up 1.0",
         "toolq_schedulers_live 1.0",
         'toolq_process_info{role="scheduler"',
-        'toolq_pending_recovery_seconds_bucket{le="1.0",state="waiting_retry",tool="create_invoice"}',
         'toolq_scheduler_dispatch_lag_seconds_bucket{le="+Inf"}',
     ):
         assert series in text, series
+    # The scheduler's batch moved the three retries out of waiting_retry, and said so.
+    recovered = next(
+        s.value
+        for s in families["toolq_pending_recovery_seconds"].samples
+        if s.name.endswith("_count")
+        and s.labels == {"tool": "create_invoice", "state": "waiting_retry"}
+    )
+    assert recovered == before + 3
     lag = families["toolq_scheduler_dispatch_lag_seconds"]
     count = next(s.value for s in lag.samples if s.name.endswith("_count"))
     assert count >= 3
@@ -153,3 +169,50 @@ def test_scrapes_follow_the_ledger(tq: ToolQueue) -> None:
 
     assert 'toolq_operations{state="queued"' not in before
     assert 'toolq_operations{state="queued",tool="create_invoice"} 1.0' in after
+
+
+def _pending_count(url: str, tool: str, state: str) -> float | None:
+    """The count of ``toolq_pending_recovery_seconds`` a process serves; None if it serves none."""
+    try:
+        text = _scrape(url)
+    except OSError:  # not listening yet
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == "toolq_pending_recovery_seconds":
+            for s in family.samples:
+                if s.name.endswith("_count") and s.labels == {"tool": tool, "state": state}:
+                    return s.value
+    return 0.0
+
+
+def test_worker_and_scheduler_processes_serve_what_left_pending_recovery(
+    rt: ToolQueue, module_redis_url: str
+) -> None:
+    # Given a worker and a scheduler serving metrics, the worker on threads so its
+    # tasks run in the process that serves them (a prefork child's would not show)
+    worker_port, scheduler_port = free_port(), free_port()
+    procs = [
+        start_worker(
+            APP, module_redis_url, pool="threads", extra_args=["--metrics-port", str(worker_port)]
+        ),
+        start_scheduler(APP, module_redis_url, extra_args=["--metrics-port", str(scheduler_port)]),
+    ]
+    try:
+        # When one write is rate-limited twice (the scheduler brings it back from
+        # waiting_retry each time) and another loses its reply after committing (the
+        # worker's verifier settles it from verifying)
+        retried = rt.submit("pay", {"mode": "rate_limited"}).operation_ref
+        verified = rt.submit("pay", {"mode": "lost_reply"}).operation_ref
+        assert rt.wait(retried, timeout=30).ok
+        assert rt.wait(verified, timeout=30).ok
+
+        # Then each process serves what it moved out of pending recovery, and only that
+        scheduler_url = f"http://127.0.0.1:{scheduler_port}/metrics"
+        worker_url = f"http://127.0.0.1:{worker_port}/metrics"
+        assert wait_until(lambda: _pending_count(scheduler_url, "pay", "waiting_retry") == 2, 10)
+        assert wait_until(lambda: _pending_count(worker_url, "pay", "verifying") == 1, 10)
+        assert _pending_count(scheduler_url, "pay", "verifying") == 0
+        assert _pending_count(worker_url, "pay", "waiting_retry") == 0
+    finally:
+        for p in procs:
+            stop_process(p)

@@ -33,7 +33,7 @@ def test_a_call_that_succeeds_records_a_committed_envelope(rt: ToolQueue) -> Non
     sub = rt.submit("pay", {"amount_cents": "250"}, operation_ref="run_1/step_1", call_id="call_1")
     env = rt.wait(sub.operation_ref, timeout=20)
 
-    assert env.ok and env.commit_state == "committed"
+    assert env.ok and env.commit_state.value == "committed"
     assert env.result == {"paid": "run_1/step_1", "attempt": 1}
     assert env.call_id == "call_1" and env.operation == "pay"
     rec = rt.get("run_1/step_1")
@@ -128,8 +128,18 @@ def test_concurrent_submits_of_the_same_refs_create_one_operation_each(rt: ToolQ
 
 
 def test_a_read_tool_succeeds_without_verification(rt: ToolQueue) -> None:
-    env = rt.wait(rt.submit("lookup", {"mode": "r"}).operation_ref, timeout=20)
+    ref = rt.submit("lookup", {"mode": "r"}).operation_ref
+    env = rt.wait(ref, timeout=20)
+
     assert env.ok and env.result == {"mode": "r"}
+    # The attempt's own reply is the evidence: nothing looked the operation up...
+    assert env.verification.evidence_ref is None
+    rec = rt.get(ref)
+    assert rec is not None
+    assert [h.to for h in rec.history] == [State.QUEUED, State.RUNNING, State.SUCCEEDED]
+    # ...and no lookup of this read tool was ever asked for, in this whole module
+    counted = {k for k in rt.ledger.stats() if k.startswith("lookup|")}
+    assert counted.isdisjoint({"lookup|unknown", "lookup|verify_published", "lookup|lease_lost"})
 
 
 @pytest.mark.parametrize(
@@ -189,16 +199,41 @@ def test_needs_input_refuses_identical_arguments_and_runs_changed_ones(
     assert effects(provider, ref) == 1
 
 
-def test_approval_is_bound_to_the_arguments_it_approved(rt: ToolQueue) -> None:
+def test_an_approved_write_runs_as_approved(rt: ToolQueue) -> None:
     ref = rt.submit("pay", {"mode": "approval"}).operation_ref
     env = rt.wait(ref, timeout=20)
     assert not env.ok and env.next_action == "request_approval"
     rt.approve(ref)
     env = rt.wait(ref, timeout=20)
     assert env.ok and env.result["attempt"] == 2
-    rec = rt.get(ref)
-    assert rec is not None
-    assert json.loads(rt.ledger.fields(ref, "args")["args"])["mode"] == "approval"
+
+
+def test_approval_is_bound_to_the_arguments_it_approved(
+    rt: ToolQueue, provider: redis.Redis
+) -> None:
+    # Given a write approved with arguments that then turned out to need fixing
+    ref = rt.submit("pay", {"mode": "approval_then_input", "amount_cents": 0}).operation_ref
+    assert rt.wait(ref, timeout=20).next_action == "request_approval"  # type: ignore[union-attr]
+    rt.approve(ref)
+    env = rt.wait(ref, timeout=20)
+    assert not env.ok and env.code == "INVALID_INPUT"
+
+    # When the arguments are replaced
+    rt.provide_input(ref, {"mode": "approval_then_input", "amount_cents": 700})
+
+    # Then the new arguments do not run as approved: they wait for an approval of their own
+    env = rt.wait(ref, timeout=20)
+    assert not env.ok and env.next_action == "request_approval"
+    assert effects(provider, ref) == 0
+    rt.approve(ref)
+    env = rt.wait(ref, timeout=20)
+    assert env.ok and env.result["attempt"] == 4
+    told = [int(x) for x in provider.lrange(f"provider:approved:{ref}", 0, -1)]
+    assert told == [0, 1, 0, 1]  # attempt 3 ran on new arguments, not approved
+    assert effects(provider, ref) == 1
+    approved = rt.ledger.fields(ref, "args", "fp", "approved_fp")
+    assert approved["approved_fp"] == approved["fp"]
+    assert json.loads(approved["args"])["amount_cents"] == 700
 
 
 def test_wait_returns_the_current_envelope_or_raises_on_timeout(rt: ToolQueue) -> None:

@@ -123,11 +123,25 @@ def test_status_json_counts_every_state_and_ages_pending_recovery(
     assert tools["lookup"]["states"]["cancelled"] == 1
     assert tools["lookup"]["counters"]["cancelled"] == 1
     assert inv["counters"]["submitted"] == 5
+
+    # The oldest per state across tools: inv/0 was submitted at T0, the refunds at T0 + 5,
+    # inv/1-4 were claimed (and three of them moved) at T0 + 15; it is T0 + 60 now.
+    def oldest(tool: str, ref: str, since: str, age_s: float) -> dict[str, object]:
+        return {"tool": tool, "ref": ref, "since": f"2023-11-14T22:13:{since}.000+00:00",
+                "age_s": age_s}  # fmt: skip
+
     assert snap["totals"] == {
         "states": {**dict.fromkeys(STATES, 0), "queued": 1, "running": 1, "waiting_retry": 1,
                    "verifying": 1, "needs_input": 1, "awaiting_approval": 2, "cancelled": 1},
         "pending_recovery": 5,
-        "oldest": snap["totals"]["oldest"],  # type: ignore[index]
+        "oldest": {
+            "queued": oldest("create_invoice", "inv/0", "20", 60.0),
+            "running": oldest("create_invoice", "inv/4", "35", 45.0),
+            "waiting_retry": oldest("create_invoice", "inv/1", "35", 45.0),
+            "verifying": oldest("create_invoice", "inv/2", "35", 45.0),
+            "needs_input": oldest("create_invoice", "inv/3", "35", 45.0),
+            "awaiting_approval": oldest("refund_payment", "refund/0", "25", 55.0),
+        },
     }  # fmt: skip
     # Every queued submit published a message; nothing has consumed one.
     assert snap["queues"] == {"depth": {"toolq.calls": 6, "toolq.verify": 0}, "unacked": 0}

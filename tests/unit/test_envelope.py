@@ -134,6 +134,8 @@ _ALLOWED = {
     (CommitState.NOT_COMMITTED, Directive.NEVER, NextAction.CHOOSE_ALLOWED_OPERATION),
     (CommitState.NOT_COMMITTED, Directive.NEVER, NextAction.ESCALATE),
     (CommitState.UNKNOWN, Directive.NEVER, NextAction.VERIFY_OPERATION),
+    # an unknown outcome nothing will verify (no verifier, verifier down): a person checks
+    (CommitState.UNKNOWN, Directive.NEVER, NextAction.ESCALATE),
 }
 
 
@@ -154,7 +156,7 @@ def _retry_for(directive: Directive) -> dict[str, Any]:
 def test_every_state_directive_action_combination(
     state: CommitState, directive: Directive, action: NextAction
 ) -> None:
-    """All 63 combinations: exactly the seven in _ALLOWED parse."""
+    """All 63 combinations: exactly the eight in _ALLOWED parse."""
     data = error(
         commit_state=state.value,
         retry=_retry_for(directive),

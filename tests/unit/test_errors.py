@@ -15,6 +15,7 @@ from toolq.envelope import (
     Directive,
     NextAction,
     ToolError,
+    parse_envelope,
     to_dict,
     to_json,
 )
@@ -345,6 +346,27 @@ def test_request_refusals_keep_their_codes() -> None:
     assert isinstance(refused, errors.RequestRefused) and isinstance(refused, errors.ToolqError)
 
 
-def test_envelopes_are_json() -> None:
-    for exc, writes, _ in TABLE:
-        json.loads(to_json(envelope(exc, writes=writes)))
+@pytest.mark.parametrize(
+    ("exc", "writes", "expected"),
+    TABLE,
+    ids=[f"{type(e).__name__}-{'write' if w else 'read'}" for e, w, _ in TABLE],
+)
+def test_every_row_survives_the_wire_unchanged(
+    exc: BaseException,
+    writes: bool,
+    expected: tuple[str, Category, CommitState, Directive, NextAction],
+) -> None:
+    env = envelope(exc, writes=writes)
+    text = to_json(env)
+    wire = json.loads(text)
+
+    # The stored form speaks the wire vocabulary, and reading it back loses nothing.
+    code, category, commit_state, directive, next_action = expected
+    assert (wire["ok"], wire["code"], wire["category"], wire["commit_state"]) == (
+        False,
+        code,
+        category.value,
+        commit_state.value,
+    )
+    assert (wire["retry"]["directive"], wire["next_action"]) == (directive.value, next_action.value)
+    assert parse_envelope(text) == env

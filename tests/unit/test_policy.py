@@ -8,13 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from toolq.recovery.budget import attempts_remaining
 from toolq.recovery.policy import (
     Action,
-    Jitter,
     Queues,
     Snapshot,
     Timeouts,
-    attempts_remaining,
     decide,
     jittered_due,
     republish_delay_ms,
@@ -22,6 +21,7 @@ from toolq.recovery.policy import (
     verify_backoff_ms,
 )
 from toolq.states import State
+from toolq.tools import Jitter
 
 T = Timeouts(unclaimed_after_ms=60_000, approval_timeout_ms=10_000, input_timeout_ms=20_000)
 NOW = 1_000_000
@@ -66,6 +66,16 @@ def snap(state: State, **kw: int | str) -> Snapshot:
             None,
         ),
         (snap(State.QUEUED), Action.REPUBLISH, None, None),
+        # past its deadline a queued operation escalates instead of being published again
+        (snap(State.QUEUED, deadline_ms=NOW - 1), Action.ESCALATE, "DEADLINE_EXCEEDED", None),
+        (snap(State.QUEUED, deadline_ms=NOW), Action.REPUBLISH, None, None),
+        # both spent: the deadline is checked first, on every path
+        (
+            snap(State.WAITING_RETRY, retry_due_ms=NOW, attempt=3, deadline_ms=NOW - 1),
+            Action.ESCALATE,
+            "DEADLINE_EXCEEDED",
+            None,
+        ),
         (snap(State.RUNNING, lease_until_ms=NOW + 1), Action.RESCHEDULE, None, NOW + 1),
         (snap(State.RUNNING, lease_until_ms=NOW), Action.LEASE_EXPIRED, None, None),
         (snap(State.VERIFYING), Action.VERIFY, None, None),
@@ -148,6 +158,24 @@ def test_decide_never_republishes_what_may_still_be_queued(
     s: Snapshot, queues: Queues, action: Action, at: int | None
 ) -> None:
     d = decide(s, NOW, T, queues)
+    assert (d.action, d.at_ms) == (action, at)
+
+
+@pytest.mark.parametrize(
+    ("deadline", "action", "at"),
+    [
+        # still waiting behind a backlog: looked at again by its deadline, not later
+        (NOW + 10, Action.RESCHEDULE, NOW + 11),
+        (LATER + 5, Action.RESCHEDULE, LATER),
+        # a message still in the queue does not keep an expired operation alive
+        (NOW - 1, Action.ESCALATE, None),
+    ],
+)
+def test_a_queued_operation_is_looked_at_by_its_deadline(
+    deadline: int, action: Action, at: int | None
+) -> None:
+    s = snap(State.QUEUED, published_ms=300, deadline_ms=deadline)
+    d = decide(s, NOW, T, Queues(oldest_call_ms=200))
     assert (d.action, d.at_ms) == (action, at)
 
 

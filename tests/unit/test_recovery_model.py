@@ -5,9 +5,11 @@ every side effect and does NOT deduplicate: whatever toolq does, it counts.
 
 Invariants checked after every run:
 - never two side effects for one operation_ref;
+- no attempt starts (the tool is never called) after the operation's deadline;
 - once the system is quiet, every operation is in a state that says what is
   known: succeeded (with its one side effect), escalated (unknown outcome,
-  verifier down, or attempts used up), or failed.
+  verifier down, attempts or deadline used up; its envelope says escalate),
+  or failed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ FAULTS = ["ok", "lost_reply", "timeout_before_commit", "crash_after_commit", "cr
 class World:
     now: float = 1_000_000.0
     effects: Counter[str] = field(default_factory=Counter)
+    #: (ref, time) of every call of the tool, side effect or not
+    calls: list[tuple[str, float]] = field(default_factory=list)
     verifier_down: bool = False
     plan: dict[str, list[str]] = field(default_factory=dict)
 
@@ -49,7 +53,7 @@ class Args(BaseModel):
     n: int
 
 
-def build(world: World) -> ToolQueue:
+def build(world: World, deadline: float = 3600.0) -> ToolQueue:
     s = ToolqSettings(
         lease=LeaseSettings(seconds=5),
         recovery=RecoverySettings(unclaimed_after=30),
@@ -57,8 +61,15 @@ def build(world: World) -> ToolQueue:
     tq = ToolQueue(redis_url="redis://model/0", settings=s, clock=world.clock)
     tq.app._redis = fakeredis.FakeRedis()
 
-    @tq.tool(consistency_window=1.0, max_attempts=4, verify_checks=2, verify_backoff=0.5)
+    @tq.tool(
+        consistency_window=1.0,
+        max_attempts=4,
+        verify_checks=2,
+        verify_backoff=0.5,
+        deadline=deadline,
+    )
     def write(args: Args, ctx: CallContext) -> str:
+        world.calls.append((ctx.operation_ref, world.now))
         fault = world.plan[ctx.operation_ref].pop(0) if world.plan[ctx.operation_ref] else "ok"
         if fault == "crash_before_commit":
             raise Crash()
@@ -82,7 +93,7 @@ def build(world: World) -> ToolQueue:
 
 def deliver_one(tq: ToolQueue, queue: str) -> bool:
     raw = tq.redis.rpop(queue)
-    if raw is None:
+    if not isinstance(raw, bytes):
         return False
     msg = json.loads(raw)
     args = json.loads(base64.b64decode(msg["body"]))[0]
@@ -119,6 +130,7 @@ steps = st.lists(
         ("tick", 0),
         ("deliver", "verify"),
     ],
+    deadline=3600.0,
 )
 @example(  # crash after commit, a duplicate delivery, then the lease sweep
     plans=[["crash_after_commit"], ["timeout_before_commit", "crash_before_commit"]],
@@ -135,16 +147,25 @@ steps = st.lists(
         ("deliver", "calls"),
         ("deliver", "verify"),
     ],
+    deadline=3600.0,
+)
+@example(  # a crash after the commit, found only after the deadline: verified, not re-run
+    plans=[["crash_after_commit"]],
+    script=[("deliver", "calls"), ("advance", 8.0), ("advance", 8.0), ("tick", 0)],
+    deadline=12.0,
 )
 @given(
     plans=st.lists(st.lists(st.sampled_from(FAULTS), max_size=4), min_size=1, max_size=5),
     script=steps,
+    # a deadline the script's clock never reaches, and one it often passes mid-recovery
+    deadline=st.sampled_from([3600.0, 12.0]),
 )
 def test_no_interleaving_makes_two_side_effects(
-    plans: list[list[str]], script: list[tuple[str, object]]
+    plans: list[list[str]], script: list[tuple[str, object]], deadline: float
 ) -> None:
     world = World()
-    tq = build(world)
+    tq = build(world, deadline)
+    submitted_at = world.now
     sched = Scheduler(tq.app)
     refs = []
     for i, plan in enumerate(plans):
@@ -181,6 +202,7 @@ def test_no_interleaving_makes_two_side_effects(
                 if states <= {State.SUCCEEDED, State.ESCALATED, State.FAILED}:
                     break
     assert all(n <= 1 for n in world.effects.values()), world.effects
+    assert all(at <= submitted_at + deadline for _, at in world.calls), (deadline, world.calls)
     outcomes = {}
     for ref in refs:
         rec = tq.get(ref)
@@ -192,6 +214,7 @@ def test_no_interleaving_makes_two_side_effects(
             assert rec.state is State.ESCALATED, rec.state
             env = rec.envelope
             assert not env.ok
+            assert env.next_action == "escalate", env.code
             # an escalation says what is known: a write that happened is never
             # reported as not committed
             if world.effects[ref]:

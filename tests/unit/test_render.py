@@ -27,6 +27,7 @@ from toolq.envelope import (
     parse_envelope,
     to_dict,
 )
+from toolq.fixed import FIXED, fixed_envelope, unverifiable_envelope
 from toolq.redact import looks_secret
 from toolq.render import (
     RECEIPT_TABLE,
@@ -189,6 +190,8 @@ UPSTREAM_TIMEOUT     dependency     not_committed  wait_and_retry            tim
 UNAVAILABLE          dependency     not_committed  wait_and_retry            unavailable      yes    retry_once
 OUTCOME_UNKNOWN      dependency     unknown        verify_operation          timeout          no     stop_and_escalate
 OUTCOME_UNKNOWN      internal       unknown        verify_operation          timeout          no     stop_and_escalate
+OUTCOME_UNVERIFIABLE dependency     unknown        escalate                  timeout          no     stop_and_escalate
+VERIFICATION_UNAVAILABLE dependency unknown        escalate                  timeout          no     stop_and_escalate
 UPSTREAM_ERROR       internal       not_committed  escalate                  unavailable      no     stop_and_escalate
 TOOL_MISCONFIGURED   internal       not_committed  escalate                  unavailable      no     stop_and_escalate
 ATTEMPTS_EXHAUSTED   dependency     not_committed  escalate                  unavailable      no     stop_and_escalate
@@ -238,6 +241,36 @@ def test_receipt_table(
 
 def test_every_row_of_the_receipt_table_is_reachable() -> None:
     assert {receipt_row(_case_envelope(*row[:4])) for row in RECEIPTS} == set(RECEIPT_TABLE)
+
+
+@pytest.mark.parametrize("code", sorted(FIXED))
+def test_every_fixed_envelope_renders_a_receipt_that_repeats_nothing(code: str) -> None:
+    """toolq's own envelopes never tell a receipt reader to retry, and an
+    escalated one (OUTCOME_UNVERIFIABLE among them) says stop and escalate."""
+    env = fixed_envelope(code, "op-1", "pay", "call_1", {"reason": "OUTCOME_UNKNOWN"})
+    receipt = to_receipt(env, now=NOW)
+    assert receipt["retryable"] is False and receipt["retry_after_seconds"] is None
+    assert receipt["safe_detail"] == env.user_message
+    if env.next_action is NextAction.ESCALATE:
+        assert receipt["next_safe_action"] == "stop_and_escalate"
+    assert parse_envelope(to_mcp_result(env)["structuredContent"]) == env
+
+
+def test_an_unverifiable_outcome_renders_as_unknown_and_escalated() -> None:
+    env = unverifiable_envelope("op-1", "pay", "call_1", reason="PAYMENT_TIMEOUT")
+    data = to_dict(env)
+    assert (data["code"], data["commit_state"], data["next_action"]) == (
+        "OUTCOME_UNVERIFIABLE",
+        "unknown",
+        "escalate",
+    )
+    assert data["retry"] == {"directive": "never", "max_attempts_remaining": 0}
+    assert data["safe_details"] == {"reason": "PAYMENT_TIMEOUT"}
+    assert "verify" not in env.user_message.lower()
+    receipt = to_receipt(env, now=NOW)
+    assert (receipt["error_code"], receipt["next_safe_action"]) == ("timeout", "stop_and_escalate")
+    mcp = to_mcp_result(env)
+    assert mcp["isError"] is True and mcp["content"][0]["text"].startswith(env.agent_message)
 
 
 def test_receipt_fields() -> None:
@@ -355,6 +388,7 @@ _ROWS = [
         )
     ],
     (CommitState.UNKNOWN, Directive.NEVER, NextAction.VERIFY_OPERATION),
+    (CommitState.UNKNOWN, Directive.NEVER, NextAction.ESCALATE),
 ]
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
+import fakeredis
 import pytest
 
+from toolq.keys import Keys
+from toolq.ledger import scripts
 from toolq.recovery.transition import Transition
-from toolq.states import ALLOWED, SETTLED, TERMINAL, State, allowed, sources
+from toolq.states import ALLOWED, INITIAL, SETTLED, TERMINAL, State, allowed, sources
 
 S = State
 EXPECTED = {
@@ -68,3 +73,57 @@ def test_a_disallowed_transition_cannot_be_built() -> None:
     # a verified write never goes back to running without a new attempt
     with pytest.raises(ValueError):
         Transition(ref="r", states=(S.VERIFYING,), to=S.RUNNING, by="t")
+
+
+def test_a_quiet_update_stays_in_the_state_it_names() -> None:
+    # a same-state field update, even where the table has no self-loop
+    Transition(ref="r", states=(S.WAITING_RETRY,), to=S.WAITING_RETRY, by="t", quiet=True)
+    with pytest.raises(ValueError, match="quiet"):
+        Transition(ref="r", states=(S.QUEUED,), to=S.RUNNING, by="t", quiet=True)
+    with pytest.raises(ValueError, match="quiet"):
+        Transition(ref="r", states=(S.QUEUED, S.VERIFYING), to=S.QUEUED, by="t", quiet=True)
+
+
+def test_the_scripts_state_tables_are_the_python_ones(fake_redis: fakeredis.FakeRedis) -> None:
+    got = json.loads(
+        fake_redis.eval(
+            scripts.PRELUDE
+            + "return cjson.encode({settled = SETTLED, initial = INITIAL, allowed = ALLOWED})",
+            0,
+        )
+    )
+    assert set(got["settled"]) == set(SETTLED)
+    assert set(got["initial"]) == set(INITIAL)
+    assert {State(a): {State(b) for b in to} for a, to in got["allowed"].items()} == ALLOWED
+
+
+def test_the_scripts_read_their_fixed_keys_in_the_order_they_are_passed(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    k = Keys("p")
+    keys = scripts.fixed_keys(k)
+    seen = fake_redis.eval(
+        scripts.PRELUDE + f"return {{{', '.join(scripts.FIXED)}}}", len(keys), *keys
+    )
+    assert dict(zip(scripts.FIXED, (v.decode() for v in seen), strict=True)) == {
+        "DUE": k.due,
+        "WAKE": k.wake,
+        "SLEEP": k.sleep_until,
+        "STATS": k.stats,
+        "TOOLS": k.tools,
+        "IDX": k.index_prefix,
+    }
+
+
+def test_every_ledger_key_carries_the_prefix_as_its_hash_tag() -> None:
+    k = Keys("toolq")
+    names = [k.op("r/1"), k.history("r/1"), k.due, k.wake, k.sleep_until, k.notify, k.tools]
+    names += [k.stats, k.index("send", "queued"), k.schedulers, k.op_prefix, k.index_prefix]
+    assert all(n.startswith("{toolq}:") for n in names)
+    assert (k.op("r/1"), k.due, k.index("send", "queued")) == (
+        "{toolq}:op:r/1",
+        "{toolq}:due",
+        "{toolq}:idx:send:queued",
+    )
+    assert k.index("send", "queued") == k.index_prefix + "send:queued"
+    assert k.op("r/1") == k.op_prefix + "r/1"

@@ -1,22 +1,81 @@
 """The ledger's Lua scripts: every transition is one atomic script call.
 
-Each script takes the key prefix as ARGV[1] and names its keys from it (the
-names match :mod:`toolq.keys`). Time is passed in by the caller (ms), so the
-scripts are deterministic and the clock is injectable.
+**Keys.** Every script declares the keys it touches in KEYS, named by
+:class:`toolq.keys.Keys` and so all under one hash tag (one Cluster slot):
+
+- ``KEYS[1..6]`` of every script, in :func:`fixed_keys` order: the due set, the
+  scheduler's wake list and ``sleep_until``, the stats hash, the tools set, and
+  the state-index prefix;
+- then the script's own: SUBMIT and CLAIM the operation's record and history
+  (SUBMIT also the queue it pushes to), RENEW one record per lease, APPLY one
+  record and history per item and then the queues its items push to, CLAIM_DUE
+  the record prefix.
+
+Two exceptions, on purpose:
+
+- Keys a script can only name from data it reads are built in Lua from a
+  tagged prefix passed in KEYS: the per-tool-per-state indexes (the tool and
+  the current state are read from the record; ``IDX .. tool .. ':' .. state``)
+  and, in CLAIM_DUE, the records of the refs it finds in the due set. The
+  prefix carries the tag, so these keys land in the same slot as the rest.
+- The Celery queue lists SUBMIT and APPLY ``LPUSH`` to are kombu's keys, named
+  by the queue settings: they cannot carry the tag. They are declared in KEYS
+  all the same. Until the scale-out issue moves these pushes behind an outbox
+  (so that a script writes only its own slot), a Redis Cluster would refuse a
+  script that pushes (CROSSSLOT).
+
+ARGV[1] is always the notify channel (a channel, not a key). Time is passed in
+by the caller (ms), so the scripts are deterministic and the clock injectable.
+
+**States.** The state machine is :data:`toolq.states.ALLOWED`, rendered into the
+prelude with ``SETTLED`` and ``INITIAL`` (one source, see :func:`lua_tables`):
+SUBMIT creates only in an initial state, CLAIM's queued -> running and every
+APPLY move go through ``allowed()``, and a quiet APPLY item (a field update)
+must stay in the state it finds.
 """
 
 from __future__ import annotations
 
-PRELUDE = r"""
-local P = ARGV[1]
-local DUE = P .. ':due'
-local WAKE = P .. ':wake'
-local NOTIFY = P .. ':notify'
-local STATS = P .. ':stats'
-local SLEEP = P .. ':sleep_until'
+from collections.abc import Iterable
+
+from toolq.keys import Keys
+from toolq.states import ALLOWED, INITIAL, SETTLED, State
+
+#: The Lua names of KEYS[1..n], the keys every script receives first.
+FIXED = ("DUE", "WAKE", "SLEEP", "STATS", "TOOLS", "IDX")
+
+
+def fixed_keys(keys: Keys) -> list[str]:
+    """The keys behind :data:`FIXED`, in its order (the contract tests check the pairing)."""
+    return [keys.due, keys.wake, keys.sleep_until, keys.stats, keys.tools, keys.index_prefix]
+
+
+def _lua_set(states: Iterable[State]) -> str:
+    # Enum order, not set order: the script text (and so its SHA) must not vary
+    # between processes with different string hash seeds.
+    members = frozenset(states)
+    return "{" + ", ".join(f"['{s.value}'] = true" for s in State if s in members) + "}"
+
+
+def lua_tables() -> str:
+    """``SETTLED``, ``INITIAL`` and ``ALLOWED`` from :mod:`toolq.states`, as Lua tables."""
+    allowed = ",\n  ".join(f"['{s.value}'] = {_lua_set(ALLOWED[s])}" for s in State)
+    return (
+        f"local SETTLED = {_lua_set(SETTLED)}\n"
+        f"local INITIAL = {_lua_set(INITIAL)}\n"
+        f"local ALLOWED = {{\n  {allowed}\n}}\n"
+    )
+
+
+PRELUDE = (
+    "local NOTIFY = ARGV[1]\n"
+    + f"local {', '.join(FIXED)} = "
+    + ", ".join(f"KEYS[{i}]" for i in range(1, len(FIXED) + 1))
+    + f"\nlocal NFIXED = {len(FIXED)}\n"
+    + lua_tables()
+    + r"""
+local function allowed(from, to) return ALLOWED[from] ~= nil and ALLOWED[from][to] == true end
 -- Waiters (tq.wait) only care about states that need nothing more from the runtime.
-local SETTLED = {succeeded = true, failed = true, escalated = true, cancelled = true,
-  needs_input = true, awaiting_approval = true}
 -- "state ref\nrev\nenvelope": a waiter that read an older rev takes the envelope from
 -- the notice itself (toolq.notify) instead of reading the record again.
 local function notify(state, ref, rev, envelope)
@@ -24,9 +83,8 @@ local function notify(state, ref, rev, envelope)
     redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref .. '\n' .. rev .. '\n' .. (envelope or ''))
   end
 end
-local function opkey(ref) return P .. ':op:' .. ref end
-local function histkey(ref) return P .. ':hist:' .. ref end
-local function idxkey(tool, state) return P .. ':idx:' .. tool .. ':' .. state end
+-- The one key name spelled here: the record's tool and state are known only once read.
+local function idxkey(tool, state) return IDX .. tool .. ':' .. state end
 
 -- Put ref in the due set; wake the sleeping scheduler only if it planned to sleep
 -- past this item (most items, leases and unclaimed checks, lie beyond its wake-up).
@@ -49,8 +107,8 @@ local function stat(tool, name, n)
   redis.call('HINCRBY', STATS, tool .. '|' .. name, n or 1)
 end
 
-local function history(ref, entry)
-  redis.call('RPUSH', histkey(ref), cjson.encode(entry))
+local function history(hkey, entry)
+  redis.call('RPUSH', hkey, cjson.encode(entry))
 end
 
 -- A script that walks many items (APPLY, CLAIM_DUE, RENEW) gathers its writes to
@@ -109,15 +167,22 @@ local function flush()
   for _, q in ipairs(B.push) do many('LPUSH', q, B.push[q]) end
 end
 """
+)
 
-# ARGV: prefix ref tool args fp call_id now max_attempts deadline state due queue msg
+
+# Create an operation, or answer for the one that holds its ref (writing nothing).
+# KEYS: fixed, op, history[, queue]  ARGV: notify ref tool args fp call_id now
+#   max_attempts deadline state due msg  (the queue is a key only when msg is not empty)
 SUBMIT = (
     PRELUDE
     + r"""
+local key, hkey, queue = KEYS[NFIXED + 1], KEYS[NFIXED + 2], KEYS[NFIXED + 3]
 local ref, tool, args, fp, call_id = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now, max_attempts, deadline = ARGV[7], ARGV[8], ARGV[9]
-local state, due, queue, msg = ARGV[10], tonumber(ARGV[11]), ARGV[12], ARGV[13]
-local key = opkey(ref)
+local state, due, msg = ARGV[10], tonumber(ARGV[11]), ARGV[12]
+if not INITIAL[state] then
+  return redis.error_reply('toolq: an operation is never created ' .. state)
+end
 local cur = redis.call('HMGET', key, 'submit_fp', 'state', 'tool')
 if cur[2] then
   if cur[1] == fp and cur[3] == tool then return {'exists', cur[2]} end
@@ -130,9 +195,9 @@ redis.call('HSET', key, 'ref', ref, 'tool', tool, 'args', args, 'fp', fp, 'submi
   'deadline', deadline, 'created', now, 'updated', now, 'entered', now, 'rev', 1,
   'vcheck', 0, 'vfail', 0, 'repubs', 0, 'published', (msg ~= '' and now) or 0)
 if msg ~= '' then redis.call('LPUSH', queue, msg) end
-redis.call('SADD', P .. ':tools', tool)
+redis.call('SADD', TOOLS, tool)
 redis.call('ZADD', idxkey(tool, state), now, ref)
-history(ref, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
+history(hkey, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
 set_due(ref, due)
 stat(tool, 'submitted')
 if attempt > 0 then stat(tool, 'attempts') end
@@ -141,14 +206,14 @@ return {'created', state}
 """
 )
 
-# Claim an attempt (kind=run) or a verification check (kind=verify).
-# ARGV: prefix ref attempt holder now lease_ms kind vcheck
+# Claim an attempt (kind=run: queued -> running) or a verification check (kind=verify).
+# KEYS: fixed, op, history  ARGV: notify ref attempt holder now lease_ms kind vcheck
 CLAIM = (
     PRELUDE
     + r"""
+local key, hkey = KEYS[NFIXED + 1], KEYS[NFIXED + 2]
 local ref, attempt, holder = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now, lease, kind, vcheck = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-local key = opkey(ref)
 local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
   'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
   'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev')
@@ -158,13 +223,13 @@ local tool = f[5]
 local body = {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11], f[12],
   f[13] or '0', f[14], f[17], f[2]}
 if kind == 'run' then
-  if state == 'queued' and tonumber(f[2]) == attempt then
+  if state == 'queued' and allowed(state, 'running') and tonumber(f[2]) == attempt then
     redis.call('HSET', key, 'state', 'running', 'lease_holder', holder,
       'lease_until', now + lease, 'entered', now, 'updated', now,
       'rev', (tonumber(f[18]) or 0) + 1)
-    redis.call('ZREM', idxkey(tool, 'queued'), ref)
+    redis.call('ZREM', idxkey(tool, state), ref)
     redis.call('ZADD', idxkey(tool, 'running'), now, ref)
-    history(ref, {at = now, from = 'queued', to = 'running', attempt = attempt, by = holder})
+    history(hkey, {at = now, from = state, to = 'running', attempt = attempt, by = holder})
     set_due(ref, now + lease)
     return body
   end
@@ -189,15 +254,18 @@ return {'stale', state}
 """
 )
 
-# Renew leases. ARGV: prefix now lease_ms [ref attempt kind holder]...
+# Renew leases (no state change). KEYS: fixed, then one op per lease, in order.
+# ARGV: notify now lease_ms [ref attempt kind holder]...
 RENEW = (
     PRELUDE
     + r"""
 local now, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lost = {}
+local n = 0
 for i = 4, #ARGV, 4 do
+  n = n + 1
+  local key = KEYS[NFIXED + n]
   local ref, attempt, kind, holder = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
-  local key = opkey(ref)
   local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'vholder')
   if kind == 'run' and f[1] == 'running' and tonumber(f[2]) == attempt and f[3] == holder then
     redis.call('HSET', key, 'lease_until', now + lease)
@@ -215,10 +283,15 @@ return lost
 """
 )
 
-# Apply a batch of compare-and-set transitions. ARGV: prefix now items_json blob...
+# Apply a batch of compare-and-set transitions.
+# KEYS: fixed, then op and history of item 1, of item 2, ..., then the queues pushed to.
+# ARGV: notify now items_json blob...
 # item: {ref, states=[..], expect={state_or_*: {field: value}}, to, by, code,
 #        attempt_incr, set={}, del=[], envelope=ARGV index, due (ms, <0 removes),
-#        push=[queue, ARGV index of the message], stats=[..], ttl, quiet}
+#        push=[KEYS index of the queue, ARGV index of the message], stats=[..], ttl, quiet}
+# An item is refused (its answer is the current state) unless the record is in one of
+# its states, its expected fields hold, and it moves as ALLOWED says (a quiet item: it
+# stays in the state it finds).
 APPLY = (
     PRELUDE
     + r"""
@@ -227,7 +300,7 @@ local items = cjson.decode(ARGV[3])
 local out = {}
 for i, it in ipairs(items) do
   local ref = it.ref
-  local key = opkey(ref)
+  local key, hkey = KEYS[NFIXED + 2 * i - 1], KEYS[NFIXED + 2 * i]
   -- one read: the fields every transition needs, then those its guards name
   local names = {'state', 'tool', 'attempt', 'rev'}
   local wants = {}
@@ -246,6 +319,11 @@ for i, it in ipairs(items) do
   else
     local ok = false
     for _, s in ipairs(it.states) do if s == state then ok = true end end
+    if it.quiet then
+      if it.to ~= state then ok = false end
+    elseif not allowed(state, it.to) then
+      ok = false
+    end
     for j, w in ipairs(wants) do
       if (w[1] == '*' or w[1] == state) and tostring(cur[4 + j] or '') ~= tostring(w[2]) then
         ok = false
@@ -275,13 +353,13 @@ for i, it in ipairs(items) do
       local envelope = it.envelope and ARGV[it.envelope]
       if envelope then table.insert(fields, 'envelope'); table.insert(fields, envelope) end
       if it.push then
-        bpush(it.push[1], ARGV[it.push[2]])
+        bpush(KEYS[it.push[1]], ARGV[it.push[2]])
         table.insert(fields, 'published'); table.insert(fields, now)
       end
       redis.call('HSET', key, unpack(fields))
       if it.del and #it.del > 0 then redis.call('HDEL', key, unpack(it.del)) end
       if not it.quiet then
-        history(ref, {at = now, from = state, to = it.to, attempt = attempt, by = it.by,
+        history(hkey, {at = now, from = state, to = it.to, attempt = attempt, by = it.by,
           code = it.code})
       end
       if it.due then
@@ -290,7 +368,7 @@ for i, it in ipairs(items) do
       if it.stats then for _, name in ipairs(it.stats) do bstat(tool, name) end end
       if it.ttl then
         redis.call('EXPIRE', key, it.ttl)
-        redis.call('EXPIRE', histkey(ref), it.ttl)
+        redis.call('EXPIRE', hkey, it.ttl)
       end
       if not it.quiet then notify(it.to, ref, rev, envelope) end
       out[i] = 'ok'
@@ -327,11 +405,13 @@ DUE_FIELDS = (
 )
 
 # Take up to `limit` due items and hide them from other schedulers for `hold` ms.
-# ARGV: prefix now limit hold_ms  ->  JSON [[ref, due_score, f1..fn], ...]
+# KEYS: fixed, the record prefix (the refs are read from the due set)
+# ARGV: notify now limit hold_ms  ->  JSON [[ref, due_score, f1..fn], ...]
 # (one string: parsing thousands of reply elements costs more than the script)
 CLAIM_DUE = (
     PRELUDE
     + r"""
+local OPS = KEYS[NFIXED + 1]
 local now, limit, hold = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 local out = {}
@@ -340,7 +420,7 @@ local fields = {"""
     + r"""}
 for i = 1, #due, 2 do
   local ref = due[i]
-  local f = redis.call('HMGET', opkey(ref), unpack(fields))
+  local f = redis.call('HMGET', OPS .. ref, unpack(fields))
   if not f[1] then
     bdue(ref, false)
   else
@@ -358,7 +438,7 @@ return cjson.encode(out)
 
 # The scheduler is about to sleep: plan the wake-up at the earliest due item (at
 # most max_ms away) and record it, so that scripts adding an earlier item wake it.
-# ARGV: prefix now max_ms  ->  the planned wake-up (ms)
+# KEYS: fixed  ARGV: notify now max_ms  ->  the planned wake-up (ms)
 PLAN_SLEEP = (
     PRELUDE
     + r"""

@@ -2,8 +2,10 @@
 
 Every write is one Lua script call (:mod:`toolq.ledger.scripts`); which
 transition to ask for is decided by pure code (:mod:`toolq.states`,
-:mod:`toolq.recovery.outcome`, :mod:`toolq.recovery.policy`) and checked here
-against the transition table before it is sent.
+:mod:`toolq.recovery.outcome`, :mod:`toolq.recovery.policy`). The transition
+table is checked twice from one source: when a :class:`Transition` is built,
+and by the scripts, into which it is rendered. Every key a script touches is
+passed to it in KEYS, named by :class:`toolq.keys.Keys`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from toolq.record import HistoryEntry, OperationRecord, load_envelope
 from toolq.recovery.transition import Transition
 from toolq.states import State
 
-#: APPLY's arguments before the blobs: prefix, now, items.
+#: APPLY's arguments before the blobs: notify channel, now, items.
 APPLY_FIXED_ARGS = 3
 
 
@@ -55,11 +57,15 @@ class Claim:
     state: str = ""
 
 
-def to_wire(t: Transition, blobs: list[str]) -> dict[str, Any]:
+def to_wire(
+    t: Transition, blobs: list[str], queues: dict[str, int], first_queue: int
+) -> dict[str, Any]:
     """The script's view of this transition. Long strings (the envelope, the
     Celery message) go to ``blobs``, passed as script arguments of their own,
     and the item names their ARGV index: JSON inside JSON would be escaped
-    here and unescaped by the script, the largest cost of a batch."""
+    here and unescaped by the script, the largest cost of a batch. A queue it
+    pushes to goes to ``queues`` (name -> KEYS index, from ``first_queue`` on):
+    the script declares every key it writes."""
     item: dict[str, Any] = {
         "ref": t.ref,
         "states": [str(s) for s in t.states],
@@ -86,7 +92,8 @@ def to_wire(t: Transition, blobs: list[str]) -> dict[str, Any]:
     if t.push is not None:
         queue, message = t.push
         blobs.append(message)
-        item["push"] = [queue, APPLY_FIXED_ARGS + len(blobs)]
+        index = queues.setdefault(queue, first_queue + len(queues))
+        item["push"] = [index, APPLY_FIXED_ARGS + len(blobs)]
     if t.stats:
         item["stats"] = list(t.stats)
     if t.ttl is not None:
@@ -102,7 +109,8 @@ class Ledger:
     def __init__(self, client: redis.Redis, prefix: str = "toolq") -> None:
         self.redis = client
         self.keys = Keys(prefix)
-        self.prefix = prefix
+        self._fixed = scripts.fixed_keys(self.keys)
+        self._notify = self.keys.notify
         self._submit = client.register_script(scripts.SUBMIT)
         self._claim = client.register_script(scripts.CLAIM)
         self._renew = client.register_script(scripts.RENEW)
@@ -128,9 +136,13 @@ class Ledger:
         queue: str,
         message: str,
     ) -> SubmitResult:
+        keys = [*self._fixed, self.keys.op(ref), self.keys.history(ref)]
+        if message:
+            keys.append(queue)
         out = self._submit(
+            keys=keys,
             args=[
-                self.prefix,
+                self._notify,
                 ref,
                 tool,
                 args_json,
@@ -141,9 +153,8 @@ class Ledger:
                 deadline_ms,
                 str(state),
                 due_ms,
-                queue,
                 message,
-            ]
+            ],
         )
         return SubmitResult(_s(out[0]), State(_s(out[1])))
 
@@ -160,7 +171,8 @@ class Ledger:
         out = [
             _s(x)
             for x in self._claim(
-                args=[self.prefix, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
+                keys=[*self._fixed, self.keys.op(ref), self.keys.history(ref)],
+                args=[self._notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck],
             )
         ]
         outcome = out[0]
@@ -200,27 +212,44 @@ class Ledger:
         """Extend leases given as (ref, attempt, kind, holder); returns the refs no longer held."""
         if not held:
             return []
-        args: list[Any] = [self.prefix, now_ms, lease_ms]
+        keys = list(self._fixed)
+        args: list[Any] = [self._notify, now_ms, lease_ms]
         for ref, attempt, kind, holder in held:
+            keys.append(self.keys.op(ref))
             args.extend((ref, attempt, kind, holder))
-        return [_s(x) for x in self._renew(args=args)]
+        return [_s(x) for x in self._renew(keys=keys, args=args)]
 
     def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
         if not transitions:
             return []
-        return [_s(x) for x in self._apply(args=self._apply_args(transitions, now_ms))]
+        keys, args = self._apply_call(transitions, now_ms)
+        return [_s(x) for x in self._apply(keys=keys, args=args)]
 
     def apply_one(self, transition: Transition, now_ms: int) -> str:
         return self.apply([transition], now_ms)[0]
 
-    def _apply_args(self, transitions: Sequence[Transition], now_ms: int) -> list[Any]:
+    def _apply_call(
+        self, transitions: Sequence[Transition], now_ms: int
+    ) -> tuple[list[str], list[Any]]:
+        """APPLY's KEYS (fixed, op and history per item, the queues) and ARGV."""
+        keys = list(self._fixed)
+        for t in transitions:
+            keys.append(self.keys.op(t.ref))
+            keys.append(self.keys.history(t.ref))
         blobs: list[str] = []
-        items = [to_wire(t, blobs) for t in transitions]
-        return [self.prefix, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
+        queues: dict[str, int] = {}
+        first_queue = len(keys) + 1  # KEYS is 1-based
+        items = [to_wire(t, blobs, queues, first_queue) for t in transitions]
+        keys.extend(queues)  # in index order: dicts keep insertion order
+        return keys, [self._notify, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
+
+    def _claim_due_call(self, now_ms: int, limit: int, hold_ms: int) -> tuple[list[str], list[Any]]:
+        return [*self._fixed, self.keys.op_prefix], [self._notify, now_ms, limit, hold_ms]
 
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
-        return _due_rows(self._claim_due(args=[self.prefix, now_ms, limit, hold_ms]))
+        keys, args = self._claim_due_call(now_ms, limit, hold_ms)
+        return _due_rows(self._claim_due(keys=keys, args=args))
 
     # The same two calls split into send and read, for a caller that keeps them in
     # flight on connections of its own (the scheduler's drain). The scripts must be
@@ -231,22 +260,22 @@ class Ledger:
             script.sha = self.redis.script_load(script.script)
 
     def send_apply(self, conn: Connection, transitions: Sequence[Transition], now_ms: int) -> None:
-        args = self._apply_args(transitions, now_ms)
-        conn.send_command("EVALSHA", self._apply.sha, 0, *args)  # type: ignore[no-untyped-call]
+        keys, args = self._apply_call(transitions, now_ms)
+        _send_evalsha(conn, self._apply.sha, keys, args)
 
     def read_apply(self, conn: Connection) -> list[str]:
         return [_s(x) for x in conn.read_response()]
 
     def send_claim_due(self, conn: Connection, now_ms: int, limit: int, hold_ms: int) -> None:
-        sha = self._claim_due.sha
-        conn.send_command("EVALSHA", sha, 0, self.prefix, now_ms, limit, hold_ms)  # type: ignore[no-untyped-call]
+        keys, args = self._claim_due_call(now_ms, limit, hold_ms)
+        _send_evalsha(conn, self._claim_due.sha, keys, args)
 
     def read_claim_due(self, conn: Connection) -> list[dict[str, str]]:
         return _due_rows(conn.read_response())
 
     def plan_sleep(self, now_ms: int, max_ms: int) -> int:
         """Record when the scheduler will wake (the earliest due item, at most max_ms away)."""
-        return int(float(self._plan_sleep(args=[self.prefix, now_ms, max_ms])))
+        return int(float(self._plan_sleep(keys=self._fixed, args=[self._notify, now_ms, max_ms])))
 
     # ------------------------------------------------------------------ reads
 
@@ -276,6 +305,10 @@ class Ledger:
 
     def tools(self) -> list[str]:
         return sorted(_s(t) for t in self.redis.smembers(self.keys.tools))
+
+
+def _send_evalsha(conn: Connection, sha: str, keys: list[str], args: list[Any]) -> None:
+    conn.send_command("EVALSHA", sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
 
 
 def _due_rows(raw: Any) -> list[dict[str, str]]:

@@ -22,9 +22,9 @@ from toolq.envelope import AnyEnvelope, FieldError, json_schema
 from toolq.mcp_server.envelopes import (
     CANCEL_OPERATION,
     GET_OPERATION,
-    REF_RE,
     CancelArgs,
     FollowArgs,
+    builtin_args,
     forbidden_envelope,
     pending_envelope,
     refused_envelope,
@@ -56,6 +56,9 @@ class Adapter:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.tq, self.wait_seconds, self.poll, self.clock = tq, wait_seconds, poll_interval, clock
+        limits = tq.settings.limits
+        self.ref_re = limits.ref_re
+        self.follow_args, self.cancel_args = builtin_args(limits)
         for name in (GET_OPERATION, CANCEL_OPERATION):
             if name in tq.registry:
                 raise ValueError(f"tool {name!r} clashes with the MCP server's own tool")
@@ -93,7 +96,7 @@ class Adapter:
         ]
         follow = types.Tool(
             name=GET_OPERATION,
-            input_schema=FollowArgs.model_json_schema(),
+            input_schema=self.follow_args.model_json_schema(),
             description="Read an operation by operation_ref, waiting up to wait_seconds for it "
             "to settle; returns its envelope (OPERATION_PENDING while it runs).",
             output_schema=envelope,
@@ -101,7 +104,7 @@ class Adapter:
         )
         cancel = types.Tool(
             name=CANCEL_OPERATION,
-            input_schema=CancelArgs.model_json_schema(),
+            input_schema=self.cancel_args.model_json_schema(),
             description="Cancel an operation that has not started a write (queued or waiting).",
             output_schema=envelope,
             annotations=types.ToolAnnotations(
@@ -127,7 +130,7 @@ class Adapter:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> AnyEnvelope:
         meta: dict[str, Any] = dict(params.meta or ctx.meta or {})
-        call_id = _text(meta.get("call_id")) or _text(ctx.request_id) or None
+        call_id = self._text(meta.get("call_id")) or self._text(ctx.request_id) or None
         ref = f"mcp_{uuid.uuid4().hex}"
         tool, submitted = params.name, False
         try:
@@ -137,7 +140,7 @@ class Adapter:
             else:
                 given = meta.get("operation_ref")
                 if given is not None:
-                    if not isinstance(given, str) or not REF_RE.match(given):
+                    if not isinstance(given, str) or not self.ref_re.fullmatch(given):
                         raise errors.InvalidArguments(
                             "bad operation_ref",
                             field_errors=[FieldError(field="_meta.operation_ref", rule="pattern")],
@@ -165,7 +168,8 @@ class Adapter:
         self, ctx: ServerRequestContext[Any], tool: str, args: dict[str, Any], call_id: str | None
     ) -> AnyEnvelope:
         try:
-            parsed = (FollowArgs if tool == GET_OPERATION else CancelArgs).model_validate(args)
+            model = self.follow_args if tool == GET_OPERATION else self.cancel_args
+            parsed: FollowArgs | CancelArgs = model.model_validate(args)
         except ValidationError as exc:
             raise errors.InvalidArguments(
                 "bad arguments", field_errors=field_errors_of(exc)
@@ -213,6 +217,13 @@ class Adapter:
         # An unknown tool name is treated as a write: the cautious reading.
         return tool not in self.tq.registry or self.tq.registry.get(tool).writes
 
+    def _text(self, value: object) -> str | None:
+        """``value`` as a call_id, if it is a ref-shaped string or number."""
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            return None
+        text = str(value)
+        return text if self.ref_re.fullmatch(text) else None
+
     def _max_attempts(self, tool: str) -> int:
         return self.tq.registry.get(tool).options.max_attempts if tool in self.tq.registry else 1
 
@@ -222,13 +233,6 @@ def _scopes(ctx: ServerRequestContext[Any]) -> frozenset[str]:
     scope = getattr(ctx.request, "scope", None)
     granted = scope.get("toolq.scopes") if isinstance(scope, dict) else None
     return granted if isinstance(granted, frozenset) else SCOPES
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        return None
-    text = str(value)
-    return text if REF_RE.match(text) else None
 
 
 async def _progress(ctx: ServerRequestContext[Any], steps: int, message: str) -> None:

@@ -6,12 +6,11 @@ nothing from an exception or an upstream reaches it.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta
 from typing import Any
 
 import redis
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from toolq import errors
 from toolq.envelope import (
@@ -24,20 +23,30 @@ from toolq.envelope import (
     ToolError,
 )
 from toolq.record import load_envelope
+from toolq.settings import LimitSettings
 from toolq.states import State
 
 GET_OPERATION = "get_operation"
 CANCEL_OPERATION = "cancel_operation"
-REF_RE = re.compile(r"^[A-Za-z0-9_.:/@#+=-]{1,200}$")
 
 
 class FollowArgs(BaseModel):
-    operation_ref: str = Field(min_length=1, max_length=200, pattern=REF_RE.pattern)
+    #: Bounded by the deployment's ref limit in the model :func:`builtin_args` makes.
+    operation_ref: str
     wait_seconds: float | None = Field(default=None, ge=0, le=300)
 
 
 class CancelArgs(BaseModel):
-    operation_ref: str = Field(min_length=1, max_length=200, pattern=REF_RE.pattern)
+    operation_ref: str
+
+
+def builtin_args(limits: LimitSettings) -> tuple[type[FollowArgs], type[CancelArgs]]:
+    """The built-in tools' argument models, their ref bounded by ``limits.max_ref_length``."""
+    ref: Any = (str, Field(max_length=limits.max_ref_length, pattern=limits.ref_pattern))
+    return (
+        create_model("FollowArgs", __base__=FollowArgs, operation_ref=ref),
+        create_model("CancelArgs", __base__=CancelArgs, operation_ref=ref),
+    )
 
 
 def _error(

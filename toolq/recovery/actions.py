@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from toolq.fixed import escalation_envelope
-from toolq.recovery.outcome import Messages, Policy, lease_lost, terminal
+from toolq.recovery.budget import wake_by
+from toolq.recovery.outcome import Lost, Messages, Policy, escalate, lease_lost
 from toolq.recovery.policy import Action, Decision, Snapshot, republish_delay_ms
 from toolq.recovery.transition import Transition
 from toolq.states import State
@@ -40,19 +41,8 @@ def for_decision(
     if d.action is Action.ESCALATE:
         assert d.code is not None
         env = escalation_envelope(d.code, s.ref, s.tool, call_id)
-        return terminal(
-            Transition(
-                ref=s.ref,
-                states=(s.state,),
-                to=State.ESCALATED,
-                by=by,
-                code=d.code,
-                expect=guard,
-                envelope=env,
-                stats=("escalated",),
-            ),
-            policy,
-        )
+        base = {"ref": s.ref, "states": (s.state,), "by": by, "code": d.code, "expect": guard}
+        return escalate(base, env, policy)
     if d.action is Action.DISPATCH:
         return Transition(
             ref=s.ref,
@@ -62,7 +52,7 @@ def for_decision(
             expect=guard,
             attempt_incr=1,
             push=messages.run(s.ref, s.attempt + 1),
-            due_ms=now_ms + policy.unclaimed_after_ms,
+            due_ms=wake_by(s.budget(), now_ms + policy.unclaimed_after_ms),
             set={"repubs": "0"},
             stats=("dispatched",),
         )
@@ -75,7 +65,10 @@ def for_decision(
             quiet=True,
             expect=guard,
             push=messages.run(s.ref, s.attempt),
-            due_ms=now_ms + republish_delay_ms(policy.unclaimed_after_ms, s.repubs + 1),
+            # Backs off to an hour, but wakes for the deadline: an expired one escalates.
+            due_ms=wake_by(
+                s.budget(), now_ms + republish_delay_ms(policy.unclaimed_after_ms, s.repubs + 1)
+            ),
             set={"repubs": str(s.repubs + 1)},
             stats=("republished",),
         )
@@ -95,18 +88,17 @@ def for_decision(
             stats=("verify_published",),
         )
     if d.action is Action.LEASE_EXPIRED:
-        return lease_lost(
-            s.ref,
-            tool,
-            s.tool,
-            call_id,
-            s.attempt,
-            s.max_attempts,
-            s.vcheck,
-            now_ms,
-            policy,
-            messages,
-            expect={"*": {"rev": str(s.rev)}},
+        lost = Lost(
+            ref=s.ref,
+            tool=tool,
+            tool_name=s.tool,
+            call_id=call_id,
+            attempt=s.attempt,
+            max_attempts=s.max_attempts,
+            deadline_ms=s.deadline_ms,
+            vcheck=s.vcheck,
+            expect=guard,
             by="scheduler:lease_sweep",
         )
+        return lease_lost(lost, now_ms, policy, messages)
     raise AssertionError(d.action)  # pragma: no cover

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolq import errors
-from toolq.fixed import cancelled_envelope, escalation_envelope
-from toolq.recovery.outcome import Messages, Policy, terminal
-from toolq.recovery.policy import attempts_remaining
+from toolq.fixed import cancelled_envelope
+from toolq.recovery.budget import Budget, Path, check, wake_by
+from toolq.recovery.outcome import Messages, Policy, escalate, refused, terminal
 from toolq.recovery.transition import Transition
 from toolq.states import State
 
@@ -65,6 +65,9 @@ class View:
             deadline_ms=int(float(f.get("deadline") or 0)),
         )
 
+    def budget(self) -> Budget:
+        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
+
     def require(self, state: State) -> None:
         if self.state is not state:
             raise errors.InvalidState(f"operation is {self.state}, not {state}", state=self.state)
@@ -99,16 +102,8 @@ def approve(
 ) -> Transition:
     """Approve an operation awaiting approval, bound to its current arguments."""
     v.require(State.AWAITING_APPROVAL)
-    return _requeue(
-        v,
-        now_ms,
-        policy,
-        messages,
-        by=by,
-        code="APPROVED",
-        extra={"approved_fp": v.fp},
-        expect=("fp", v.fp),
-    )
+    r = _Requeue(Path.APPROVE, "APPROVED", {"approved_fp": v.fp}, ("fp", v.fp), by)
+    return _requeue(v, r, now_ms, policy, messages)
 
 
 def provide_input(
@@ -127,53 +122,45 @@ def provide_input(
             "the arguments are identical to the ones that needed fixing",
             code_hint="ARGUMENTS_UNCHANGED",
         )
-    return _requeue(
-        v,
-        now_ms,
-        policy,
-        messages,
-        by=by,
-        code="INPUT_PROVIDED",
-        extra={"args": args_json, "fp": fp},
-        expect=("blocked_fp", v.blocked_fp),
+    r = _Requeue(
+        Path.PROVIDE_INPUT,
+        "INPUT_PROVIDED",
+        {"args": args_json, "fp": fp},
+        ("blocked_fp", v.blocked_fp),
+        by,
     )
+    return _requeue(v, r, now_ms, policy, messages)
 
 
-def _requeue(
-    v: View,
-    now_ms: int,
-    policy: Policy,
-    messages: Messages,
-    *,
-    by: str,
-    code: str,
-    extra: dict[str, str],
-    expect: tuple[str, str],
-) -> Transition:
-    guard = {"*": {"rev": v.rev, expect[0]: expect[1]}}
-    if attempts_remaining(v.attempt, v.max_attempts) == 0:
-        return terminal(
-            Transition(
-                ref=v.ref,
-                states=(v.state,),
-                to=State.ESCALATED,
-                by=by,
-                code="ATTEMPTS_EXHAUSTED",
-                expect=guard,
-                envelope=escalation_envelope("ATTEMPTS_EXHAUSTED", v.ref, v.tool, v.call_id),
-                stats=("escalated",),
-            ),
-            policy,
-        )
+@dataclass(frozen=True)
+class _Requeue:
+    """What an operator action that starts a new attempt changes, and checks."""
+
+    path: Path
+    code: str
+    set: dict[str, str]
+    #: A field that must still hold this value: the arguments the operator saw.
+    guard: tuple[str, str]
+    by: str
+
+
+def _requeue(v: View, r: _Requeue, now_ms: int, policy: Policy, messages: Messages) -> Transition:
+    """Queue a new attempt, if the budget allows one now; escalate if it does not."""
+    guard = {"*": {"rev": v.rev, r.guard[0]: r.guard[1]}}
+    verdict = check(v.budget(), r.path, now_ms)
+    if not verdict.ok:
+        base = {"ref": v.ref, "states": (v.state,), "by": r.by, "code": verdict.value}
+        env = refused(verdict, v.ref, v.tool, v.call_id)
+        return escalate(base | {"expect": guard}, env, policy)
     return Transition(
         ref=v.ref,
         states=(v.state,),
         to=State.QUEUED,
-        by=by,
-        code=code,
+        by=r.by,
+        code=r.code,
         expect=guard,
         attempt_incr=1,
-        set={**extra, "repubs": "0"},
+        set={**r.set, "repubs": "0"},
         push=messages.run(v.ref, v.attempt + 1),
-        due_ms=now_ms + policy.unclaimed_after_ms,
+        due_ms=wake_by(v.budget(), now_ms + policy.unclaimed_after_ms),
     )

@@ -2,8 +2,12 @@
 
 The worker runs a tool, the verifier looks an operation up, the scheduler
 finds something due; each asks this module which transition that means. The
-answers are :class:`~toolq.ledger.Transition` values, applied by the ledger as
-one compare-and-set each.
+answers are :class:`~toolq.recovery.transition.Transition` values, applied by
+the ledger as one compare-and-set each.
+
+Every path that would start another attempt asks the budget first
+(:func:`toolq.recovery.budget.check`); every path that ends ``escalated`` goes
+through :func:`escalate`, whose envelope must say ``next_action: escalate``.
 """
 
 from __future__ import annotations
@@ -24,13 +28,19 @@ from toolq.fixed import (
     escalation_envelope,
     success_envelope,
     unknown_envelope,
+    unverifiable_envelope,
 )
 from toolq.record import ms_to_dt
-from toolq.recovery.policy import (
+from toolq.recovery.budget import (
+    Budget,
+    Path,
+    Verdict,
     attempts_remaining,
-    jittered_due,
-    verify_backoff_ms,
+    cap_retry,
+    check,
+    wake_by,
 )
+from toolq.recovery.policy import jittered_due, verify_backoff_ms
 from toolq.recovery.transition import Transition
 from toolq.states import State
 from toolq.tools import Tool
@@ -57,6 +67,30 @@ class Policy:
     retention_s: int
 
 
+def terminal(t: Transition, policy: Policy) -> Transition:
+    t.remove_due = True
+    t.ttl = policy.retention_s
+    return t
+
+
+def escalate(
+    base: dict[str, Any],
+    env: ToolError,
+    policy: Policy,
+    stats: tuple[str, ...] = ("escalated",),
+) -> Transition:
+    """End an operation ``escalated``. Its envelope is what the caller reads from
+    then on, so it must say that a person has to act, not that toolq still will."""
+    if env.next_action is not NextAction.ESCALATE:
+        raise ValueError(f"an escalated operation's envelope says {env.next_action}, not escalate")
+    return terminal(Transition(**base, to=State.ESCALATED, envelope=env, stats=stats), policy)
+
+
+def refused(verdict: Verdict, ref: str, tool: str, call_id: str) -> ToolError:
+    """The envelope of an operation its budget stopped (``verdict`` is not GO)."""
+    return escalation_envelope(verdict.value, ref, tool, call_id)
+
+
 # ---------------------------------------------------------------- the worker's outcome
 
 
@@ -74,11 +108,31 @@ class Attempt:
     vcheck: int
     holder: str
 
+    def budget(self) -> Budget:
+        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
-def terminal(t: Transition, policy: Policy) -> Transition:
-    t.remove_due = True
-    t.ttl = policy.retention_s
-    return t
+    def base(self, code: str | None) -> dict[str, Any]:
+        """The guard of every transition out of this claim: still ours, still running."""
+        return {
+            "ref": self.ref,
+            "states": (State.RUNNING,),
+            "expect": {"running": {"attempt": str(self.attempt), "lease_holder": self.holder}},
+            "by": self.holder,
+            "code": code,
+            "delete": ("lease_holder", "lease_until"),
+        }
+
+
+def before_call(a: Attempt, now_ms: int, policy: Policy) -> Transition | None:
+    """The budget's word after a claim, before the tool is called: None to go ahead.
+
+    The claim (Lua) hands back the deadline; the check is here so that the one
+    budget decides it. A refused attempt never reaches the tool: it escalates.
+    """
+    verdict = check(a.budget(), Path.CLAIM, now_ms)
+    if verdict.ok:
+        return None
+    return escalate(a.base(verdict.value), refused(verdict, a.ref, a.tool.name, a.call_id), policy)
 
 
 def after_success(a: Attempt, result: Any, now_ms: int, policy: Policy) -> Transition:
@@ -113,62 +167,25 @@ def after_failure(
 ) -> Transition:
     """A tool raised: classify by the table, then route by what the envelope says."""
     tool = a.tool
-    now = ms_to_dt(now_ms)
-    remaining = attempts_remaining(a.attempt, a.max_attempts)
     env = errors.error_envelope(
         exc,
         writes=tool.writes,
         operation_ref=a.ref,
         operation=tool.name,
         call_id=a.call_id or None,
-        attempts_remaining=remaining,
-        now=now,
+        attempts_remaining=attempts_remaining(a.attempt, a.max_attempts),
+        now=ms_to_dt(now_ms),
         verification_tool=tool.verification_tool,
         safe_detail_keys=tool.options.safe_details,
     )
-    base: dict[str, Any] = {
-        "ref": a.ref,
-        "states": (State.RUNNING,),
-        "expect": {"running": {"attempt": str(a.attempt), "lease_holder": a.holder}},
-        "by": a.holder,
-        "code": env.code,
-        "delete": ("lease_holder", "lease_until"),
-    }
+    base = a.base(env.code)
     if env.commit_state is CommitState.UNKNOWN:
-        return enter_verifying(
-            a.ref,
-            tool,
-            a.call_id,
-            a.vcheck,
-            a.attempt,
-            now_ms,
-            policy,
-            messages,
-            env=env,
-            base=base,
-        )
-    directive, action = env.retry.directive, env.next_action
-    if directive is Directive.AFTER_DELAY:
-        assert env.retry.not_before is not None
-        nb_ms = int(env.retry.not_before.timestamp() * 1000)
-        code = None
-        if remaining == 0:
-            code = "ATTEMPTS_EXHAUSTED"
-        elif a.deadline_ms and nb_ms > a.deadline_ms:
-            code = "RETRY_BEYOND_DEADLINE"
-        if code is not None:
-            esc = escalation_envelope(code, a.ref, tool.name, a.call_id)
-            return terminal(
-                Transition(
-                    **base | {"code": code}, to=State.ESCALATED, envelope=esc, stats=("escalated",)
-                ),
-                policy,
-            )
-        due = jittered_due(nb_ms, now_ms, tool.options.jitter, rng)
-        return Transition(
-            **base, to=State.WAITING_RETRY, envelope=env, due_ms=due, set={"retry_due": str(due)}
-        )
-    if directive is Directive.AFTER_INPUT_FIX:
+        # Verification is not an attempt: it runs whatever the budget says (invariant 2).
+        u = Uncertain(a.ref, tool, a.call_id, a.attempt, a.vcheck)
+        return enter_verifying(u, now_ms, policy, messages, base=base, env=env)
+    if errors.rule_for(exc, writes=tool.writes).directive is Directive.AFTER_DELAY:
+        return _delayed_retry(a, env, now_ms, policy, rng)
+    if env.retry.directive is Directive.AFTER_INPUT_FIX:
         return Transition(
             **base,
             to=State.NEEDS_INPUT,
@@ -176,56 +193,80 @@ def after_failure(
             set={"blocked_fp": a.fp},
             due_ms=now_ms + policy.input_timeout_ms,
         )
-    if action is NextAction.REQUEST_APPROVAL:
+    if env.next_action is NextAction.REQUEST_APPROVAL:
         return Transition(
             **base,
             to=State.AWAITING_APPROVAL,
             envelope=env,
             due_ms=now_ms + policy.approval_timeout_ms,
         )
-    if action is NextAction.ESCALATE:
-        return terminal(
-            Transition(**base, to=State.ESCALATED, envelope=env, stats=("escalated",)), policy
-        )
+    if env.next_action is NextAction.ESCALATE:
+        return escalate(base, env, policy)
     return terminal(Transition(**base, to=State.FAILED, envelope=env, stats=("failed",)), policy)
 
 
+def _delayed_retry(
+    a: Attempt, env: ToolError, now_ms: int, policy: Policy, rng: random.Random
+) -> Transition:
+    """A failure that may be retried after a delay: wait, if the budget allows the retry."""
+    b = a.budget()
+    nb = env.retry.not_before
+    nb_ms = now_ms if nb is None else int(nb.timestamp() * 1000)
+    verdict = check(b, Path.RETRY, now_ms, not_before_ms=nb_ms)
+    if verdict is Verdict.ATTEMPTS_EXHAUSTED and env.next_action is NextAction.ESCALATE:
+        # The table already wrote this envelope, with the failure's own code as its reason.
+        return escalate(a.base(env.code), env, policy)
+    if not verdict.ok:
+        esc = refused(verdict, a.ref, a.tool.name, a.call_id)
+        return escalate(a.base(verdict.value), esc, policy)
+    due = cap_retry(b, jittered_due(nb_ms, now_ms, a.tool.options.jitter, rng), nb_ms)
+    return Transition(
+        **a.base(env.code),
+        to=State.WAITING_RETRY,
+        envelope=env,
+        due_ms=due,
+        set={"retry_due": str(due)},
+    )
+
+
+@dataclass(frozen=True)
+class Uncertain:
+    """An attempt whose outcome is unknown: what verification needs to start."""
+
+    ref: str
+    tool: Tool[Any]
+    call_id: str
+    attempt: int
+    vcheck: int
+
+
 def enter_verifying(
-    ref: str,
-    tool: Tool[Any],
-    call_id: str,
-    vcheck: int,
-    attempt: int,
+    u: Uncertain,
     now_ms: int,
     policy: Policy,
     messages: Messages,
     *,
-    env: ToolError | None = None,
     base: dict[str, Any],
+    env: ToolError | None = None,
 ) -> Transition:
     """An attempt's outcome is unknown: verify it before anything else (invariant 2).
 
-    Without a verifier nothing can settle it, so it escalates at once.
+    Without a verifier nothing can settle it, so it escalates at once, with an
+    envelope that says so (``OUTCOME_UNVERIFIABLE``, the cause as its reason).
     """
-    env = env or unknown_envelope(ref, tool.name, call_id, tool.verification_tool)
+    tool = u.tool
     if tool.verify_fn is None:
-        return terminal(
-            Transition(
-                **base,
-                to=State.ESCALATED,
-                envelope=env,
-                stats=("unknown", "escalated", "no_verifier"),
-            ),
-            policy,
-        )
-    nxt = vcheck + 1
+        esc = unverifiable_envelope(u.ref, tool.name, u.call_id, reason=base.get("code"))
+        return escalate(base, esc, policy, ("unknown", "escalated", "no_verifier"))
+    env = env or unknown_envelope(u.ref, tool.name, u.call_id, tool.verification_tool)
+    nxt = u.vcheck + 1
     return Transition(
         **base,
         to=State.VERIFYING,
         envelope=env,
         set={"uncertain_at": str(now_ms), "vcheck": str(nxt), "vfail": "0"},
         due_ms=now_ms + policy.unclaimed_after_ms,
-        push=messages.verify(ref, attempt, nxt),
+        push=messages.verify(u.ref, u.attempt, nxt),
         stats=("unknown",),
     )
 
@@ -247,6 +288,9 @@ class Check:
     vfail: int
     uncertain_at_ms: int
     holder: str
+
+    def budget(self) -> Budget:
+        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
     def base(self) -> dict[str, Any]:
         return {
@@ -291,25 +335,13 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
             delete=("vholder", "vlease_until"),
             stats=("verify_recheck",),
         )
-    if attempts_remaining(c.attempt, c.max_attempts) == 0 or (
-        c.deadline_ms and now_ms > c.deadline_ms
-    ):
-        code = (
-            "ATTEMPTS_EXHAUSTED"
-            if attempts_remaining(c.attempt, c.max_attempts) == 0
-            else "DEADLINE_EXCEEDED"
-        )
-        esc = escalation_envelope(code, c.ref, c.tool.name, c.call_id)
-        return terminal(
-            Transition(
-                **c.base(),
-                to=State.ESCALATED,
-                envelope=esc,
-                code=code,
-                stats=("verify_not_found", "escalated"),
-                delete=("vholder", "vlease_until"),
-            ),
+    verdict = check(c.budget(), Path.NOT_FOUND, now_ms)
+    if not verdict.ok:
+        return escalate(
+            c.base() | {"code": verdict.value, "delete": ("vholder", "vlease_until")},
+            refused(verdict, c.ref, c.tool.name, c.call_id),
             policy,
+            ("verify_not_found", "escalated"),
         )
     nxt = c.attempt + 1
     return Transition(
@@ -318,7 +350,7 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
         code="VERIFIED_NOT_COMMITTED",
         attempt_incr=1,
         push=messages.run(c.ref, nxt),
-        due_ms=now_ms + policy.unclaimed_after_ms,
+        due_ms=wake_by(c.budget(), now_ms + policy.unclaimed_after_ms),
         stats=("verify_not_found",),
         delete=("vholder", "vlease_until"),
         set={"repubs": "0"},
@@ -328,17 +360,12 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
 def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
     failures = c.vfail + 1
     if failures >= c.tool.options.verify_checks:
-        esc = escalation_envelope("VERIFICATION_UNAVAILABLE", c.ref, c.tool.name, c.call_id)
-        return terminal(
-            Transition(
-                **c.base(),
-                to=State.ESCALATED,
-                envelope=esc,
-                code="VERIFICATION_UNAVAILABLE",
-                stats=("verify_escalated", "escalated"),
-                delete=("vholder", "vlease_until"),
-            ),
+        code = "VERIFICATION_UNAVAILABLE"
+        return escalate(
+            c.base() | {"code": code, "delete": ("vholder", "vlease_until")},
+            escalation_envelope(code, c.ref, c.tool.name, c.call_id),
             policy,
+            ("verify_escalated", "escalated"),
         )
     return Transition(
         **c.base(),
@@ -351,55 +378,60 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
     )
 
 
-def lease_lost(
-    ref: str,
-    tool: Tool[Any] | None,
-    tool_name: str,
-    call_id: str,
-    attempt: int,
-    max_attempts: int,
-    vcheck: int,
-    now_ms: int,
-    policy: Policy,
-    messages: Messages,
-    *,
-    expect: dict[str, dict[str, str]],
-    by: str,
-) -> Transition:
+# ---------------------------------------------------------------- a lost worker
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A running attempt whose worker is gone: its lease expired (the scheduler's
+    sweep) or its holder died (a redelivery). ``expect``/``by`` guard the transition."""
+
+    ref: str
+    #: None when the tool is not registered in the deciding process.
+    tool: Tool[Any] | None
+    tool_name: str
+    call_id: str
+    attempt: int
+    max_attempts: int
+    deadline_ms: int
+    vcheck: int
+    expect: dict[str, dict[str, str]]
+    by: str
+
+    def budget(self) -> Budget:
+        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
+
+
+def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> Transition:
     """A running attempt lost its worker: a write's outcome is unknown, a read runs again."""
     base: dict[str, Any] = {
-        "ref": ref,
+        "ref": lost.ref,
         "states": (State.RUNNING,),
-        "expect": expect,
-        "by": by,
+        "expect": lost.expect,
+        "by": lost.by,
         "code": "LEASE_EXPIRED",
         "delete": ("lease_holder", "lease_until"),
     }
-    if tool is None or tool.writes:
-        if tool is None:
-            env = unknown_envelope(ref, tool_name, call_id, None)
-            return terminal(
-                Transition(
-                    **base, to=State.ESCALATED, envelope=env, stats=("lease_lost", "escalated")
-                ),
-                policy,
-            )
-        t = enter_verifying(
-            ref, tool, call_id, vcheck, attempt, now_ms, policy, messages, base=base
-        )
+    stats = ("lease_lost", "escalated")
+    tool = lost.tool
+    if tool is None:
+        # Whether it writes, and how to verify it, are unknown here: a person must check.
+        env = unverifiable_envelope(lost.ref, lost.tool_name, lost.call_id, reason="LEASE_EXPIRED")
+        return escalate(base, env, policy, stats)
+    if tool.writes:
+        u = Uncertain(lost.ref, tool, lost.call_id, lost.attempt, lost.vcheck)
+        t = enter_verifying(u, now_ms, policy, messages, base=base)
         t.stats = ("lease_lost", *t.stats)
         return t
-    if attempts_remaining(attempt, max_attempts) == 0:
-        esc = escalation_envelope("ATTEMPTS_EXHAUSTED", ref, tool_name, call_id)
-        return terminal(
-            Transition(**base, to=State.ESCALATED, envelope=esc, stats=("lease_lost", "escalated")),
-            policy,
-        )
+    verdict = check(lost.budget(), Path.LEASE_LOST, now_ms)
+    if not verdict.ok:
+        env = refused(verdict, lost.ref, lost.tool_name, lost.call_id)
+        return escalate(base | {"code": verdict.value}, env, policy, stats)
     return Transition(
         **base,
         to=State.QUEUED,
         attempt_incr=1,
         stats=("lease_lost",),
-        push=messages.run(ref, attempt + 1),
-        due_ms=now_ms + policy.unclaimed_after_ms,
+        push=messages.run(lost.ref, lost.attempt + 1),
+        due_ms=wake_by(lost.budget(), now_ms + policy.unclaimed_after_ms),
     )

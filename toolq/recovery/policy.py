@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
+from toolq.recovery.budget import Budget, Path, check, wake_by
 from toolq.states import State
 from toolq.tools import Jitter
 
@@ -19,11 +20,6 @@ def jittered_due(not_before_ms: int, now_ms: int, jitter: Jitter, rng: random.Ra
     """
     base = max(not_before_ms, now_ms)
     return base + jitter.extra_ms(base - now_ms, rng)
-
-
-def attempts_remaining(attempt: int, max_attempts: int) -> int:
-    """Attempts left in the budget after ``attempt`` dispatches."""
-    return max(0, max_attempts - attempt)
 
 
 def republish_delay_ms(unclaimed_after_ms: int, republished: int) -> int:
@@ -100,6 +96,9 @@ class Snapshot:
             vclaimed_ms=n("vclaimed"),
         )
 
+    def budget(self) -> Budget:
+        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -140,14 +139,19 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decis
     if s.state is State.WAITING_RETRY:
         if s.retry_due_ms > now_ms:
             return Decision(Action.RESCHEDULE, at_ms=s.retry_due_ms)
-        if s.deadline_ms and now_ms > s.deadline_ms:
-            return Decision(Action.ESCALATE, code="DEADLINE_EXCEEDED")
-        if attempts_remaining(s.attempt, s.max_attempts) == 0:
-            return Decision(Action.ESCALATE, code="ATTEMPTS_EXHAUSTED")
+        verdict = check(s.budget(), Path.DISPATCH, now_ms)
+        if not verdict.ok:
+            return Decision(Action.ESCALATE, code=verdict.value)
         return Decision(Action.DISPATCH)
     if s.state is State.QUEUED:
+        # Checked before the backlog test: an expired message must not run even
+        # if it is still waiting its turn (its claim will find it escalated).
+        verdict = check(s.budget(), Path.REPUBLISH, now_ms)
+        if not verdict.ok:
+            return Decision(Action.ESCALATE, code=verdict.value)
         if may_still_be_waiting(s.published_ms, q.oldest_call_ms):
-            return Decision(Action.RESCHEDULE, at_ms=now_ms + t.unclaimed_after_ms)
+            at = wake_by(s.budget(), now_ms + t.unclaimed_after_ms)
+            return Decision(Action.RESCHEDULE, at_ms=at)
         return Decision(Action.REPUBLISH)
     if s.state is State.RUNNING:
         if s.lease_until_ms > now_ms:

@@ -32,9 +32,12 @@ class Transition:
     stats: tuple[str, ...] = ()
     ttl: int | None = None
     #: A field update without a state change: no history, no notification.
+    #: ``to`` must then be every state in ``states`` (the ledger refuses it otherwise).
     quiet: bool = False
 
     def __post_init__(self) -> None:
         for state in self.states:
+            if self.quiet and self.to != state:
+                raise ValueError(f"a quiet update stays in its state, not {state} -> {self.to}")
             if not self.quiet and self.to not in ALLOWED[state]:
                 raise ValueError(f"transition {state} -> {self.to} is not allowed")

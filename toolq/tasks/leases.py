@@ -66,12 +66,12 @@ class LeaseKeeper:
         lease_ms: int,
         clock: Callable[[], float],
         *,
-        renew_every: float | None = None,
+        renew_every: float,
     ) -> None:
         self.ledger = ledger
         self.lease_ms = lease_ms
-        #: Seconds between renewals (``LeaseSettings.renew_every``: a third of the lease).
-        self.renew_every = renew_every if renew_every is not None else lease_ms / 3000
+        #: Seconds between renewals: ``LeaseSettings.renew_every``, passed in by the App.
+        self.renew_every = renew_every
         self.clock = clock
         self.holder = process_holder()
         self._seq = itertools.count(1)

@@ -46,7 +46,7 @@ class Runtime:
         lease_ms: int,
         clock: Callable[[], float] = time.time,
         *,
-        renew_every: float | None = None,
+        renew_every: float,
     ) -> None:
         self.registry = registry
         self.ledger = ledger
@@ -56,9 +56,6 @@ class Runtime:
         self.clock = clock
         self.leases = LeaseKeeper(ledger, lease_ms, clock, renew_every=renew_every)
         self.rng = random.Random()
-        #: Called with (ref, attempt) right after a tool returns, before the
-        #: outcome is recorded: the crash tests' injection point.
-        self.after_call_hook: Callable[[str, int], None] | None = None
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -93,12 +90,15 @@ class Runtime:
             vcheck=claim.vcheck,
             holder=holder,
         )
+        refused = outcome.before_call(a, self.now_ms(), self.policy)
+        if refused is not None:
+            # Delivered past the deadline (late, or after a long queue): never call the tool.
+            log.warning("%s attempt %d not started: %s", ref, attempt, refused.code)
+            return self._record(refused)
         ctx = self._context(ref, tool, claim, attempt)
         with self.leases.hold(ref, attempt, "run", holder):
             try:
-                result = tool.invoke(ctx.args, ctx)
-                if self.after_call_hook is not None:
-                    self.after_call_hook(ref, attempt)
+                result = tool.invoke(ctx.args, ctx)  # awaited here if the tool is async
                 t = outcome.after_success(a, result, self.now_ms(), self.policy)
             except Exception as exc:
                 _log_failure(tool.name, ref, attempt, exc)
@@ -115,20 +115,22 @@ class Runtime:
             )
             return "duplicate"
         tool = self.registry.get(claim.tool) if claim.tool in self.registry else None
-        t = outcome.lease_lost(
-            ref,
-            tool,
-            claim.tool,
-            claim.call_id,
-            attempt,
-            claim.max_attempts,
-            claim.vcheck,
-            self.now_ms(),
-            self.policy,
-            self.messages,
+        # A "held" claim does not carry the deadline; a read that runs again needs it
+        # (rare: only when the holder died), and it never changes, so a plain read will do.
+        deadline = _patient(lambda: self.ledger.fields(ref, "deadline"), 10.0).get("deadline")
+        lost = outcome.Lost(
+            ref=ref,
+            tool=tool,
+            tool_name=claim.tool,
+            call_id=claim.call_id,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            deadline_ms=int(float(deadline or 0)),
+            vcheck=claim.vcheck,
             expect={"running": {"attempt": str(attempt), "lease_holder": claim.holder}},
             by=f"{holder}:redelivery",
         )
+        t = outcome.lease_lost(lost, self.now_ms(), self.policy, self.messages)
         log.warning(
             "%s attempt %d: its worker died mid-call; %s",
             ref,
@@ -201,10 +203,10 @@ class Runtime:
             holder=holder,
         )
         ctx = self._context(ref, tool, claim, attempt)
-        assert tool.verify_fn is not None
         with self.leases.hold(ref, attempt, "verify", holder):
             try:
-                found = tool.verify_fn(ctx)
+                # A worker whose tool lost its verifier fails the check: bounded, then escalated.
+                found = tool.lookup(ctx)
             except Exception:
                 log.warning("verifier of %s failed for %s", tool.name, ref, exc_info=True)
                 t = outcome.verifier_failed(c, self.now_ms(), self.policy)

@@ -54,13 +54,26 @@ def echo(args: Text) -> dict[str, str]:
 class Note(BaseModel):
     body: str = Field(max_length=200)
     sleep: float = Field(default=0.0, ge=0, le=10)
+    #: Hold the attempt open until the test pushes to ``gate:<ref>`` (see :func:`open_gate`).
+    gate: bool = False
+
+
+#: How long a gated attempt waits for its gate before it writes anyway.
+GATE_TIMEOUT_S = 30
+
+
+def open_gate(client: redis.Redis, ref: str) -> None:
+    """Let a ``gate=True`` attempt of ``ref`` go on to its write."""
+    client.lpush(f"gate:{ref}", "open")
 
 
 @tq.tool(writes=True, consistency_window=0.5, idempotent=True)
 def create_note(args: Note, ctx: CallContext) -> dict[str, str]:
-    """Store a note (a write); ``sleep`` holds the attempt open first."""
+    """Store a note (a write); ``sleep`` or ``gate`` holds the attempt open first."""
     if args.sleep:
         time.sleep(args.sleep)
+    if args.gate:
+        store().blpop([f"gate:{ctx.operation_ref}"], timeout=GATE_TIMEOUT_S)
     store().set(f"notes:{ctx.operation_ref}", args.body)
     return {"note": ctx.operation_ref}
 

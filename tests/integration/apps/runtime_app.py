@@ -60,6 +60,14 @@ def commit(ref: str) -> None:
 def pay(args: Call, ctx: CallContext) -> dict[str, Any]:
     p = provider()
     p.rpush(f"provider:seen:{ctx.operation_ref}", f"{ctx.attempt}:{time.time()}")
+    if args.mode == "approval_then_input":
+        # Approval first, then a check of the approved arguments: what each attempt
+        # was told about approval is kept, to show it follows the arguments.
+        p.rpush(f"provider:approved:{ctx.operation_ref}", int(ctx.approved))
+        if not ctx.approved:
+            raise errors.NeedsApproval()
+        if args.amount_cents <= 0:
+            raise errors.InvalidInput(field="amount_cents", rule="positive")
     if args.mode == "rate_limited" and ctx.attempt < 3:
         raise errors.RateLimited(retry_after=0.4)
     if args.mode == "invalid" and args.amount_cents <= 0:

@@ -1,0 +1,69 @@
+"""Small builders the contract tests share: records, submits, unchecked transitions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolq.ledger import Ledger, SubmitResult
+from toolq.record import HistoryEntry
+from toolq.recovery.transition import Transition
+from toolq.states import State
+
+NOW = 1_700_000_000_000
+LEASE = 30_000
+QUEUE = "tq.calls"
+TOOL = "send"
+
+
+def submit(
+    ledger: Ledger,
+    ref: str,
+    *,
+    state: State = State.QUEUED,
+    tool: str = TOOL,
+    fp: str = "fp-1",
+    now: int = NOW,
+    due: int | None = None,
+    queue: str = QUEUE,
+) -> SubmitResult:
+    """Submit as the client does: a queued operation pushes its first message."""
+    queued = state is State.QUEUED
+    return ledger.submit(
+        ref=ref,
+        tool=tool,
+        args_json='{"to":"x"}',
+        fp=fp,
+        call_id="call-1",
+        now_ms=now,
+        max_attempts=3,
+        deadline_ms=now + 3_600_000,
+        state=state,
+        due_ms=now + 60_000 if due is None else due,
+        queue=queue if queued else "",
+        message=f"run {ref}" if queued else "",
+    )
+
+
+def put(ledger: Ledger, ref: str, state: State, *, tool: str = TOOL, **fields: Any) -> None:
+    """A record in ``state`` written directly: the walks start from every state."""
+    record: dict[str, Any] = {"ref": ref, "tool": tool, "state": str(state), "attempt": 1}
+    record.update({"max_attempts": 3, "rev": 1, "vcheck": 0, "vfail": 0, "created": NOW})
+    record.update({"entered": NOW, "fp": "fp-1", **fields})
+    ledger.redis.hset(ledger.keys.op(ref), mapping=record)
+
+
+def unchecked(ref: str, states: tuple[State, ...], to: State, *, quiet: bool = False) -> Transition:
+    """A transition the Python table did not check: only the script decides."""
+    t = Transition(ref=ref, states=states, to=states[0], by="walk", quiet=True)
+    t.to, t.quiet = to, quiet  # after __post_init__, which would refuse most of them
+    return t
+
+
+def history(ledger: Ledger, ref: str) -> list[HistoryEntry]:
+    raw = ledger.redis.lrange(ledger.keys.history(ref), 0, -1)
+    return [HistoryEntry.model_validate_json(h) for h in raw]
+
+
+def snapshot(ledger: Ledger) -> dict[bytes, bytes | None]:
+    """Every key and its serialised value: to show that a call wrote nothing."""
+    return {k: ledger.redis.dump(k) for k in ledger.redis.scan_iter(count=1000)}

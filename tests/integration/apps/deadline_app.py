@@ -1,0 +1,118 @@
+"""A tool app for the deadline tests: tools whose deadline is a second or two.
+
+Every tool counts its calls in the same Redis (``provider:calls:<ref>``), so a
+test sees whether a tool was ever called, whatever the ledger says.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from pydantic import BaseModel
+
+from toolq import CallContext, ToolQueue, errors
+from toolq.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
+
+APP = "tests.integration.apps.deadline_app:tq"
+
+settings = ToolqSettings(
+    lease=LeaseSettings(seconds=1.0),
+    recovery=RecoverySettings(unclaimed_after=0.5, approval_timeout=60, input_timeout=60),
+    scheduler=SchedulerSettings(hold=2.0, max_sleep=0.5),
+)
+tq = ToolQueue(name="deadline-test", settings=settings)
+
+#: Long enough for a warmed-up worker to start attempt 1 in time, even on a busy machine.
+ROOMY = 2.0
+
+
+class Args(BaseModel):
+    n: int = 1
+    sleep: float = 0.0
+
+
+_provider: redis.Redis | None = None
+_pid = 0
+
+
+def provider() -> redis.Redis:
+    global _provider, _pid
+    if _provider is None or _pid != os.getpid():
+        _provider = redis.Redis.from_url(tq.redis_url)
+        _pid = os.getpid()
+    return _provider
+
+
+def called(ctx: CallContext) -> None:
+    provider().incr(f"provider:calls:{ctx.operation_ref}")
+
+
+def calls(p: redis.Redis, ref: str) -> int:
+    return int(p.get(f"provider:calls:{ref}") or 0)
+
+
+@tq.tool(writes=False)
+def echo(args: Args, ctx: CallContext) -> int:
+    """No deadline to speak of: proves a worker is consuming."""
+    return args.n
+
+
+@tq.tool(writes=True, deadline=1.0)
+def pay(args: Args, ctx: CallContext) -> str:
+    """A write that must start within a second of its submit."""
+    called(ctx)
+    return "paid"
+
+
+@tq.tool(writes=True, deadline=1.0, requires_approval=True)
+def transfer(args: Args, ctx: CallContext) -> str:
+    """A write that waits for approval, and must start within a second of its submit."""
+    called(ctx)
+    return "sent"
+
+
+@tq.tool(writes=True, deadline=ROOMY)
+def charge(args: Args, ctx: CallContext) -> str:
+    """Needs a positive ``n`` (to reach needs_input)."""
+    called(ctx)
+    if args.n <= 0:
+        raise errors.InvalidInput(field="n", rule="positive")
+    return "charged"
+
+
+@tq.tool(writes=False, deadline=ROOMY, max_attempts=3)
+def scan(args: Args, ctx: CallContext) -> str:
+    """A read that takes ``sleep`` seconds."""
+    called(ctx)
+    time.sleep(args.sleep)
+    return "scanned"
+
+
+@tq.tool(writes=False, deadline=ROOMY, max_attempts=3)
+def quote(args: Args, ctx: CallContext) -> str:
+    """A read rate limited on its first attempt."""
+    called(ctx)
+    if ctx.attempt == 1:
+        raise errors.RateLimited(retry_after=0.1)
+    return "quoted"
+
+
+@tq.tool(writes=True, deadline=ROOMY, consistency_window=ROOMY + 0.5, verify_backoff=0.1)
+def book(args: Args, ctx: CallContext) -> str:
+    """A write whose first attempt times out before it commits; its consistency
+    window ends after its deadline, so "not found" is only believed too late."""
+    called(ctx)
+    if ctx.attempt == 1:
+        raise TimeoutError("read timed out")
+    return "booked"
+
+
+@book.verifier
+def find_booking(ctx: CallContext) -> str | None:
+    provider().incr(f"provider:verifications:{ctx.operation_ref}")
+    return None
+
+
+celery_app = tq.celery
