@@ -165,10 +165,7 @@ class App:
             if self._notifier is not None:
                 self._notifier.close()
                 self._notifier = None
-            if self._redis is not None:
-                self._redis.close()
-            self._redis = None
-            self._ledger = None
+            self._drop_redis()
             self._runtime = None
             if self._celery is not None:
                 self._celery.conf.update(broker_url=redis_url)
@@ -200,10 +197,15 @@ class App:
                 self._notifier = None
             if self._runtime is not None:
                 self._runtime.leases.stop()
-            if self._redis is not None:
-                self._redis.close()
-                self._redis = None
-                self._ledger = None
+            self._drop_redis()
+
+    def _drop_redis(self) -> None:
+        # Redis(connection_pool=...).close() leaves the pool's sockets open.
+        if self._redis is not None:
+            self._redis.close()
+            self._redis.connection_pool.disconnect()
+        self._redis = None
+        self._ledger = None
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -56,6 +56,31 @@ def scrub(text: str) -> str:
     return out
 
 
+# The private-key pattern above reads one folded line; a log record keeps its
+# line breaks, so its key blocks are matched across them.
+_PEM_BLOCK = re.compile(
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.DOTALL
+)
+
+
+def redact_text(text: str) -> str:
+    """What :func:`scrub` removes, with the text's lines and spacing kept.
+
+    For log records and tracebacks, which stay readable only in their layout.
+    Idempotent, like :func:`scrub`.
+    """
+    lines = _PEM_BLOCK.sub(REDACTED, str(text)).splitlines(keepends=True)
+    # Line by line: a quoted value left open must not swallow the lines after it.
+    return "".join(_redact_line(line) for line in lines)
+
+
+def _redact_line(line: str) -> str:
+    for pattern in _SECRET_PATTERNS[1:]:
+        replacement = REDACTED + "@" if pattern is _USERINFO else REDACTED
+        line = pattern.sub(replacement, line)
+    return line
+
+
 def looks_secret(text: str) -> bool:
     """True when :func:`scrub` would remove something from ``text``."""
     return scrub(text) != " ".join(str(text).split())

@@ -33,6 +33,8 @@ from toolq.api.auth import check_bind
 from toolq.envelope import parse_envelope
 
 AGENT = "agent-token-0123456789"
+#: Starlette's TestClient and schemathesis send ``Host: testserver``: a configured name.
+TEST_HOST = "testserver"
 OPERATOR = "operator-token-0123456789"
 TOKENS = f"{AGENT}=invoke,read;{OPERATOR}=approve,input,cancel,read"
 
@@ -45,7 +47,8 @@ def tq(module_redis_url: str) -> Iterator[ToolQueue]:
 
 @pytest.fixture(scope="module")
 def app(tq: ToolQueue) -> FastAPI:
-    return create_app(tq, ApiSettings(tokens=TOKENS, max_wait=20, poll_interval=0.5))
+    settings = ApiSettings(tokens=TOKENS, max_wait=20, poll_interval=0.5, allowed_hosts=TEST_HOST)
+    return create_app(tq, settings)
 
 
 @pytest.fixture
@@ -264,7 +267,8 @@ def test_unexpected_errors_are_a_bare_500(
 def test_an_unreachable_redis_is_a_503() -> None:
     down = ToolQueue(redis_url="redis://127.0.0.1:1/0")
     try:
-        r = TestClient(create_app(down)).get("/v1/operations/x")
+        client = TestClient(create_app(down), base_url="http://127.0.0.1:8000")
+        r = client.get("/v1/operations/x")
     finally:
         down.close()
     assert r.status_code == 503 and r.json()["code"] == "QUEUE_UNAVAILABLE"
@@ -288,6 +292,70 @@ def test_token_settings_and_the_loopback_rule(capsys: pytest.CaptureFixture[str]
     assert "loopback only" in capsys.readouterr().err
 
 
+# --------------------------------------------------------------------------- DNS rebinding
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "code"),
+    [
+        ({"Host": "evil.example"}, 421, "HOST_NOT_ALLOWED"),
+        ({"Host": "127.0.0.1.evil.example:8000"}, 421, "HOST_NOT_ALLOWED"),
+        ({"Host": "evil.example", "Origin": "http://evil.example"}, 421, "HOST_NOT_ALLOWED"),
+        ({"Origin": "http://evil.example"}, 403, "ORIGIN_NOT_ALLOWED"),
+        ({"Origin": "http://localhost.evil.example:8000"}, 403, "ORIGIN_NOT_ALLOWED"),
+        ({"Origin": "null"}, 403, "ORIGIN_NOT_ALLOWED"),
+    ],
+)
+def test_a_foreign_host_or_origin_is_refused_and_nothing_runs(
+    tq: ToolQueue, app: FastAPI, headers: dict[str, str], status: int, code: str
+) -> None:
+    # Given a browser whose page rebound its name to the API's address (or a page elsewhere)
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    ref = key()
+    auth = {"Authorization": f"Bearer {AGENT}", "Idempotency-Key": ref}
+
+    # When it invokes a write, and reads
+    r = client.post("/v1/tools/create_note:invoke", json={"body": "x"}, headers=auth | headers)
+    read = client.get("/v1/tools", headers=auth | headers)
+
+    # Then both are refused with a typed error, and the ledger never heard of the operation
+    assert r.status_code == status and read.status_code == status
+    body = r.json()
+    assert body["code"] == code and set(body) == {"code", "message"}
+    assert "evil" not in r.text
+    assert tq.get(ref) is None
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    ["http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:9", "http://localhost"],
+)
+def test_loopback_hosts_and_same_origin_requests_are_answered(app: FastAPI, base_url: str) -> None:
+    client = TestClient(app, base_url=base_url, headers={"Authorization": f"Bearer {AGENT}"})
+    ref = key()
+    r = client.post(
+        "/v1/tools/echo:invoke",
+        json={"text": "home"},
+        headers={"Idempotency-Key": ref, "Origin": base_url},
+    )
+    assert r.status_code == 202, r.text
+    assert settle(client, ref)["envelope"]["result"] == {"text": "home"}
+
+
+def test_the_bind_address_and_configured_names_are_allowed(tq: ToolQueue) -> None:
+    def status(app: FastAPI, host: str) -> int:
+        return TestClient(app, base_url=f"http://{host}").get("/v1/health").status_code
+
+    bound = create_app(tq, ApiSettings(), bind_host="10.1.2.3")
+    assert status(bound, "10.1.2.3:8000") == 200
+    assert status(bound, "10.1.2.4:8000") == 421
+    wildcard = create_app(tq, ApiSettings(allowed_hosts="api, toolq.internal"), bind_host="0.0.0.0")
+    assert status(wildcard, "api:8080") == 200 and status(wildcard, "TOOLQ.internal.") == 200
+    assert status(wildcard, "0.0.0.0:8000") == 421 and status(wildcard, "10.1.2.3") == 421
+    with pytest.raises(ValueError, match="is not a host name"):
+        ApiSettings(allowed_hosts="api,evil example")
+
+
 # --------------------------------------------------------------------------- the fuzz run
 
 FUZZ_TOKEN = "fuzz-token-0123456789abcdef"
@@ -301,7 +369,8 @@ def no_stack_trace(ctx: Any, response: Any, case: Any) -> None:
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_fuzz_openapi(tq: ToolQueue, mode: GenerationMode) -> None:
     # Given the generated OpenAPI document of an app with a token for every scope
-    app = create_app(tq, ApiSettings(tokens=f"{FUZZ_TOKEN}=*", max_wait=0.2))
+    settings = ApiSettings(tokens=f"{FUZZ_TOKEN}=*", max_wait=0.2, allowed_hosts=TEST_HOST)
+    app = create_app(tq, settings)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     checks = [
         not_a_server_error,

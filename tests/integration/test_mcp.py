@@ -359,8 +359,19 @@ def test_over_streamable_http_with_scoped_tokens(module_redis_url: str, tq: Tool
         # When each token asks to cancel an operation awaiting approval
         held, refused = anyio.run(scenario, invoke_only, "run_http/step_1")
         _, cancelled = anyio.run(scenario, full, "run_http/step_2")
+
+        # And a page that rebound its name, or another origin, tries with a valid token
+        auth = {"Authorization": f"Bearer {full}"}
+        rebound = httpx.post(url, json={}, headers=auth | {"Host": "evil.example"}, timeout=5)
+        cross = httpx.post(
+            url, json={}, headers=auth | {"Origin": "http://evil.example"}, timeout=5
+        )
     finally:
         stop_process(proc, timeout=5)
+
+    # Then those are refused as the HTTP API refuses them, before MCP sees them
+    assert (rebound.status_code, rebound.json()["code"]) == (421, "HOST_NOT_ALLOWED")
+    assert (cross.status_code, cross.json()["code"]) == (403, "ORIGIN_NOT_ALLOWED")
 
     # Then only the token with the cancel scope may, and no token is no answer at all
     assert error_of(held).next_action == "request_approval"

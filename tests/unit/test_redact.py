@@ -24,6 +24,7 @@ from toolq.errors import (
 from toolq.redact import (
     REDACTED,
     looks_secret,
+    redact_text,
     redact_url,
     safe_value,
     scrub,
@@ -248,3 +249,28 @@ def test_a_traceback_never_reaches_the_envelope(text: str) -> None:
 def test_unicode_line_breaks_in_upstream_text_do_not_matter() -> None:
     exc = ToolFailure("line\u2028break\x85next", reason="a\u2029b")
     assert "\u2028" not in _all_outputs(exc) and "\x85" not in _all_outputs(exc)
+
+
+def test_redact_text_keeps_the_layout_of_a_traceback_and_removes_what_scrub_does() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "tool.py", line 3, in call\n'
+        "    connect(url)\n"
+        "RuntimeError: auth failed: Bearer abcdefghij0123 at redis://:hunter2@db:6379/0\n"
+        "key:\n-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\nq83jd\n"
+        "-----END RSA PRIVATE KEY-----\n"
+        '  password="open quote\n'
+        "next line stays\n"
+    )
+    out = redact_text(text)
+    assert out == (
+        "Traceback (most recent call last):\n"
+        '  File "tool.py", line 3, in call\n'
+        "    connect(url)\n"
+        "RuntimeError: auth failed: [redacted] at redis://[redacted]@db:6379/0\n"
+        "key:\n[redacted]\n"
+        "  [redacted] quote\n"
+        "next line stays\n"
+    )
+    assert redact_text(out) == out
+    assert not looks_secret(" ".join(out.split()))

@@ -28,11 +28,19 @@ Settings (:class:`ApiSettings`, env prefix ``TOOLQ_API_``)::
     TOOLQ_API_MAX_WAIT=30          longest ?wait= (s)
     TOOLQ_API_POLL_INTERVAL=1      what pending operations tell pollers (s)
     TOOLQ_API_MAX_BODY_BYTES=...   413 above this (default: TOOLQ_LIMITS__MAX_ARGS_BYTES)
+    TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal   Host names answered besides loopback
 
 Scopes: ``read``, ``invoke``, ``approve``, ``input``, ``cancel``; ``*`` is all
 of them. Tokens are at least 16 characters and compared in constant time.
 Without tokens there is no authentication, so :func:`serve_api` binds
 loopback only and refuses any other host.
+
+Against DNS rebinding (:mod:`toolq.api.hosts`), every request's ``Host`` must
+be ``localhost``, ``127.0.0.1``, ``[::1]``, the specific address it is bound to
+(not ``0.0.0.0``) or a name in ``TOOLQ_API_ALLOWED_HOSTS``, on any port: else
+421 ``HOST_NOT_ALLOWED``. A request with an ``Origin`` naming any other host is
+refused, 403 ``ORIGIN_NOT_ALLOWED``. Bound to ``0.0.0.0``, list the names
+clients use.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1,11 +1,13 @@
 """The FastAPI app factory and the routes (see :mod:`toolq.api` for the table).
 
 No ``from __future__ import annotations`` here: FastAPI reads the routes'
-annotations at runtime, and one of them (``Wait``) is built per app.
+annotations at runtime, and some of them (``Wait``, the ref headers) are built
+per app.
 """
 
 import contextlib
 import math
+import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
@@ -18,6 +20,7 @@ from pydantic import BaseModel
 from toolq import errors
 from toolq.api.auth import ApiSettings, Tokens, check_bind
 from toolq.api.guard import ERROR_RESPONSES, ApiError, install
+from toolq.api.hosts import HostGuard, allowed_hosts, wildcard_note
 from toolq.envelope import ToolError, to_dict
 from toolq.record import OperationRecord
 from toolq.states import SETTLED, State
@@ -69,16 +72,16 @@ def _require(scope: str) -> Any:
 
 RefPath = Annotated[str, Path(description="The operation_ref; it may contain '/'.")]
 Arguments = Annotated[dict[str, Any], Body(description="The tool's arguments, a JSON object.")]
-IdempotencyKey = Annotated[
-    str, Header(alias="Idempotency-Key", max_length=200, description="Becomes the operation_ref.")
-]
-CallId = Annotated[
-    str | None, Header(alias="X-Call-Id", pattern=r"^[\x21-\x7e]{1,200}$", description="call_id")
-]
 
 
-def create_app(tq: "ToolQueue", settings: ApiSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``tq``; ``ValueError`` if the tokens are malformed."""
+def create_app(
+    tq: "ToolQueue", settings: ApiSettings | None = None, *, bind_host: str | None = None
+) -> FastAPI:
+    """The FastAPI app serving ``tq``; ``ValueError`` if the tokens are malformed.
+
+    It answers only for loopback hosts, ``bind_host`` (the address it is served
+    on, unless a wildcard) and ``settings.allowed_hosts`` (:mod:`toolq.api.hosts`).
+    """
     from toolq import __version__
 
     settings = settings or ApiSettings()
@@ -87,12 +90,25 @@ def create_app(tq: "ToolQueue", settings: ApiSettings | None = None) -> FastAPI:
     app.state.tokens = settings.token_table()
     max_body = settings.max_body_bytes or tq.settings.limits.max_args_bytes
     install(app, max_body=max_body, retry_after=poll)
+    # Added last, so outermost: a refused Host or Origin reaches nothing else.
+    app.add_middleware(HostGuard, allowed=allowed_hosts(bind_host, settings.allowed_hosts))
     Wait = Annotated[
         float, Query(ge=0, le=settings.max_wait, description="Seconds to wait for it to settle.")
     ]
+    max_ref = tq.settings.limits.max_ref_length
+    IdempotencyKey = Annotated[
+        str,
+        Header(
+            alias="Idempotency-Key", max_length=max_ref, description="Becomes the operation_ref."
+        ),
+    ]
+    CallId = Annotated[
+        str | None,
+        Header(alias="X-Call-Id", pattern=rf"^[\x21-\x7e]{{1,{max_ref}}}$", description="call_id"),
+    ]
 
     def view(ref: str, status: int = 200, created: bool | None = None) -> JSONResponse:
-        rec = tq.ledger.get(ref, with_history=False) if len(ref) <= 200 else None
+        rec = tq.ledger.get(ref, with_history=False) if len(ref) <= max_ref else None
         if rec is None:
             raise errors.OperationNotFound("no such operation")
         return _view(rec, status, poll, created)
@@ -115,7 +131,7 @@ def create_app(tq: "ToolQueue", settings: ApiSettings | None = None) -> FastAPI:
     @app.get("/v1/operations/{ref:path}", **route, dependencies=[_require("read")])
     def get_operation(ref: RefPath, wait: Wait = 0) -> JSONResponse:
         """An operation's state, attempt and envelope; ``wait`` long-polls."""
-        if wait > 0 and len(ref) <= 200:
+        if wait > 0 and len(ref) <= max_ref:
             with contextlib.suppress(TimeoutError):
                 tq.wait(ref, timeout=wait)
         return view(ref)
@@ -216,6 +232,10 @@ def serve_api(
     """
     import uvicorn
 
-    app = create_app(tq, settings)
+    settings = settings or ApiSettings()
+    app = create_app(tq, settings, bind_host=host)
     check_bind(host, app.state.tokens, "api")
+    note = wildcard_note(host, settings.allowed_hosts, "api")
+    if note is not None:
+        print(note, file=sys.stderr)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), server_header=False)

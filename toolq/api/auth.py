@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from toolq.api.asgi import send_json
+from toolq.api.hosts import allowed_hosts
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,6 +35,20 @@ class ApiSettings(BaseSettings):
     poll_interval: float = Field(default=1.0, gt=0, le=60)
     #: Request bodies above this are refused with 413; default: ``limits.max_args_bytes``.
     max_body_bytes: int | None = Field(default=None, ge=64)
+    #: Host names (or addresses) the server answers for besides loopback and its own
+    #: specific bind address, any port: ``TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal``.
+    #: Every other Host is refused (421), so a rebound DNS name cannot reach it.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            value = tuple(str(v).strip() for v in value if str(v).strip())
+            allowed_hosts(None, value)  # ValueError (a validation error) for a bad name
+        return value
 
     def token_table(self) -> Tokens:
         return Tokens.parse(self.tokens.get_secret_value() if self.tokens else None)
@@ -154,12 +170,3 @@ class RequireScope:
             _kind, _sep, token = authorization.partition(" ")
             scope["toolq.scopes"] = self.tokens.scopes(token.strip())
         await self.app(scope, receive, send)
-
-
-async def send_json(
-    send: Send, status: int, body: dict[str, Any], headers: tuple[tuple[bytes, bytes], ...] = ()
-) -> None:
-    raw = json.dumps(body).encode()
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": [*head, *headers]})
-    await send({"type": "http.response.body", "body": raw})

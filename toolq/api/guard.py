@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolq import errors
-from toolq.api.auth import send_json
+from toolq.api.asgi import send_json
 from toolq.envelope import ToolError, is_valid_code, to_dict
 from toolq.redact import scrub
 
@@ -47,7 +47,7 @@ class ErrorBody(BaseModel):
 
 #: For ``responses=`` of every route, so the OpenAPI document names the shape.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 500, 503)
+    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 413, 421, 422, 500, 503)
 }
 
 

@@ -16,6 +16,7 @@ from kombu import Exchange, Queue
 
 from toolq.broker.messages import RUN_TASK, VERIFY_TASK
 from toolq.broker.transport import TRANSPORT
+from toolq.logs import redact_worker_logs
 from toolq.settings import ToolqSettings
 
 
@@ -60,6 +61,8 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
 
 
 def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = None) -> Celery:
+    # A worker started as plain `celery -A module worker` redacts its logs too.
+    redact_worker_logs()
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_config(settings, url))
     return app

@@ -13,7 +13,7 @@ import redis
 
 from toolq.errors import RequestRefused, ToolqError
 from toolq.redact import redact_url
-from toolq.state import read_state
+from toolq.state import read_state, recorded_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,11 +66,16 @@ def state_dir_option(f: F) -> F:
 
 
 def resolve_url(redis_url: str | None, state_dir: Path | None) -> str | None:
+    """``--redis-url``, else what a running ``toolq up`` recorded in ``state_dir``.
+
+    One line naming the state file if the ``toolq up`` that recorded it is gone.
+    """
     if redis_url:
         return redis_url
-    data = read_state(state_dir)
-    url = data.get("redis_url") if data else None
-    return url if isinstance(url, str) else None
+    try:
+        return recorded_url(state_dir, "start it again or pass --redis-url")
+    except RequestRefused as exc:
+        raise CliError(exc.message) from None
 
 
 def resolve_app_path(app_path: str | None, state_dir: Path | None) -> str:

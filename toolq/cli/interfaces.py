@@ -18,11 +18,15 @@ from toolq.cli.common import (
     redis_option,
     state_dir_option,
 )
+from toolq.logs import install_redaction
 
 TOKENS_HELP = (
     "Tokens come from TOOLQ_API_TOKENS='TOKEN=scope,scope;TOKEN=scope' (scopes: read, invoke, "
     "approve, input, cancel, or *; tokens of 16+ characters). Without tokens there is no "
-    "authentication, and only a loopback --host is allowed."
+    "authentication, and only a loopback --host is allowed. Requests are answered only for "
+    "Host localhost, 127.0.0.1, [::1], the --host address (unless 0.0.0.0 or ::) and the "
+    "names in TOOLQ_API_ALLOWED_HOSTS=name,name (any port; else 421), and refused from a "
+    "browser Origin on any other host (403)."
 )
 
 
@@ -65,6 +69,7 @@ def api(
     loglevel: str,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
+    install_redaction()
     settings = _settings()
     _bind(host, settings, "api")
     from toolq.api.app import serve_api
@@ -113,6 +118,7 @@ def mcp_command(
     A call waits up to --wait-seconds; one still pending answers OPERATION_PENDING
     with its operation_ref, which the get_operation tool follows.
     """
+    install_redaction()
     # stdout is the protocol on stdio: every log line goes to stderr.
     logging.basicConfig(
         level=loglevel.upper(),

@@ -17,13 +17,37 @@ from toolq.cli.common import (
     state_dir_option,
 )
 from toolq.errors import OperationNotFound
+from toolq.states import SETTLED, State
 
 
 def _common(f: Any) -> Any:
     return app_option(redis_option(state_dir_option(f)))
 
 
-@click.command()
+#: ``toolq submit --wait``'s exit status for the state the operation is in when it returns.
+#: 2 (refused: bad input, unknown tool, no server) is every CliError's.
+WAIT_EXIT: dict[State, int] = {
+    State.SUCCEEDED: 0,
+    State.FAILED: 1,
+    State.ESCALATED: 1,
+    State.CANCELLED: 1,
+    State.AWAITING_APPROVAL: 4,
+    State.NEEDS_INPUT: 4,
+}
+#: Any other state: still on its way (queued, running, waiting_retry, verifying).
+WAIT_PENDING = 3
+
+
+@click.command(
+    epilog="""\b
+Exit status with --wait:
+  0  succeeded
+  1  failed, escalated or cancelled (the envelope says why)
+  2  refused or not submitted: bad input, unknown tool, server unreachable
+  3  still pending when --wait ran out (queued, running, waiting_retry, verifying)
+  4  waiting for a person: awaiting_approval (toolq approve) or needs_input (toolq input)
+Without --wait: 0 once submitted, 2 if refused."""
+)
 @click.argument("tool")
 @click.option(
     "--args",
@@ -39,7 +63,7 @@ def _common(f: Any) -> Any:
     "wait_s",
     type=click.FloatRange(0, 3600),
     default=None,
-    help="Wait up to this many seconds and print the envelope.",
+    help="Wait up to this many seconds, print the envelope, exit with the outcome (below).",
 )
 @_common
 @handle_errors
@@ -58,13 +82,28 @@ def submit(
     tq = open_app(app_path, redis_url, state_dir)
     sub = tq.submit(tool, args, operation_ref=ref, call_id=call_id)
     click.echo(sub.operation_ref)
-    if wait_s is not None:
-        try:
-            env = tq.wait(sub.operation_ref, timeout=wait_s)
-        except TimeoutError:
-            click.echo(f"still pending after {wait_s:g} s", err=True)
-            raise SystemExit(3) from None
+    if wait_s is None:
+        return
+    try:
+        env = tq.wait(sub.operation_ref, timeout=wait_s)
+    except TimeoutError:
+        env = None  # nothing to show yet
+    # The exit status and the envelope printed come from one read of the record.
+    rec = tq.get(sub.operation_ref)
+    if rec is None:
+        raise OperationNotFound(f"operation {sub.operation_ref[:80]!r} is gone")
+    if rec.state in SETTLED and rec.envelope is not None:
+        env = rec.envelope
+    if env is not None:
         click.echo(env.model_dump_json(indent=2, exclude_none=True))
+    code = WAIT_EXIT.get(rec.state, WAIT_PENDING)
+    if code == WAIT_PENDING:
+        click.echo(f"{rec.operation_ref}: still {rec.state} after {wait_s:g} s", err=True)
+    elif code:
+        why = "" if env is None or env.ok else f" ({env.code})"
+        click.echo(f"{rec.operation_ref}: {rec.state}{why}", err=True)
+    if code:
+        raise SystemExit(code)
 
 
 @click.command()

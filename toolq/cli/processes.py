@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from toolq.cli.common import app_option, handle_errors, open_app, redis_option, state_dir_option
+from toolq.logs import install_redaction
 
 
 def _metrics(port: int | None, tq: Any, role: str) -> None:
@@ -67,6 +68,7 @@ def worker(
     metrics_port: int | None,
 ) -> None:
     """Run a Celery worker that serves toolq's queues (Celery supervises the pool)."""
+    install_redaction()  # before Celery sets up logging: the pool's children inherit it
     from toolq.workers.main import run_worker
 
     tq = open_app(app_path, redis_url, state_dir)
@@ -107,6 +109,7 @@ def scheduler(
 
     Safe to run more than one.
     """
+    install_redaction()
     from toolq.scheduler.service import Scheduler
 
     logging.basicConfig(

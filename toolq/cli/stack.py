@@ -15,9 +15,16 @@ from typing import Any
 
 import click
 
-from toolq.cli.common import DEFAULT_APP, CliError, app_option, redis_option, state_dir_option
+from toolq.cli.common import (
+    DEFAULT_APP,
+    CliError,
+    app_option,
+    load_app,
+    redis_option,
+    state_dir_option,
+)
 from toolq.redact import redact_url
-from toolq.state import clear_state, read_state, write_state
+from toolq.state import clear_state, owner, read_state, write_state
 
 
 class _Interrupts:
@@ -158,9 +165,10 @@ def up(
     from toolq.stack import Stack, StackConfig
 
     _check_not_running(state_dir)
+    app = app_path or DEFAULT_APP
+    load_app(app)  # a wrong --app fails here, once, before anything is started
     if redis_url:
         _ping(redis_url)
-    app = app_path or DEFAULT_APP
     if example_provider is None:
         example_provider = app == DEFAULT_APP and not os.environ.get("TOOLQ_EXAMPLE_PROVIDER_URL")
     notes: list[str] = []
@@ -205,7 +213,7 @@ def up(
                 {
                     "redis_url": stack.redis_url,
                     "app": app,
-                    "pid": os.getpid(),
+                    **owner(),
                     "metrics_url": stack.metrics_url,
                     "api_url": stack.api_url,
                     "embedded": stack.embedded,

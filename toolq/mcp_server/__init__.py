@@ -100,14 +100,43 @@ def serve_http(
     """Serve MCP over streamable HTTP at ``/mcp``; tokens as for the HTTP API.
 
     With tokens, every request needs the ``invoke`` scope. Without, loopback only.
+    Only the hosts the HTTP API answers for are answered (:mod:`toolq.api.hosts`):
+    a foreign Host is refused (421) and so is a foreign Origin (403).
     """
+    import sys
+
     import uvicorn
 
     from toolq.api.auth import ApiSettings, RequireScope, check_bind
+    from toolq.api.hosts import HostGuard, allowed_hosts, wildcard_note
 
-    tokens = ApiSettings().token_table()
+    settings = ApiSettings()
+    tokens = settings.token_table()
     check_bind(host, tokens, "mcp")
-    app: Any = create_server(tq, **options).streamable_http_app(host=host)
+    allowed = allowed_hosts(host, settings.allowed_hosts)
+    note = wildcard_note(host, settings.allowed_hosts, "mcp")
+    if note is not None:
+        print(note, file=sys.stderr)
+    server = create_server(tq, **options)
+    app: Any = server.streamable_http_app(host=host, transport_security=_security(allowed))
     if tokens:
         app = RequireScope(app, tokens, "invoke")
+    app = HostGuard(app, allowed)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), server_header=False)
+
+
+def _security(allowed: frozenset[str]) -> Any:
+    """The SDK's own Host/Origin check, on the same list as :class:`HostGuard` in front."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    names = sorted(f"[{n}]" if ":" in n else n for n in allowed)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[h for n in names for h in (n, f"{n}:*")],
+        allowed_origins=[
+            f"{scheme}://{n}{port}"
+            for n in names
+            for scheme in ("http", "https")
+            for port in ("", ":*")
+        ],
+    )

@@ -1,0 +1,202 @@
+"""What a user sees when a call goes wrong: ``toolq submit --wait``'s exit status, and the
+worker's log lines (no secret, one line for a routine failure), against a real worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT, start_toolq, stop_process, toolq_env, wait_until
+from tests.integration.apps import cli_app
+from tests.integration.apps.cli_app import APP, TOKEN
+from toolq import State, ToolQueue
+from toolq.envelope import ToolError
+from toolq.procs import pdeathsig_preexec
+
+
+@pytest.fixture(scope="module")
+def worker_log(tmp_path_factory: pytest.TempPathFactory, module_redis_url: str) -> Iterator[Path]:
+    """The combined stdout and stderr of a ``toolq worker`` at INFO serving the app."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with log.open("wb") as out:
+        proc = start_toolq(
+            ["worker", "--app", APP, "--redis-url", module_redis_url, "-P", "threads", "-c", "2"],
+            stdout=out.fileno(),
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield log
+    finally:
+        stop_process(proc, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tq(module_redis_url: str, worker_log: Path) -> Iterator[ToolQueue]:
+    cli_app.tq.configure(redis_url=module_redis_url)
+    yield cli_app.tq
+    cli_app.tq.close()
+
+
+def submit(url: str, tool: str, args: str = "{}", *extra: str) -> subprocess.CompletedProcess[str]:
+    """``toolq submit`` in a process of its own, as a user runs it."""
+    where = ["--app", APP, "--redis-url", url]
+    return subprocess.run(
+        [sys.executable, "-m", "toolq.cli", "submit", tool, "--args", args, *extra, *where],
+        env=toolq_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def state_of(tq: ToolQueue, ref: str) -> State | None:
+    rec = tq.get(ref)
+    return rec.state if rec is not None else None
+
+
+# --------------------------------------------------------------------------- the worker's log
+
+
+def test_the_worker_logs_no_secret_and_one_line_per_routine_failure(
+    tq: ToolQueue, worker_log: Path
+) -> None:
+    # Given a tool raising an exception whose message carries a token, and one whose
+    # dropped connection the classifier turned into a routine failure
+    leaked = tq.submit("leak", {}).operation_ref
+    dropped = tq.submit("dropped", {}).operation_ref
+
+    # When the worker has run both
+    leak_env, dropped_env = tq.wait(leaked, timeout=30), tq.wait(dropped, timeout=30)
+    assert isinstance(leak_env, ToolError) and leak_env.code == "UPSTREAM_ERROR"
+    assert isinstance(dropped_env, ToolError) and dropped_env.code == "ATTEMPTS_EXHAUSTED"
+    redacted = "RuntimeError: upstream said: token [redacted]"
+    assert wait_until(lambda: redacted in worker_log.read_text(), timeout=10), (
+        worker_log.read_text()[-3000:]
+    )
+
+    # Then the unexpected one is logged with its operation_ref and a traceback, token removed
+    log = worker_log.read_text()
+    assert TOKEN not in log and "sk-live" not in log
+    assert any(leaked in line for line in log.splitlines())
+    # And the routine one is one line with its operation_ref and code, no traceback
+    lines = [line for line in log.splitlines() if dropped in line]
+    assert len(lines) == 1 and "DEPENDENCY_UNAVAILABLE" in lines[0], lines
+    assert "ConnectionResetError" not in log
+
+
+# --------------------------------------------------------------------------- exit status
+
+
+def test_succeeded_exits_0_and_prints_the_envelope(tq: ToolQueue, module_redis_url: str) -> None:
+    result = submit(module_redis_url, "echo", '{"text": "ok"}', "--wait", "30")
+    assert result.returncode == 0, result.stderr
+    ref, *envelope = result.stdout.splitlines()
+    assert json.loads("".join(envelope))["result"] == {"text": "ok"}
+    assert tq.get(ref) is not None and result.stderr == ""
+
+
+def test_escalated_and_cancelled_exit_1_and_say_so(tq: ToolQueue, module_redis_url: str) -> None:
+    escalated = submit(module_redis_url, "leak", "{}", "--wait", "30")
+    assert escalated.returncode == 1, escalated.stderr
+    ref = escalated.stdout.splitlines()[0]
+    assert json.loads("".join(escalated.stdout.splitlines()[1:]))["ok"] is False
+    assert escalated.stderr.strip() == f"{ref}: escalated (UPSTREAM_ERROR)"
+
+    held = tq.submit("transfer", {"text": "x"}).operation_ref
+    tq.cancel(held)
+    cancelled = submit(module_redis_url, "transfer", '{"text": "x"}', "--ref", held, "--wait", "5")
+    assert cancelled.returncode == 1, cancelled.stderr
+    assert cancelled.stderr.strip() == f"{held}: cancelled (OPERATION_CANCELLED)"
+
+
+def test_waiting_for_a_person_exits_4(tq: ToolQueue, module_redis_url: str) -> None:
+    result = submit(module_redis_url, "transfer", '{"text": "y"}', "--wait", "30")
+    assert result.returncode == 4, result.stderr
+    ref = result.stdout.splitlines()[0]
+    assert json.loads("".join(result.stdout.splitlines()[1:]))["next_action"] == "request_approval"
+    assert result.stderr.startswith(f"{ref}: awaiting_approval (")
+
+
+def test_still_pending_exits_3_with_or_without_an_envelope(
+    tq: ToolQueue, module_redis_url: str, redis_url: str
+) -> None:
+    # Waiting ten minutes to retry: wait returns its RATE_LIMITED envelope, yet it is not over
+    ref = tq.submit("limited", {}).operation_ref
+    assert wait_until(lambda: state_of(tq, ref) is State.WAITING_RETRY, timeout=30)
+    waiting = submit(module_redis_url, "limited", "{}", "--ref", ref, "--wait", "0")
+    assert waiting.returncode == 3, waiting.stderr
+    assert json.loads("".join(waiting.stdout.splitlines()[1:]))["code"] == "RATE_LIMITED"
+    assert waiting.stderr.strip() == f"{ref}: still waiting_retry after 0 s"
+
+    # On a database no worker serves: still queued, with nothing to print but the ref
+    queued = submit(redis_url, "echo", "{}", "--wait", "0")
+    assert queued.returncode == 3, queued.stderr
+    assert len(queued.stdout.splitlines()) == 1
+    assert queued.stderr.strip().endswith(": still queued after 0 s")
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "message"),
+    [
+        ("echo", '{"text": 5}', "INVALID_ARGUMENTS"),
+        ("nope", "{}", "UNKNOWN_TOOL"),
+        ("echo", "{nope", "--args is not valid JSON"),
+    ],
+)
+def test_bad_input_exits_2_in_one_line(
+    tq: ToolQueue, module_redis_url: str, tool: str, args: str, message: str
+) -> None:
+    result = submit(module_redis_url, tool, args, "--wait", "5")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_plain_celery_worker_redacts_its_log_too(redis_url: str, tmp_path: Path) -> None:
+    # Given the same app served by `celery -A module:celery_app worker`, not `toolq worker`
+    log = tmp_path / "celery.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                f"{cli_app.__name__}:celery_app",
+                "worker",
+                "-P",
+                "threads",
+                "-c",
+                "1",
+                "--loglevel",
+                "INFO",
+            ],
+            env=toolq_env({"TOOLQ_REDIS_URL": redis_url}),
+            cwd=str(REPO_ROOT),
+            stdout=out.fileno(),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=pdeathsig_preexec(),
+        )
+    q = ToolQueue(redis_url=redis_url)
+    q.registry.add(cli_app.tq.registry.get("leak"))
+    try:
+        # When a tool raises an exception whose message carries a token
+        ref = q.submit("leak", {}).operation_ref
+        env = q.wait(ref, timeout=60)
+        assert isinstance(env, ToolError) and env.code == "UPSTREAM_ERROR"
+        redacted = "RuntimeError: upstream said: token [redacted]"
+        assert wait_until(lambda: redacted in log.read_text(), timeout=10), log.read_text()[-3000:]
+    finally:
+        q.close()
+        stop_process(proc, timeout=10)
+
+    # Then the token is nowhere in the worker's output, and the ref is
+    text = log.read_text()
+    assert TOKEN not in text and "sk-live" not in text
+    assert ref in text
