@@ -52,5 +52,6 @@ def transfer(args: Text) -> dict[str, str]:
     """A write that waits for a person's approval first."""
     return {"sent": args.text}
 
+
 #: ``celery -A tests.integration.apps.cli_app:celery_app worker`` serves these tools too.
 celery_app = tq.celery
