@@ -6,12 +6,12 @@ test sees whether a tool was ever called, whatever the ledger says.
 
 from __future__ import annotations
 
-import os
 import time
 
 import redis
 from pydantic import BaseModel
 
+from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue, errors
 from toolq.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
 
@@ -33,16 +33,7 @@ class Args(BaseModel):
     sleep: float = 0.0
 
 
-_provider: redis.Redis | None = None
-_pid = 0
-
-
-def provider() -> redis.Redis:
-    global _provider, _pid
-    if _provider is None or _pid != os.getpid():
-        _provider = redis.Redis.from_url(tq.redis_url)
-        _pid = os.getpid()
-    return _provider
+provider = ProcessClient(tq)
 
 
 def called(ctx: CallContext) -> None:

@@ -6,13 +6,13 @@ verifier can look them up by ``operation_ref``.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Literal
 
 import redis
 from pydantic import BaseModel, Field
 
+from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue, errors
 from toolq.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
 
@@ -29,16 +29,7 @@ tq = ToolQueue(
     name="interfaces-test",
 )
 
-_store: redis.Redis | None = None
-_pid = 0
-
-
-def store() -> redis.Redis:
-    global _store, _pid
-    if _store is None or _pid != os.getpid():
-        _store = redis.Redis.from_url(tq.redis_url)
-        _pid = os.getpid()
-    return _store
+store = ProcessClient(tq)
 
 
 class Text(BaseModel):

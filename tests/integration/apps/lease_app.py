@@ -7,13 +7,13 @@ and its verifier do is counted in the same Redis (``lease:*``), for the test to 
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import redis
 from pydantic import BaseModel, Field
 
+from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue
 from toolq.settings import (
     LeaseSettings,
@@ -49,16 +49,7 @@ tq.celery.conf.broker_transport_options = {
     "unacked_restore_throttle": 1,
 }
 
-_client: redis.Redis | None = None
-_pid = 0
-
-
-def client() -> redis.Redis:
-    global _client, _pid
-    if _client is None or _pid != os.getpid():
-        _client = redis.Redis.from_url(tq.redis_url)
-        _pid = os.getpid()
-    return _client
+client = ProcessClient(tq)
 
 
 class Hold(BaseModel):

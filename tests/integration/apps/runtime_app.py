@@ -7,14 +7,13 @@ test can count what really happened, whatever the ledger says.
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import redis
 from pydantic import BaseModel
 
+from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue, errors
 from toolq.settings import (
     LeaseSettings,
@@ -38,16 +37,7 @@ class Call(BaseModel):
     meta: dict[str, Any] = {}
 
 
-_provider: redis.Redis | None = None
-_pid = 0
-
-
-def provider() -> redis.Redis:
-    global _provider, _pid
-    if _provider is None or _pid != os.getpid():
-        _provider = redis.Redis.from_url(tq.redis_url)
-        _pid = os.getpid()
-    return _provider
+provider = ProcessClient(tq)
 
 
 def commit(ref: str) -> None:
