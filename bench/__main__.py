@@ -6,6 +6,8 @@
     python -m bench scheduler [--sizes 1000,100000,1000000]
     python -m bench verify [--soak 600]
     python -m bench chaos [--ops 2000 --kills 30]
+    python -m bench api [--api-polls 1000 --api-wait 30]
+    python -m bench aio [--aio-calls 1000 --aio-worker-threads 64 --aio-repeats 3]
 
 Each part rewrites its own section of RESULTS.md. An embedded Valkey is
 started (appendonly off for the performance parts, on for chaos) unless
@@ -22,7 +24,10 @@ from typing import Any
 from bench import report
 from bench.common import server
 
-PARTS = ("throughput", "io", "commands", "latency", "delay", "scheduler", "verify", "chaos")
+PARTS = (
+    "throughput", "io", "commands", "latency", "delay", "scheduler", "verify", "chaos", "api",
+    "aio",
+)  # fmt: skip
 
 
 def _load(name: str) -> Any:
@@ -96,6 +101,16 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
             url, a.verify_seconds, a.soak, k=a.verify_backlog, sustained_calls=a.verify_calls
         )
         report.update("verify", verify_bench.render(res), res)
+    elif part == "api":
+        from bench import api_bench
+
+        res = api_bench.run(url, a.api_polls, a.api_wait)
+        report.update("api", api_bench.render(res), res)
+    elif part == "aio":
+        from bench import aio_bench
+
+        res = aio_bench.run(url, a.aio_calls, a.aio_worker_threads, a.aio_repeats)
+        report.update("aio", aio_bench.render(res), res)
     else:
         raise SystemExit(f"unknown part {part}")
 
@@ -124,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak", type=float, default=600.0, help="verification soak, seconds")
     ap.add_argument("--verify-backlog", type=int, default=2000, help="capacity backlog size")
     ap.add_argument("--verify-calls", type=int, default=2000, help="calls per sustained run")
+    ap.add_argument("--api-polls", type=int, default=1000, help="api: concurrent long-polls")
+    ap.add_argument("--api-wait", type=float, default=30.0, help="api: their ?wait= (s)")
+    ap.add_argument("--aio-calls", type=int, default=1000, help="aio: concurrent calls")
+    ap.add_argument("--aio-worker-threads", type=int, default=64, help="aio: worker threads")
+    ap.add_argument("--aio-repeats", type=int, default=3, help="aio: waves per client")
     ap.add_argument("--ops", type=int, default=2000, help="chaos: operations")
     ap.add_argument("--kills", type=int, default=30, help="chaos: worker/scheduler kills")
     a = ap.parse_args(argv)
@@ -137,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     parts = [p for p in PARTS if p != "chaos"] if a.part == "all" else [a.part]
     if a.part == "all":
-        parts = ["throughput", "commands", "io", "latency", "delay", "scheduler", "verify"]
+        parts = ["throughput", "commands", "io", "latency", "delay", "scheduler", "verify", "api"]
+        parts.append("aio")
     with server(a.redis_url, appendonly=False) as srv:
         report.update("env", report.env_section(srv.url, srv.note))
         for part in parts:

@@ -1,6 +1,7 @@
 """Chaos: the real system under kills, a server restart and duplicate deliveries.
 
     python -m bench.chaos --ops 2000 --kills 30        (python -m bench chaos does the same)
+    python -m bench.chaos --ops 2000 --kills 30 --power-losses 4
 
 Runs an embedded Valkey (AOF on, ``appendfsync always``), two calls workers
 (prefork -c 3 and threads -c 4), a verify worker (prefork -c 2) and two
@@ -15,6 +16,18 @@ While operations are submitted it
   (Celery starts another), and now and then a scheduler (started again);
 * hard-restarts the server once, half way (SIGKILL; the AOF keeps every
   acknowledged write; same port, same data directory);
+* or, with ``--power-losses N``, simulates N power losses instead, spread over
+  the run: what a power loss does is drop the AOF's tail that was not fsynced.
+  The size of the active AOF file (the incr file the manifest names) is
+  sampled every 100 ms; the server is SIGKILLed, its AOF truncated to what a
+  power loss would have kept, and started again (``aof-load-truncated yes``:
+  it loads a file cut mid-command, as after a real power loss; the harness
+  checks its log said so). With ``appendfsync everysec`` the fsync runs once a
+  second, so the file is cut to its size of 1 s before the kill. With
+  ``always`` every reply follows its fsync, so nothing a client was told can
+  be lost and the file is kept whole: the run checks that toolq acts only on
+  what was acknowledged (``TOOLQ_DURABILITY``, ``--durability``). Automatic
+  AOF rewrites are off, so the sampled file is the one written to;
 * pushes copies of queued messages (fresh and long stale) back into the
   calls and verify queues.
 
@@ -61,6 +74,7 @@ import redis
 
 from bench import procs
 from bench.common import percentile
+from toolq.errors import ServerUnavailable
 from toolq.keys import Keys
 
 APP = "toolq.examples.invoices:tq"
@@ -103,7 +117,17 @@ class ChaosConfig:
     settle_timeout: float = 300.0
     redis_url: str | None = None
     appendfsync: str = "always"
+    #: Simulated power losses (SIGKILL, AOF cut to its fsynced size, restart) instead
+    #: of the one plain hard restart.
+    power_losses: int = 0
+    #: TOOLQ_DURABILITY for the client, workers and schedulers.
+    durability: str = "fsync"
     verbose: bool = True
+
+    @property
+    def loss_window(self) -> float:
+        """Seconds of AOF a power loss drops: what was written since the last fsync."""
+        return 0.0 if self.appendfsync == "always" else 1.0
 
 
 @dataclass
@@ -127,6 +151,7 @@ class ChaosResult:
     requests_per_ref: dict[int, int]  # requests -> number of refs
     multi_request_customers: dict[str, int]
     stuck: dict[str, str]  # ref -> state
+    vanished: list[str]  # submitted (acknowledged), not in the ledger once quiet
     lost: list[str]  # ledger succeeded, provider has nothing
     phantom: dict[str, str]  # provider committed, ledger says otherwise (ref -> state)
     mismatched: list[str]  # ledger's invoice id is not the provider's
@@ -140,11 +165,22 @@ class ChaosResult:
     appendfsync: str
     dedup: bool
     seed: int | None = None
+    durability: str = "fsync"
+    #: One per simulated power loss: AOF sizes, bytes cut, whether the server said it
+    #: loaded a truncated file.
+    power_losses: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.duplicates or self.stuck or self.lost or self.phantom or self.mismatched)
+        return not (
+            self.duplicates
+            or self.stuck
+            or self.vanished
+            or self.lost
+            or self.phantom
+            or self.mismatched
+        )
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -182,6 +218,9 @@ class Chaos:
         self.server: Any = None
         self.provider: Any = None
         self.url = ""
+        #: (monotonic time, active AOF file, its size), every ~100 ms.
+        self.aof_sizes: collections.deque[tuple[float, Path, int]] = collections.deque(maxlen=100)
+        self.power_losses: list[dict[str, Any]] = []
 
     def log(self, msg: str) -> None:
         if self.cfg.verbose:
@@ -191,7 +230,11 @@ class Chaos:
 
     def env(self) -> dict[str, str]:
         assert self.provider is not None
-        return {**ENV, "TOOLQ_EXAMPLE_PROVIDER_URL": self.provider.url}
+        return {
+            **ENV,
+            "TOOLQ_EXAMPLE_PROVIDER_URL": self.provider.url,
+            "TOOLQ_DURABILITY": self.cfg.durability,
+        }
 
     def spawn(self, role: Role) -> None:
         name = f"{self.dir}/{role.name}-g{role.gen}"
@@ -291,7 +334,7 @@ class Chaos:
                 try:
                     tq.submit(TOOL, args, operation_ref=ref)
                     break
-                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                except (ServerUnavailable, redis.ConnectionError, redis.TimeoutError):
                     # The server is restarting: submit again with the same ref (idempotent).
                     if time.monotonic() > deadline:
                         raise
@@ -325,27 +368,82 @@ class Chaos:
             r.close()
 
     def chaos_loop(self, seconds: float) -> None:
-        restart_at = time.monotonic() + seconds / 2
+        start = time.monotonic()
+        n = self.cfg.power_losses
+        events: list[tuple[float, str]] = []
+        if self.server is not None and n:
+            events = [(start + seconds * (i + 1) / (n + 1), "power") for i in range(n)]
+        elif self.server is not None and self.cfg.restart_server:
+            events = [(start + seconds / 2, "restart")]
         kills_due = self.cfg.kills
         t_next = time.monotonic() + self.cfg.interval
-        while kills_due > 0 and not self.stop_chaos.is_set():
+        while (kills_due > 0 or events) and not self.stop_chaos.is_set():
             now = time.monotonic()
-            if (
-                self.cfg.restart_server
-                and self.server is not None
-                and now >= restart_at
-                and not self.server_restarts
-            ):
-                self.log("hard restart of the server (SIGKILL; same port and data dir)")
-                self.server.restart(hard=True)
+            if events and now >= events[0][0]:
+                if events.pop(0)[1] == "power":
+                    self.power_loss()
+                else:
+                    self.log("hard restart of the server (SIGKILL; same port and data dir)")
+                    self.server.restart(hard=True)
+                    self.log("server is back")
                 self.server_restarts += 1
-                self.log("server is back")
             self.ensure_running()
-            if now >= t_next:
+            if kills_due > 0 and now >= t_next:
                 self.kill_one()
                 kills_due -= 1
                 t_next = now + self.cfg.interval
             time.sleep(0.05)
+
+    # ------------------------------------------------------------------ power loss
+
+    def sample_aof(self) -> None:
+        """Record the active AOF file's size every ~100 ms (what a power loss cuts back to)."""
+        while not self.stop_chaos.wait(0.1):
+            path = self.server.active_aof()
+            with contextlib.suppress(OSError):
+                if path is not None:
+                    self.aof_sizes.append((time.monotonic(), path, path.stat().st_size))
+
+    def power_loss(self) -> None:
+        """SIGKILL the server, cut its AOF to what was fsynced, start it again."""
+        server = self.server
+        window = self.cfg.loss_window
+        t_kill = time.monotonic()
+        server.kill()
+        path = server.active_aof()
+        assert path is not None, "an AOF server without an incr file"
+        size = path.stat().st_size
+        if window <= 0:
+            keep = size  # appendfsync always: every acknowledged write was fsynced
+        else:
+            # The latest size sampled at least `window` before the kill, of this file
+            # (none: the file is newer than that, all of it came after the fsync) ...
+            older = [n for t, p, n in self.aof_sizes if p == path and t <= t_kill - window]
+            synced = older[-1] if older else 0
+            # ... plus part of a page the disk was writing when the power went: samples
+            # fall between whole writes, a power loss anywhere (mid-command, mid-MULTI).
+            keep = min(size, synced + self.rng.randrange(4096))
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+        offset = server.log_path.stat().st_size
+        server.start()
+        with open(server.log_path, "rb") as fh:
+            fh.seek(offset)
+            started = fh.read().decode(errors="replace")
+        loss = {
+            "at_s": round(t_kill, 3),
+            "aof_bytes": size,
+            "kept_bytes": keep,
+            "cut_bytes": size - keep,
+            # "!!! Truncating the AOF ... at offset N !!!" / "... aof-load-truncated ..."
+            "loaded_truncated": "Truncating the AOF" in started or "aof-load-truncated" in started,
+        }
+        self.power_losses.append(loss)
+        self.log(
+            f"power loss: server SIGKILLed, {path.name} cut from {size:,} to {keep:,} bytes "
+            f"({window:g} s unsynced); back up"
+            + (" (loaded a truncated AOF)" if loss["loaded_truncated"] else "")
+        )
 
     # ------------------------------------------------------------------ the run
 
@@ -363,7 +461,12 @@ class Chaos:
                 r.flushdb()
         else:
             self.server = EmbeddedServer(
-                appendonly=True, extra_config={"appendfsync": cfg.appendfsync}
+                appendonly=True,
+                appendfsync=cfg.appendfsync,
+                # a power loss loads what is left of a cut AOF (Valkey's default, said
+                # aloud); no automatic rewrite, so the sampled incr file stays the one
+                # written to
+                extra_config={"aof-load-truncated": "yes", "auto-aof-rewrite-percentage": "0"},
             ).start()
             self.url = str(self.server.url)
         self.provider = InvoiceProvider(
@@ -373,6 +476,8 @@ class Chaos:
         ).start()
         from toolq.examples.invoices import tq
 
+        # the client submits as durably as the workers claim
+        tq.app.settings = tq.app.settings.model_copy(update={"durability": cfg.durability})
         tq.configure(redis_url=self.url)
         try:
             for role in self.roles:
@@ -388,12 +493,15 @@ class Chaos:
                 threading.Thread(target=self.submitter, args=(tq, seconds), daemon=True),
                 threading.Thread(target=self.duplicator, daemon=True),
             ]
+            if self.server is not None and cfg.power_losses:
+                threads.append(threading.Thread(target=self.sample_aof, daemon=True))
             for t in threads:
                 t.start()
             self.chaos_loop(seconds)
             threads[0].join()
             self.stop_chaos.set()
-            threads[1].join()
+            for t in threads[1:]:
+                t.join()
             self.ensure_running()
             chaos_s = time.monotonic() - t_start
             self.log(f"chaos over after {chaos_s:.0f} s; waiting for the system to go quiet")
@@ -428,7 +536,8 @@ class Chaos:
                     time.sleep(0.5)
                     continue
                 last = collections.Counter(states.values())
-                if all(s in TERMINAL for s in states.values()):
+                # an operation a power loss took away ("missing") will not come back
+                if all(s in TERMINAL or s == "missing" for s in states.values()):
                     return time.monotonic() - t0
                 self.ensure_running()
                 time.sleep(1.0)
@@ -497,7 +606,8 @@ class Chaos:
         multi = collections.Counter(
             self.customer[ref] for ref in self.refs if seen.get(ref, 0) >= 2
         )
-        stuck = {ref: s for ref, s in states.items() if s not in TERMINAL}
+        stuck = {ref: s for ref, s in states.items() if s not in TERMINAL and s != "missing"}
+        vanished = [ref for ref, s in states.items() if s == "missing"]
         return ChaosResult(
             submitted=len(self.refs),
             by_state=dict(collections.Counter(states.values()).most_common()),
@@ -508,6 +618,7 @@ class Chaos:
             requests_per_ref=dict(sorted(req.items())),
             multi_request_customers=dict(multi.most_common()),
             stuck=stuck,
+            vanished=vanished,
             lost=lost,
             phantom=phantom,
             mismatched=mismatched,
@@ -526,6 +637,8 @@ class Chaos:
             dedup=self.cfg.dedup,
             seed=self.cfg.seed,
             notes=self.notes,
+            durability=self.cfg.durability,
+            power_losses=self.power_losses,
         )
 
     def scan_logs(self) -> dict[str, int]:
@@ -561,12 +674,15 @@ def summary(res: ChaosResult) -> str:
         f"operations submitted: {res.submitted}",
         f"  by final state: {res.by_state}",
         f"kills: {res.kills} (total {sum(res.kills.values())}); server restarts: "
-        f"{res.server_restarts}; duplicate messages pushed: {res.duplicate_pushes}",
+        f"{res.server_restarts} ({len(res.power_losses)} power losses: "
+        f"{[p['cut_bytes'] for p in res.power_losses]} bytes cut); duplicate messages "
+        f"pushed: {res.duplicate_pushes}",
         f"side effects per operation_ref >= 2 (FAILURE): {len(res.duplicates)} "
         f"{dict(list(res.duplicates.items())[:10])}",
         f"write requests that reached the provider, per ref: {res.requests_per_ref} "
         f"(refs with >1 by customer: {res.multi_request_customers})",
         f"non-final after quiet (FAILURE): {len(res.stuck)} {dict(list(res.stuck.items())[:10])}",
+        f"submitted, not in the ledger (FAILURE): {len(res.vanished)} {res.vanished[:10]}",
         f"ledger succeeded, provider lacks (FAILURE): {len(res.lost)} {res.lost[:10]}",
         f"provider committed, ledger not succeeded (FAILURE): {len(res.phantom)} "
         f"{dict(list(res.phantom.items())[:10])}",
@@ -578,7 +694,8 @@ def summary(res: ChaosResult) -> str:
         f"processes that exited on their own (restarted): {len(res.unexpected_exits)} "
         f"{res.unexpected_exits}",
         f"chaos {res.seconds:.0f} s, quiet {res.settled_after_s:.0f} s later; appendfsync "
-        f"{res.appendfsync}; provider dedup {'on' if res.dedup else 'off'}",
+        f"{res.appendfsync}; durability {res.durability}; provider dedup "
+        f"{'on' if res.dedup else 'off'}",
         "VERDICT: " + ("PASS" if res.ok else "FAIL"),
     ]
     lines += [f"note: {n}" for n in res.notes]
@@ -602,6 +719,18 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
             "server restarts (SIGKILL, AOF appendfsync " + res.appendfsync + ")",
             str(res.server_restarts),
         ),
+        (
+            "of which simulated power losses (AOF cut to its fsynced size)",
+            f"{len(res.power_losses)}: "
+            + (
+                ", ".join(
+                    f"{p['cut_bytes']:,} of {p['aof_bytes']:,} bytes cut"
+                    + (" (loaded truncated)" if p["loaded_truncated"] else "")
+                    for p in res.power_losses
+                )
+                or "-"
+            ),
+        ),
         ("duplicate messages pushed into the queues", f"{res.duplicate_pushes:,}"),
         ("**refs with ≥ 2 committed side effects**", f"**{len(res.duplicates)}**"),
         (
@@ -613,6 +742,7 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
             ", ".join(f"{c} {n}" for c, n in res.multi_request_customers.items()) or "none",
         ),
         ("**non-final after quiet**", f"**{len(res.stuck)}**"),
+        ("**submitted, not in the ledger**", f"**{len(res.vanished)}**"),
         ("**ledger succeeded, provider lacks**", f"**{len(res.lost)}**"),
         ("**provider committed, ledger not succeeded**", f"**{len(res.phantom)}**"),
         ("ledger invoice id ≠ provider's", str(len(res.mismatched))),
@@ -635,15 +765,41 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
         ("chaos duration, then quiet after", f"{res.seconds:.0f} s, {res.settled_after_s:.0f} s"),
         ("verdict", "**PASS**" if res.ok else "**FAIL**"),
     ]
+    power = f" --power-losses {cfg.power_losses}" if cfg.power_losses else ""
+    fsync = "" if cfg.appendfsync == "always" else f" --appendfsync {cfg.appendfsync}"
+    dur = "" if cfg.durability == "fsync" else f" --durability {cfg.durability}"
+    title = "Chaos with simulated power losses" if cfg.power_losses else "Chaos"
+    command = "python -m bench.chaos" if cfg.power_losses else "python -m bench chaos"
     return (
-        "## Chaos\n\n"
-        f"`python -m bench chaos --ops {cfg.ops} --kills {cfg.kills}`: embedded Valkey (AOF, "
-        f"`appendfsync {res.appendfsync}`), calls workers prefork -c 3 and threads -c 4, a "
+        f"## {title}\n\n"
+        f"`{command} --ops {cfg.ops} --kills {cfg.kills}{power}{fsync}{dur}`: "
+        f"embedded Valkey (AOF, `appendfsync {res.appendfsync}`, `TOOLQ_DURABILITY="
+        f"{res.durability}`), calls workers prefork -c 3 and threads -c 4, a "
         "verify worker prefork -c 2, two schedulers; example invoice provider with "
         f"idempotency-key dedup **{'on' if res.dedup else 'off'}** (so every commit is a real "
         "side effect), faults: lost reply after commit, timeout before commit, reply held past "
         "the timeout, 429, 409, always-503. Lease 2 s, unclaimed_after 5 s, visibility "
-        "timeout 20 s.\n\n" + table(("", ""), rows)
+        "timeout 20 s.\n\n" + table(("", ""), rows) + _power_note(res)
+    )
+
+
+def _power_note(res: ChaosResult) -> str:
+    if not res.power_losses:
+        return ""
+    if res.appendfsync == "always":
+        return (
+            "\n\nA power loss keeps what was fsynced. With `appendfsync always` every reply "
+            "follows its fsync, so each loss kept the whole file (0 bytes cut): nothing a "
+            "worker or a caller was told is lost, and toolq acted only on what it was told "
+            "(claims and submits confirmed with WAITAOF). With `--appendfsync everysec` the "
+            "harness cuts the file to its size 1 s before each kill (plus part of a page, "
+            "so the server loads a file cut mid-command): at 200 operations and 2 losses "
+            "that run ends with writes done twice, acknowledged submits gone and commits the "
+            "ledger does not know (23 / 34 / 21 for seed 126780545; tests/e2e/test_chaos.py)."
+        )
+    return (
+        "\n\nEach loss cut the AOF to its size 1 s before the kill plus part of a page "
+        "(what `appendfsync everysec` may not have fsynced)."
     )
 
 
@@ -656,6 +812,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dedup", action="store_true", help="provider deduplicates by key")
     ap.add_argument("--no-restart", action="store_true", help="do not restart the server")
     ap.add_argument("--appendfsync", default="always", choices=("always", "everysec"))
+    ap.add_argument(
+        "--power-losses",
+        type=int,
+        default=0,
+        help="simulated power losses (AOF cut to its fsynced size) instead of one restart",
+    )
+    ap.add_argument("--durability", default="fsync", choices=("fsync", "none"))
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--no-report", action="store_true", help="do not update RESULTS.md")
     ap.add_argument("--json", type=Path, default=None, help="write the result here as JSON")
@@ -669,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
         restart_server=not a.no_restart,
         appendfsync=a.appendfsync,
         redis_url=a.redis_url,
+        power_losses=a.power_losses,
+        durability=a.durability,
     )
     res = run(cfg)
     print(summary(res))
@@ -677,7 +842,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_report:
         from bench import report
 
-        report.update("chaos", render(res, cfg), res.as_dict())
+        # the power-loss variant keeps a section of its own beside the plain run's
+        name = "chaos-power" if cfg.power_losses else "chaos"
+        report.update(name, render(res, cfg), res.as_dict())
     return 0 if res.ok else 1
 
 

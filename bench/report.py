@@ -32,7 +32,10 @@ ORDER = (
     "delay",
     "scheduler",
     "verify",
+    "api",
+    "durability",
     "chaos",
+    "chaos-power",
 )
 
 

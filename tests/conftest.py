@@ -2,7 +2,8 @@
 
 - ``valkey`` (session): the base URL of the real server every Redis test uses.
   ``TOOLQ_TEST_REDIS_URL`` names an existing server; otherwise one embedded
-  Valkey is started for the session (no AOF, 4096 databases) and stopped at
+  Valkey is started for the session (AOF, ``appendfsync always``: the durability
+  toolq runs with by default; 4096 databases) and stopped at
   its end. A server that cannot be started or reached is an error, never a
   skip: CI must not go green without having talked to Redis.
 - ``redis_url`` (function) / ``module_redis_url`` (module): a URL on that
@@ -106,7 +107,8 @@ def valkey() -> Iterator[str]:
         yield external
         return
     # Each xdist worker process gets a server of its own, so no slicing is needed.
-    server = EmbeddedServer(appendonly=False, databases=SESSION_DATABASES)
+    # As deployed (toolq up, docker-compose.yml): claims and submits wait for the fsync.
+    server = EmbeddedServer(databases=SESSION_DATABASES)
     server.start()
     try:
         yield server.url

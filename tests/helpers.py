@@ -7,6 +7,7 @@ signalling its whole group, so a prefork worker's pool children go too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,25 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def run_aio(tq: Any, body: Callable[[], Awaitable[Any]]) -> Any:
+    """``body()`` on a new event loop (``asyncio.run``), closing ``tq.aio`` on it after."""
+
+    async def main() -> Any:
+        try:
+            return await body()
+        finally:
+            await tq.aio.aclose()
+
+    return asyncio.run(main())
+
+
+async def until_async(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    """Let the running loop go on until ``predicate`` holds; TimeoutError past ``timeout``."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
 
 
 def free_port() -> int:

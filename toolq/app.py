@@ -15,20 +15,23 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from celery import Celery
 from pydantic import SecretStr
 
-from toolq import errors
+from toolq import calls, errors, liveness
 from toolq.broker.app import make_celery
 from toolq.broker.messages import RUN_TASK, VERIFY_TASK, MessageFactory
 from toolq.ledger import Ledger
 from toolq.notify import Notifier
-from toolq.recovery import outcome
+from toolq.recovery import operator, outcome
+from toolq.recovery.transition import Transition
 from toolq.redact import redact_url
 from toolq.settings import ToolqSettings
 from toolq.state import discover_redis_url
+from toolq.states import State
 from toolq.tasks.run import Runtime
-from toolq.tools import Registry
+from toolq.tools import Registry, fingerprint
 
 
 class App:
@@ -59,6 +62,7 @@ class App:
         self._messages: MessageFactory | None = None
         self._runtime: Runtime | None = None
         self._notifier: Notifier | None = None
+        self._liveness: liveness.Liveness | None = None
 
     def __repr__(self) -> str:
         url = self.settings.safe_url if self.settings.redis_url else "(no url yet)"
@@ -83,24 +87,41 @@ class App:
     def redis(self) -> redis.Redis:
         with self._lock:
             if self._redis is None:
-                # A blocking pool: past max_connections a caller waits for a free
-                # connection instead of failing with "Too many connections".
-                pool = redis.BlockingConnectionPool.from_url(
-                    self.redis_url,
-                    max_connections=self.settings.limits.max_connections,
-                    timeout=20,
-                    socket_connect_timeout=5,
-                    socket_keepalive=True,
-                    health_check_interval=30,
-                )
+                pool = redis.BlockingConnectionPool.from_url(self.redis_url, **self._pool_options())
                 self._redis = redis.Redis(connection_pool=pool)
             return self._redis
+
+    def async_redis(self, *, max_connections: int) -> aioredis.Redis:
+        """A new ``redis.asyncio`` client, pooled as :attr:`redis` is, of at most
+        ``max_connections`` (never more than the settings allow).
+
+        Not kept here: it belongs to the event loop it first connects on, so
+        ``tq.aio`` makes one per loop (and closes it).
+        """
+        options = self._pool_options()
+        options["max_connections"] = min(options["max_connections"], max_connections)
+        # No CLIENT SETINFO on connect: redis-py reads its version from the package
+        # metadata for it, each time (most of a new connection's client-side cost).
+        options["driver_info"] = None
+        pool = aioredis.BlockingConnectionPool.from_url(self.redis_url, **options)
+        return aioredis.Redis(connection_pool=pool)
+
+    def _pool_options(self) -> dict[str, Any]:
+        # A blocking pool: past max_connections a caller waits for a free
+        # connection instead of failing with "Too many connections".
+        return {
+            "max_connections": self.settings.limits.max_connections,
+            "timeout": 20,
+            "socket_connect_timeout": 5,
+            "socket_keepalive": True,
+            "health_check_interval": 30,
+        }
 
     @property
     def ledger(self) -> Ledger:
         with self._lock:
             if self._ledger is None:
-                self._ledger = Ledger(self.redis, self.settings.prefix)
+                self._ledger = Ledger(self.redis, self.settings.prefix, self.settings.durability)
             return self._ledger
 
     @property
@@ -157,6 +178,39 @@ class App:
                 self._notifier = Notifier(self.redis, self.ledger.keys.notify)
             return self._notifier
 
+    # ------------------------------------------------------------------ what clients ask for
+    # The sync client (tq) and the async one (tq.aio) only differ in how they send these.
+
+    def new_operation(
+        self,
+        tool: str,
+        args: Any,
+        *,
+        operation_ref: str | None = None,
+        call_id: str | None = None,
+        run_id: str | None = None,
+        step: str | int | None = None,
+    ) -> calls.NewOperation:
+        """The operation a submit creates, checked: UnknownTool, InvalidArguments if not."""
+        limits = self.settings.limits
+        t = self.registry.get(tool)
+        canonical = calls.canonical_args(t, args, limits)
+        ref = calls.operation_ref(operation_ref, run_id, step, limits)
+        cid = calls.check_call_id(call_id, limits)
+        run = self.messages.run
+        return calls.new_operation(t, canonical, ref, cid, self.now_ms(), self.policy, run)
+
+    def approval(self, v: operator.View, by: str) -> Transition:
+        return operator.approve(v, self.now_ms(), self.policy, self.outbound, by)
+
+    def new_input(self, v: operator.View, args: Any, by: str) -> Transition:
+        v.require(State.NEEDS_INPUT)
+        canonical = calls.canonical_args(self.registry.get(v.tool), args, self.settings.limits)
+        fp = fingerprint(canonical)
+        return operator.provide_input(
+            v, canonical, fp, self.now_ms(), self.policy, self.outbound, by
+        )
+
     def configure(self, *, redis_url: str) -> None:
         """Point this app (and its Celery app) at another server, before use."""
         self.settings = self.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
@@ -167,8 +221,22 @@ class App:
                 self._notifier = None
             self._drop_redis()
             self._runtime = None
+            self._liveness = None  # what it read was about the other server
             if self._celery is not None:
                 self._celery.conf.update(broker_url=redis_url)
+
+    @property
+    def liveness(self) -> liveness.Liveness:
+        """Which queues have a live worker, and whether a scheduler is: read for submits."""
+        with self._lock:
+            if self._liveness is None:
+                keys = self.ledger.keys
+                self._liveness = liveness.Liveness(keys.workers, keys.schedulers)
+            return self._liveness
+
+    def warnings_for(self, op: calls.NewOperation) -> tuple[str, ...]:
+        """Advisory, for a submit: nothing serves its queue (read at most every few s)."""
+        return self.liveness.check(self.redis, op.queue or self.settings.queues.calls)
 
     def _make_celery(self) -> Celery:
         url: str | None
@@ -178,6 +246,7 @@ class App:
             url = None  # set later by configure(), before any worker starts
         celery = make_celery(self.settings, self.name, url)
         celery.toolq_app = self  # type: ignore[attr-defined]
+        liveness.install()  # its workers beat per queue (what a submit's warnings read)
         app = self
 
         @celery.task(name=RUN_TASK, ignore_result=True)

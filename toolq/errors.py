@@ -19,7 +19,10 @@ One root, two branches::
         ├── InvalidArguments
         ├── IdempotencyKeyReused
         ├── OperationNotFound
-        └── InvalidState
+        ├── InvalidState
+        └── ServerUnavailable                the ledger's server did not answer; a write
+            └── NotDurable                   may have happened: the same call again (same
+                                             operation_ref) is safe
 
 A tool raises the ``ToolFailure`` that says what it knows; anything else it
 raises is unexpected and is classified by whether the tool writes: an
@@ -236,6 +239,28 @@ class OperationNotFound(RequestRefused):
 
 class InvalidState(RequestRefused):
     code = "INVALID_STATE"
+
+
+class ServerUnavailable(RequestRefused):
+    """The ledger's server did not answer (refused, reset, timed out, loading).
+
+    Unlike the other refusals, a write may have reached the server before the
+    answer was lost: submitting again with the same ``operation_ref`` is safe
+    (an existing operation is returned), and so is repeating an operator action
+    (one that already happened is refused as ``INVALID_STATE``). The message
+    names the server (password redacted) and what to check. The code is the one
+    the HTTP API answers 503 with.
+    """
+
+    code = "QUEUE_UNAVAILABLE"
+
+
+class NotDurable(ServerUnavailable):
+    """The server took a write but did not confirm it on disk in time
+    (``durability="fsync"``, :mod:`toolq.ledger.durability`): a power loss now
+    could still undo it, so toolq does not act on it."""
+
+    code = "WRITE_NOT_DURABLE"
 
 
 # --------------------------------------------------------------------------- the table

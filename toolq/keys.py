@@ -26,6 +26,9 @@ from dataclasses import dataclass
 #: whose default toolq does not change). kombu names it, not toolq.
 KOMBU_UNACKED = "unacked"
 
+#: :attr:`Keys.notify_steps` is :attr:`Keys.notify` plus this.
+STEPS_SUFFIX = ":steps"
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -74,6 +77,15 @@ class Keys:
         return f"{self.tag}:notify"
 
     @property
+    def notify_steps(self) -> str:
+        """Pub/Sub channel: every other state entered, and tools' progress (``tq.aio.watch``).
+
+        Apart from :attr:`notify` so that a process that only waits hears one
+        notice per call; the scripts name it as ``NOTIFY .. STEPS_SUFFIX``.
+        """
+        return self.notify + STEPS_SUFFIX
+
+    @property
     def tools(self) -> str:
         """Set: every tool the ledger has seen."""
         return f"{self.tag}:tools"
@@ -101,3 +113,8 @@ class Keys:
     def schedulers(self) -> str:
         """Hash: scheduler id -> last heartbeat (ms)."""
         return f"{self.tag}:schedulers"
+
+    @property
+    def workers(self) -> str:
+        """Hash: queue -> last heartbeat (ms) of any worker consuming it (toolq.liveness)."""
+        return f"{self.tag}:workers"

@@ -2,7 +2,8 @@
 
 :func:`status_snapshot` answers with counts per tool and state, the age of the
 oldest operation in every non-terminal state, the broker's queue depths, the
-scheduler's backlog and heartbeats, live workers, and the ledger's counters.
+scheduler's backlog and heartbeats, each queue's last worker heartbeat
+(:mod:`toolq.liveness`), live workers, and the ledger's counters.
 Every number comes from a key whose name is known in advance (``ZCARD`` and
 ``ZRANGE 0 0`` of the per-tool-per-state indexes, ``LLEN`` of the queue lists,
 ``HLEN`` of kombu's ``unacked`` hash, ...), all sent in one pipeline: the cost
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from toolq.keys import KOMBU_UNACKED, Keys
+from toolq.liveness import ALIVE_MS, worker_beats
 from toolq.states import PENDING_RECOVERY, TERMINAL, State
 
 if TYPE_CHECKING:
@@ -36,8 +38,9 @@ STATES: tuple[str, ...] = tuple(str(s) for s in State)
 PENDING: tuple[str, ...] = tuple(str(s) for s in PENDING_RECOVERY)
 #: States whose oldest operation's age is reported (finished ones do not age).
 AGED: tuple[str, ...] = tuple(str(s) for s in State if s not in TERMINAL)
-#: A scheduler whose last heartbeat is older than this is not counted as live.
-SCHEDULER_ALIVE_MS = 15_000
+#: A scheduler whose last heartbeat is older than this is not counted as live
+#: (the same window as a worker's: toolq.liveness.ALIVE_MS).
+SCHEDULER_ALIVE_MS = ALIVE_MS
 #: Counters every tool reports, 0 when the ledger has not counted one yet.
 COUNTERS: tuple[str, ...] = (
     "submitted", "attempts", "succeeded", "failed", "escalated", "cancelled", "unknown",
@@ -135,6 +138,7 @@ def read_status(
         unacked=common["unacked"],
         due=common["due"],
         schedulers=common["schedulers"],
+        worker_beats=common["worker_beats"],
     )
     snap["workers"] = probe.result() if probe is not None else {"checked": False}
     return snap
@@ -155,6 +159,7 @@ def _queue_common(pipe: Any, src: Sources, now_ms: int) -> None:
     pipe.zcount(k.due, "-inf", now_ms)
     pipe.zrange(k.due, 0, 0, withscores=True)
     pipe.hgetall(k.schedulers)
+    pipe.hgetall(k.workers)
     for queue in src.queues:
         for key in _queue_keys(queue):
             pipe.llen(key)
@@ -166,12 +171,14 @@ def _parse_common(replies: Iterator[Any], src: Sources) -> dict[str, Any]:
     stats = {_s(k): int(v) for k, v in next(replies).items()}
     backlog, due_now, first = int(next(replies)), int(next(replies)), next(replies)
     schedulers = {_s(k): int(float(v)) for k, v in next(replies).items()}
+    beats = worker_beats(next(replies))
     queues = {q: sum(int(next(replies)) for _ in _queue_keys(q)) for q in src.queues}
     return {
         "tools": tools,
         "stats": stats,
         "due": (backlog, due_now, int(first[0][1]) if first else None),
         "schedulers": schedulers,
+        "worker_beats": beats,
         "queues": queues,
         "unacked": int(next(replies)),
     }
@@ -207,12 +214,14 @@ def shape(
     unacked: int,
     due: tuple[int, int, int | None],
     schedulers: dict[str, int],
+    worker_beats: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The snapshot from what was read; pure, so it is tested without Redis.
 
     ``tools`` maps a tool to its counts per state and, per non-terminal state,
     the (ref, entered-ms) of its oldest operation; ``due`` is (backlog, due now,
-    earliest due ms); ``schedulers`` maps a scheduler id to its last beat (ms).
+    earliest due ms); ``schedulers`` maps a scheduler id to its last beat (ms);
+    ``worker_beats`` a queue to the last beat of any worker on it (ms).
     """
     per_tool: dict[str, Any] = {}
     totals = dict.fromkeys(STATES, 0)
@@ -236,6 +245,7 @@ def shape(
             if state not in total_oldest or item["age_s"] > total_oldest[state]["age_s"]:
                 total_oldest[state] = {"tool": tool, **item}
     backlog, due_now, next_due = due
+    beats = worker_beats or {}
     instances = [
         {"id": sid, "last_beat_ms": beat, "age_s": _secs(now_ms - beat),
          "alive": now_ms - beat <= SCHEDULER_ALIVE_MS}
@@ -251,7 +261,12 @@ def shape(
             "pending_recovery": sum(totals[s] for s in PENDING),
             "oldest": total_oldest,
         },
-        "queues": {"depth": dict(queues), "unacked": unacked},
+        "queues": {
+            "depth": dict(queues),
+            "unacked": unacked,
+            # every queue read, and any other a worker beats for
+            "workers": {q: _beat(beats.get(q), now_ms) for q in sorted(set(queues) | set(beats))},
+        },
         "scheduler": {
             "backlog": backlog,
             "due_now": due_now,
@@ -261,6 +276,14 @@ def shape(
             "instances": instances,
         },
     }
+
+
+def _beat(beat_ms: int | None, now_ms: int) -> dict[str, Any]:
+    """A queue's last worker heartbeat: when, and whether that counts as live."""
+    if beat_ms is None:
+        return {"last_beat_ms": None, "age_s": None, "alive": False}
+    age = now_ms - beat_ms
+    return {"last_beat_ms": beat_ms, "age_s": _secs(max(0, age)), "alive": age <= ALIVE_MS}
 
 
 def _aged(ref: str, since_ms: int, now_ms: int) -> dict[str, Any]:

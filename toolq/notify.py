@@ -1,57 +1,246 @@
-"""Wake waiters on ledger transitions: one Pub/Sub subscription per process.
+"""Notices: what the ledger and the workers publish, and the subscriptions that wake waiters.
 
-``tq.wait`` registers interest in a ref, reads the record once, then sleeps
-on an event the subscriber thread sets when a transition of that ref is
-published. No polling loop, no Redis round trip while it waits.
+Two kinds of notice, on two Pub/Sub channels:
 
-A notice (published by the ledger scripts, :mod:`toolq.ledger.scripts`) reads
-``"state ref\nrev\nenvelope"``: the waiter takes the envelope from it when its
-revision is newer than the one it read, so a settled call costs no second read.
+- ``"<state> <ref>\\n<rev> <seq>\\n<envelope>"``: a transition entered a state
+  (published by the ledger scripts, :mod:`toolq.ledger.scripts`, for every
+  transition but a quiet field update). ``rev`` is the record's revision,
+  ``seq`` the 1-based index of the history entry it appended, ``envelope``
+  the envelope the transition wrote ("" if none). A waiter that read an older
+  revision takes the outcome from the notice: a settled call costs no second
+  read.
+- ``"progress <ref>\\n{"fraction": f, "message": m}"``: what a tool reported
+  through ``CallContext.progress`` (:class:`ProgressPublisher`, in the worker).
+
+Settled states go to ``Keys.notify``, everything else (unsettled states,
+progress) to ``Keys.notify_steps``: one PUBLISH per transition either way, and
+a process that only waits subscribes to the first and hears one notice per call.
+
+Subscribers, each one subscription shared by every waiter it serves:
+
+- :class:`Notifier` for the sync client: one thread per process, settled states only;
+- :class:`AsyncNotifier` for ``tq.aio``: one task per event loop (redis.asyncio
+  connections belong to the loop they were made on), no thread.
+
+Both re-subscribe after a lost connection and then wake every waiter to read
+its record again: notices published meanwhile are gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
+import math
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
+
+from toolq.redact import scrub
+from toolq.states import State
 
 log = logging.getLogger("toolq.notify")
+
+#: The first word of a progress notice (never a state's name).
+PROGRESS = "progress"
+#: A worker publishes at most one progress notice per operation this often
+#: (the last word, fraction 1.0, always goes): 10 a second is smooth for a
+#: person and nothing for the server.
+PROGRESS_EVERY_S = 0.1
+#: After a failed publish a worker stops trying for this long: a tool that
+#: reports progress in a tight loop must not wait on a dead server each time.
+PROGRESS_PAUSE_S = 5.0
+#: The longest progress message that travels (after scrubbing).
+PROGRESS_MESSAGE_MAX = 200
+#: Events a waiter holds before it gives up on them and reads the record instead
+#: (a watcher that stopped consuming must not grow without bound).
+WAITER_BACKLOG = 1000
+#: Notices the async subscriber dispatches before it lets the loop run: a burst of
+#: 1,000 settled calls would otherwise be read, and their waiters woken, in one
+#: pass of the loop (tens of ms with nothing else running; bench/aio_bench.py).
+DISPATCH_PER_PASS = 32
 
 
 @dataclass(frozen=True)
 class Notice:
-    """What the ledger published for one transition into a settled state."""
+    """A state notice as published: the state entered, the revision, the envelope JSON."""
 
     state: str
     rev: int
     #: The envelope JSON the transition wrote; "" when it wrote none.
     envelope: str
+    #: The 1-based index of the history entry the transition appended (0: not said).
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a tool reported: how far it is (0..1), and a short scrubbed line."""
+
+    fraction: float
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One notice about one operation, as waiters and watchers receive it.
+
+    ``kind="state"``: ``state``, ``rev``, ``seq`` and ``envelope``, the JSON the
+    transition wrote ("" when none; :func:`toolq.record.load_envelope` parses it,
+    so a subscriber parses nothing it does not need). ``kind="progress"``:
+    ``progress`` only.
+    """
+
+    kind: Literal["state", "progress"]
+    state: State | None = None
+    rev: int = 0
+    progress: Progress | None = None
+    envelope: str = ""
+    #: The 1-based index of this state's entry in the history (``tq.aio.history(after=)``).
+    seq: int = 0
+    ref: str = ""
 
 
 def parse_notice(text: str) -> tuple[str, Notice | None]:
-    """``(ref, notice)``; the notice is None when the text carries no revision."""
+    """``(ref, notice)`` of a state notice; the notice is None when the text carries no
+    revision (read the record again)."""
     head, _, rest = text.partition("\n")
     state, _, ref = head.partition(" ")
-    rev, _, envelope = rest.partition("\n")
-    if not rev.isdigit():
+    numbers, _, envelope = rest.partition("\n")
+    rev, _, seq = numbers.partition(" ")
+    if not rev.isdigit() or (seq and not seq.isdigit()):
         return ref, None
-    return ref, Notice(state, int(rev), envelope)
+    return ref, Notice(state, int(rev), envelope, int(seq or 0))
+
+
+def progress_notice(ref: str, fraction: float, message: str | None) -> str:
+    body: dict[str, Any] = {"fraction": fraction}
+    if message:
+        body["message"] = scrub(message)[:PROGRESS_MESSAGE_MAX]
+    return f"{PROGRESS} {ref}\n{json.dumps(body, separators=(',', ':'))}"
+
+
+def notice_ref(text: str) -> str:
+    """The ref a notice is about: all a subscriber needs to skip one nobody waits for."""
+    head = text.partition("\n")[0]
+    return head.partition(" ")[2]
+
+
+def to_event(text: str) -> Event | None:
+    """The event a notice says; None when it says nothing trustworthy (read the record)."""
+    if text.startswith(PROGRESS + " "):
+        head, _, body = text.partition("\n")
+        try:
+            data = json.loads(body)
+            fraction = float(data["fraction"])
+            message = data.get("message")
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not 0.0 <= fraction <= 1.0 or not isinstance(message, str | None):
+            return None
+        ref = head.partition(" ")[2]
+        return Event("progress", progress=Progress(fraction, message), ref=ref)
+    ref, n = parse_notice(text)
+    if n is None:
+        return None
+    try:
+        state = State(n.state)
+    except ValueError:
+        return None
+    return Event("state", state=state, rev=n.rev, envelope=n.envelope, seq=n.seq, ref=ref)
+
+
+def _text(data: Any) -> str:
+    return data.decode() if isinstance(data, bytes) else str(data)
+
+
+# --------------------------------------------------------------------------- publishing progress
+
+
+class ProgressPublisher:
+    """Publishes what tools report through ``CallContext.progress`` (in the worker).
+
+    Rate-limited per operation (:data:`PROGRESS_EVERY_S`), best effort: a
+    failed publish is logged and dropped, never raised into the tool.
+    """
+
+    def __init__(
+        self, client: redis.Redis, channel: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.client = client
+        self.channel = channel
+        self.clock = clock
+        self._paused_until = 0.0
+
+    def reporter(self, ref: str) -> Callable[[float, str | None], None]:
+        """The ``progress_cb`` of one attempt of ``ref``."""
+        last = -math.inf
+
+        def report(fraction: float, message: str | None) -> None:
+            nonlocal last
+            now = self.clock()
+            if fraction < 1.0 and now - last < PROGRESS_EVERY_S:
+                return
+            last = now
+            self.publish(ref, fraction, message)
+
+        return report
+
+    def publish(self, ref: str, fraction: float, message: str | None) -> bool:
+        if self.clock() < self._paused_until:
+            return False
+        try:
+            self.client.publish(self.channel, progress_notice(ref, fraction, message))
+        except (redis.RedisError, OSError):
+            self._paused_until = self.clock() + PROGRESS_PAUSE_S
+            log.debug("progress of %s not published", ref, exc_info=True)
+            return False
+        return True
+
+
+# --------------------------------------------------------------------------- the sync subscriber
 
 
 class Wake(threading.Event):
-    """Set when a transition of the watched ref is published (or the subscription
-    was lost, with no notice: read the record again)."""
+    """Set when a transition of the watched ref is published, or when the subscription
+    came back after a loss (``reread``: notices may have been missed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Lock) -> None:
         super().__init__()
-        self.notice: Notice | None = None
+        self._lock = lock
+        self._notice: Event | None = None
+        self._reread = False
+
+    def put(self, event: Event | None) -> None:
+        """(Under the notifier's lock.) Keep the newest state notice; None: read again."""
+        if event is None:
+            self._reread = True
+        elif event.kind == "state" and (self._notice is None or event.rev >= self._notice.rev):
+            self._notice = event
+        else:
+            return
+        self.set()
+
+    def take(self) -> tuple[Event | None, bool]:
+        """The newest notice since the last take, and whether the record must be read."""
+        self.clear()
+        with self._lock:
+            notice, reread = self._notice, self._reread
+            self._notice, self._reread = None, False
+        return notice, reread
 
 
 class Notifier:
+    """The sync client's subscription: one thread, shared by every waiting thread."""
+
     def __init__(self, client: redis.Redis, channel: str) -> None:
         self.client = client
         self.channel = channel
@@ -63,7 +252,7 @@ class Notifier:
         self._subscribed_before = False
 
     def watch(self, ref: str) -> Wake:
-        ev = Wake()
+        ev = Wake(self._lock)
         with self._lock:
             self._watch[ref].add(ev)
             if self._thread is None or not self._thread.is_alive():
@@ -83,6 +272,10 @@ class Notifier:
                 if not events:
                     del self._watch[ref]
 
+    def watching(self) -> int:
+        with self._lock:
+            return sum(len(events) for events in self._watch.values())
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -92,35 +285,256 @@ class Notifier:
         with self._lock:
             for events in self._watch.values():
                 for ev in events:
-                    ev.set()
+                    ev.put(None)
+
+    def _dispatch(self, text: str) -> None:
+        ref = notice_ref(text)
+        with self._lock:
+            events = self._watch.get(ref)
+            if not events:
+                return
+            event = to_event(text)
+            for ev in events:
+                ev.put(event)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            sub = self.client.pubsub()  # type: ignore[no-untyped-call]
             try:
-                pubsub.subscribe(self.channel)
-                # The subscribe reply confirms the subscription before anyone reads.
-                pubsub.get_message(timeout=1.0)
-                self._ready.set()
-                if self._subscribed_before:
-                    self._wake_all()  # anything missed while reconnecting is re-read
-                self._subscribed_before = True
+                sub.subscribe(self.channel)
                 while not self._stop.is_set():
-                    msg = pubsub.get_message(timeout=0.5)
-                    if msg is None or msg.get("type") != "message":
-                        continue
-                    data = msg["data"]
-                    text = data.decode() if isinstance(data, bytes) else str(data)
-                    ref, notice = parse_notice(text)
-                    with self._lock:
-                        for ev in self._watch.get(ref, ()):
-                            ev.notice = notice
-                            ev.set()
+                    msg = sub.get_message(timeout=0.5)
+                    if msg is not None:
+                        self._heard(msg)
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 log.debug("notification subscription lost; reconnecting")
-                self._ready.set()
-                self._wake_all()
+                self._ready.set()  # watchers read (and fail) rather than wait for it
                 self._stop.wait(0.2)
             finally:
                 with contextlib.suppress(Exception):  # closing a broken connection
-                    pubsub.close()
+                    sub.close()
+
+    def _heard(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "message":
+            self._dispatch(_text(msg["data"]))
+        elif msg.get("type") == "subscribe":
+            # The server confirms each subscription, also the one redis-py makes by
+            # itself after reconnecting: from now on nothing is missed, but what
+            # was published meanwhile is gone, so every waiter reads again.
+            if self._subscribed_before:
+                self._wake_all()
+            self._subscribed_before = True
+            self._ready.set()
+
+
+# --------------------------------------------------------------------------- the async subscriber
+
+
+class Waiter:
+    """One ``tq.aio`` wait or watch: the events heard for its ref since it last looked.
+
+    Small on purpose, since thousands can be pending on one loop: a list and a
+    future made only while it sleeps (no asyncio.Event, whose deque alone is
+    larger than the rest).
+    """
+
+    __slots__ = ("_items", "_reread", "_wakeup", "progress")
+
+    def __init__(self, progress: bool) -> None:
+        self._items: list[Event] = []
+        self._reread = False
+        self._wakeup: asyncio.Future[None] | None = None
+        #: Whether progress events are kept (a wait without on_progress drops them).
+        self.progress = progress
+
+    def put(self, event: Event | None) -> None:
+        if event is None or len(self._items) >= WAITER_BACKLOG:
+            self._items = []
+            self._reread = True
+        elif event.kind == "progress" and not self.progress:
+            return
+        else:
+            self._items.append(event)
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
+    async def wait(self, timeout: float) -> bool:
+        """Until something was heard (True) or ``timeout`` seconds passed (False)."""
+        if self._items or self._reread:
+            return True
+        self._wakeup = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wakeup
+        except TimeoutError:
+            return False
+        finally:
+            self._wakeup = None
+        return True
+
+    @property
+    def asleep(self) -> bool:
+        return self._wakeup is not None
+
+    def take(self) -> tuple[list[Event], bool]:
+        """The events heard, oldest first, and whether the record must be read (some lost)."""
+        items, reread = self._items, self._reread
+        self._items = []
+        self._reread = False
+        return items, reread
+
+
+class AsyncNotifier:
+    """``tq.aio``'s subscription on one event loop: one task, shared by every waiter on it.
+
+    It holds one connection of ``client``'s pool, subscribed to ``channel`` (settled
+    states) from the first watch on, and to ``steps_channel`` (every other state,
+    and progress) from the first watch that wants those.
+    """
+
+    def __init__(self, client: aioredis.Redis, channel: str, steps_channel: str) -> None:
+        self.client = client
+        self.channel = channel
+        self.steps_channel = steps_channel
+        self._watch: dict[str, set[Waiter]] = {}
+        self._ready = asyncio.Event()
+        self._steps_ready = asyncio.Event()
+        self._want_steps = False
+        self._sub: PubSub | None = None
+        self._steps_on: PubSub | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: Confirmed subscriptions to ``channel``: the first, then one per re-subscription.
+        self.subscriptions = 0
+        self._steps_subscriptions = 0
+
+    async def watch(self, ref: str, *, progress: bool = False) -> Waiter:
+        """Register interest in ``ref`` (with every state and progress: ``progress``).
+
+        Returns once the subscription is confirmed: the caller reads the record
+        next, and a notice published before the subscription would be missed.
+        Bounded: if the server is away, the read says so.
+        """
+        w = Waiter(progress)
+        self._watch.setdefault(ref, set()).add(w)
+        if self._task is None or self._task.done():
+            self._ready.clear()
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name="toolq-aio-notify")
+        try:
+            if progress:
+                self._want_steps = True
+                await self._subscribe_steps()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self._ready.wait()
+                    if progress:
+                        await self._steps_ready.wait()
+        except BaseException:  # cancelled meanwhile: the caller never got the waiter
+            self.unwatch(ref, w)
+            raise
+        return w
+
+    def unwatch(self, ref: str, w: Waiter) -> None:
+        waiters = self._watch.get(ref)
+        if waiters is not None:
+            waiters.discard(w)
+            if not waiters:
+                del self._watch[ref]
+
+    def watching(self) -> int:
+        return sum(len(w) for w in self._watch.values())
+
+    def sleeping(self) -> int:
+        """Waiters parked until a notice (their first read done), for measurements."""
+        return sum(w.asleep for waiters in self._watch.values() for w in waiters)
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _subscribe_steps(self) -> None:
+        """Add the steps channel to the live subscription, once per connection."""
+        sub = self._sub
+        if sub is None or self._steps_on is sub:
+            return  # not connected (the next subscription includes it), or done already
+        self._steps_on = sub
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError, OSError):
+            await sub.subscribe(self.steps_channel)
+        _cancelled_meanwhile()
+
+    def _wake_all(self, steps_only: bool = False) -> None:
+        for waiters in self._watch.values():
+            for w in waiters:
+                if w.progress or not steps_only:
+                    w.put(None)
+
+    def _dispatch(self, text: str) -> None:
+        waiters = self._watch.get(notice_ref(text))
+        if not waiters:
+            return
+        event = to_event(text)
+        for w in waiters:
+            w.put(event)
+
+    async def _run(self) -> None:
+        pause = 0.1
+        while True:
+            sub = self.client.pubsub()
+            try:
+                await sub.subscribe(self.channel)
+                _cancelled_meanwhile()
+                self._sub = sub
+                if self._want_steps:
+                    await self._subscribe_steps()
+                heard = 0
+                while True:
+                    msg = await sub.get_message(timeout=30.0)  # may send a health check
+                    _cancelled_meanwhile()
+                    if msg is None:
+                        continue
+                    self._heard(msg)
+                    pause = 0.1
+                    heard += 1
+                    if heard % DISPATCH_PER_PASS == 0:
+                        # Buffered notices are read without the loop getting a turn:
+                        # let it run (and the waiters just woken) between batches.
+                        await asyncio.sleep(0)
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                log.debug("notification subscription lost; reconnecting")
+                self._ready.set()  # watchers read (and fail) rather than wait for it
+                self._steps_ready.set()
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+            finally:
+                self._sub = None
+                with contextlib.suppress(Exception):  # closing a broken connection
+                    await sub.aclose()  # type: ignore[no-untyped-call]
+
+    def _heard(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "message":
+            self._dispatch(_text(msg["data"]))
+        elif msg.get("type") == "subscribe":
+            # Confirmed, also after redis-py re-subscribed by itself: what was
+            # published while the connection was down is gone, so read again.
+            if _text(msg.get("channel")) == self.steps_channel:
+                self._steps_subscriptions += 1
+                if self._steps_subscriptions > 1:
+                    self._wake_all(steps_only=True)
+                self._steps_ready.set()
+            else:
+                self.subscriptions += 1
+                if self.subscriptions > 1:
+                    self._wake_all()
+                self._ready.set()
+
+
+def _cancelled_meanwhile() -> None:
+    """Raise the cancellation of the current task that a redis-py send swallowed
+    (Python 3.11's asyncio.wait_for; see toolq.ledger.aio.AsyncLedger._command)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -6,42 +6,41 @@ tq = ToolQueue(redis_url="redis://127.0.0.1:6379/0")
 def create_invoice(args: CreateInvoice, ctx: CallContext) -> Invoice: ...
 
 ref = tq.submit("create_invoice", {...}, operation_ref="run_81/step_4").operation_ref
-env = tq.wait(ref, timeout=30.0)
+env = tq.wait(ref, timeout=30.0)          # or both in one: tq.call(...)
+env = await tq.aio.call("create_invoice", {...}, operation_ref="run_81/step_5")
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import redis
 from celery import Celery
 
-from toolq import errors
-from toolq import fixed as envelopes
+from toolq import calls
+from toolq.aio import AsyncToolQueue
 from toolq.app import App
-from toolq.envelope import FieldError, ToolError, ToolSuccess
+from toolq.calls import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
+from toolq.envelope import ToolError, ToolSuccess
 from toolq.ledger import Ledger
-from toolq.record import OperationRecord, load_envelope
+from toolq.notify import Wake
+from toolq.outage import server_errors
+from toolq.record import OperationRecord
 from toolq.recovery import operator
 from toolq.recovery.transition import Transition
-from toolq.settings import REF_PUNCTUATION, ToolqSettings
-from toolq.states import SETTLED, State
+from toolq.settings import ToolqSettings
+from toolq.states import State
 from toolq.tasks.run import Runtime
-from toolq.tools import Tool, ToolOptions, args_model_for, canonical_json, fingerprint
+from toolq.tools import Tool, ToolOptions, args_model_for
 
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class Submission:
-    operation_ref: str
-    state: State
-    created: bool
+__all__ = ["Submission", "ToolQueue"]
 
 
 class ToolQueue:
@@ -61,6 +60,7 @@ class ToolQueue:
         app: App | None = None,
     ) -> None:
         self.app = app or App(redis_url, settings=settings, name=name, clock=clock)
+        self._aio = AsyncToolQueue(self.app)
 
     def __repr__(self) -> str:
         a = self.app
@@ -68,6 +68,11 @@ class ToolQueue:
         return f"<ToolQueue {a.name} {url} tools={len(a.registry)}>"
 
     # ------------------------------------------------------------------ the app's parts
+
+    @property
+    def aio(self) -> AsyncToolQueue:
+        """The async client on the same app: ``await tq.aio.call(...)``."""
+        return self._aio
 
     @property
     def settings(self) -> ToolqSettings:
@@ -149,6 +154,7 @@ class ToolQueue:
 
     # ------------------------------------------------------------------ submit
 
+    @server_errors  # an unreachable server: errors.ServerUnavailable
     def submit(
         self,
         tool: str,
@@ -165,77 +171,43 @@ class ToolQueue:
         other arguments it raises :class:`errors.IdempotencyKeyReused`. Nothing is
         written when a submit is refused.
         """
-        t = self.registry.get(tool)
-        model = t.validate(args)
-        canonical = self._canonical(model)
-        ref = self._ref(operation_ref, run_id, step)
-        longest = self.app.settings.limits.max_ref_length
-        if call_id is not None and (not isinstance(call_id, str) or len(call_id) > longest):
-            raise errors.InvalidArguments(
-                f"call_id must be a string of at most {longest} characters"
-            )
-        app = self.app
-        now_ms = app.now_ms()
-        state = State.AWAITING_APPROVAL if t.options.requires_approval else State.QUEUED
-        queue, message = app.messages.run(ref, 1) if state is State.QUEUED else ("", "")
-        policy = app.policy
-        due = now_ms + (
-            policy.unclaimed_after_ms if state is State.QUEUED else policy.approval_timeout_ms
+        op = self.app.new_operation(
+            tool, args, operation_ref=operation_ref, call_id=call_id, run_id=run_id, step=step
         )
-        res = app.ledger.submit(
-            ref=ref,
-            tool=t.name,
-            args_json=canonical,
-            fp=fingerprint(canonical),
-            call_id=call_id or "",
-            now_ms=now_ms,
-            max_attempts=t.options.max_attempts,
-            deadline_ms=now_ms + int(t.options.deadline * 1000),
-            state=state,
-            due_ms=due,
-            queue=queue,
-            message=message,
-        )
-        if res.outcome == "conflict":
-            raise errors.IdempotencyKeyReused(
-                "this operation_ref was already used with other arguments",
-                envelope=envelopes.fixed_envelope("IDEMPOTENCY_KEY_REUSED", ref, t.name, call_id),
-                operation_ref=ref,
-            )
-        return Submission(ref, res.state, res.outcome == "created")
+        res = self.ledger.submit(**op.ledger_args())
+        sub = calls.submitted(op, res.outcome, res.state)
+        return dataclasses.replace(sub, warnings=self.app.warnings_for(op))
 
-    def _canonical(self, model: Any) -> str:
+    @server_errors
+    def call(
+        self,
+        tool: str,
+        args: Any,
+        *,
+        operation_ref: str | None = None,
+        call_id: str | None = None,
+        timeout: float = 30.0,
+    ) -> ToolSuccess | ToolError:
+        """Submit and wait in one: the envelope (as :meth:`wait`)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        op = self.app.new_operation(tool, args, operation_ref=operation_ref, call_id=call_id)
+        # Watch before submitting: a created operation then needs no first read.
+        ev = self.app.notifier.watch(op.ref)
         try:
-            canonical = canonical_json(model)
-        except (TypeError, ValueError):
-            raise errors.InvalidArguments("arguments are not JSON-serialisable") from None
-        cap = self.app.settings.limits.max_args_bytes
-        if len(canonical.encode()) > cap:
-            raise errors.InvalidArguments(
-                f"arguments are larger than the {cap}-byte limit", limit=cap
-            )
-        return canonical
-
-    def _ref(self, operation_ref: str | None, run_id: str | None, step: str | int | None) -> str:
-        if operation_ref is None and run_id is not None and step is not None:
-            operation_ref = f"{run_id}/{step}"
-        if operation_ref is None:
-            return f"op_{uuid.uuid4().hex}"
-        limits = self.app.settings.limits
-        if not isinstance(operation_ref, str) or not limits.ref_re.fullmatch(operation_ref):
-            raise errors.InvalidArguments(
-                f"operation_ref must be 1-{limits.max_ref_length} characters of letters, "
-                f"digits and {REF_PUNCTUATION}",
-                field_errors=[FieldError(field="operation_ref", rule="pattern")],
-            )
-        return operation_ref
+            res = self.ledger.submit(**op.ledger_args())
+            sub = calls.submitted(op, res.outcome, res.state)
+            return self._wait(ev, op.ref, deadline, Seen.created(op) if sub.created else None)
+        finally:
+            self.app.notifier.unwatch(op.ref, ev)
 
     # ------------------------------------------------------------------ read
 
+    @server_errors
     def get(self, ref: str) -> OperationRecord | None:
         """The operation's record (state, attempt, envelope, history), or None."""
         return self.ledger.get(ref)
 
+    @server_errors
     def wait(self, ref: str, timeout: float = 30.0) -> ToolSuccess | ToolError:
         """Block until the operation needs nothing more from the runtime.
 
@@ -243,54 +215,46 @@ class ToolQueue:
         verifying, ``RATE_LIMITED`` while waiting to retry); ``TimeoutError`` if none.
         """
         deadline = time.monotonic() + max(0.0, timeout)
-        notifier = self.app.notifier
-        ev = notifier.watch(ref)
+        ev = self.app.notifier.watch(ref)
         try:
-            while True:
-                f = self.ledger.fields(ref, "state", "envelope", "tool", "call_id", "rev")
-                if not f:
-                    raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
-                state = State(f["state"])
-                env = load_envelope(f["envelope"]) if f.get("envelope") else None
-                if state in SETTLED:
-                    if env is None:  # approval required before the first attempt
-                        env = envelopes.needs_approval_envelope(ref, f["tool"], f.get("call_id"))
-                    return _settled(state, env)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if env is not None and not env.ok:
-                        return env
-                    raise TimeoutError(f"operation {ref[:80]} is still {state}")
-                ev.wait(remaining)
-                ev.clear()
-                n = ev.notice
-                # A notice newer than what was read carries the outcome: no second read.
-                newer = n is not None and n.envelope and n.rev > int(f.get("rev") or 0)
-                if n is not None and newer and State(n.state) in SETTLED:
-                    return _settled(State(n.state), load_envelope(n.envelope))
+            return self._wait(ev, ref, deadline, None)
         finally:
-            notifier.unwatch(ref, ev)
+            self.app.notifier.unwatch(ref, ev)
+
+    def _wait(
+        self, ev: Wake, ref: str, deadline: float, seen: Seen | None
+    ) -> ToolSuccess | ToolError:
+        """Sleep on the ref's notices; read only at first, when one was lost, and at the end."""
+        if seen is None:
+            seen = Seen.read(ref, self.ledger.fields(ref, *WAIT_FIELDS))
+        while (done := seen.result()) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                seen = Seen.read(ref, self.ledger.fields(ref, *WAIT_FIELDS))
+                return seen.result() or seen.timed_out()
+            heard = ev.wait(min(remaining, FALLBACK_READ_S))
+            notice, reread = ev.take()
+            if notice is not None and notice.state is not None:
+                now = seen.heard(notice.state, notice.rev, notice.envelope)
+                reread = reread or now is None
+                seen = now or seen
+            if reread or not heard:
+                seen = Seen.read(ref, self.ledger.fields(ref, *WAIT_FIELDS))
+        return done
 
     # ------------------------------------------------------------------ operator actions
 
+    @server_errors
     def approve(self, ref: str, *, by: str = "operator:approve") -> State:
         """Approve an operation awaiting approval, bound to its current arguments."""
-        app = self.app
-        return self._apply(
-            operator.approve(self._view(ref), app.now_ms(), app.policy, app.outbound, by)
-        )
+        return self._apply(self.app.approval(self._view(ref), by))
 
+    @server_errors
     def provide_input(self, ref: str, args: Any, *, by: str = "operator:input") -> State:
         """Replace the arguments of an operation that needs input; identical ones are refused."""
-        app = self.app
-        v = self._view(ref)
-        v.require(State.NEEDS_INPUT)
-        canonical = self._canonical(self.registry.get(v.tool).validate(args))
-        t = operator.provide_input(
-            v, canonical, fingerprint(canonical), app.now_ms(), app.policy, app.outbound, by
-        )
-        return self._apply(t)
+        return self._apply(self.app.new_input(self._view(ref), args, by))
 
+    @server_errors
     def cancel(self, ref: str, *, by: str = "operator:cancel") -> State:
         """Cancel an operation that has not started a write (queued or waiting on someone)."""
         t = operator.cancel(self._view(ref), self.app.policy, by)
@@ -300,15 +264,4 @@ class ToolQueue:
         return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))
 
     def _apply(self, t: Transition) -> State:
-        res = self.ledger.apply_one(t, self.app.now_ms())
-        if res != "ok":
-            raise errors.InvalidState(
-                f"operation changed meanwhile (now {res}); read it again", state=res
-            )
-        return t.to
-
-
-def _settled(state: State, env: ToolSuccess | ToolError) -> ToolSuccess | ToolError:
-    if env.ok and state is not State.SUCCEEDED:  # pragma: no cover - invariant 8
-        raise AssertionError("a success envelope on an unsettled write")
-    return env
+        return calls.applied(t, self.ledger.apply_one(t, self.app.now_ms()))

@@ -6,6 +6,7 @@ Nested groups read ``TOOLQ_<GROUP>__<FIELD>`` (e.g. ``TOOLQ_LEASE__SECONDS=10``)
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,6 +60,13 @@ REF_PUNCTUATION = "_.:/@#+=-"
 REF_CHARS = "A-Za-z0-9" + REF_PUNCTUATION
 
 
+class WorkerSettings(BaseModel):
+    #: Celery task events (what Flower reads). Off, as in Celery: they cost a
+    #: quarter of a prefork worker's throughput (issue 14, bench/RESULTS.md), and
+    #: nothing toolq itself shows depends on them. `toolq worker -E` turns them on.
+    task_events: bool = False
+
+
 class LimitSettings(BaseModel):
     max_args_bytes: int = Field(default=256 * 1024, ge=64)
     #: Redis connections one process opens at most; more callers wait for one.
@@ -88,11 +96,21 @@ class ToolqSettings(BaseSettings):
 
     redis_url: SecretStr | None = None
     prefix: str = "toolq"
+    #: ``fsync``: a claim is on disk before its tool is called, and a submit before
+    #: it is acknowledged, so a power loss cannot undo a claim and run the write again
+    #: (the ledger sends ``WAITAOF`` after each, in the same round trip). It needs a
+    #: server with ``appendonly yes`` and ``appendfsync always`` (what ``toolq up`` and
+    #: docker-compose.yml run); toolq reads the server's setting and warns once per
+    #: process when it cannot hold (AOF off, or everysec: on Valkey 9.1 WAITAOF then
+    #: answers before the fsync). ``none``: trust the server's own persistence.
+    #: Cost and measurements: README "What it guarantees", bench/RESULTS.md "Durability".
+    durability: Literal["fsync", "none"] = "fsync"
     lease: LeaseSettings = LeaseSettings()
     queues: QueueSettings = QueueSettings()
     recovery: RecoverySettings = RecoverySettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     limits: LimitSettings = LimitSettings()
+    worker: WorkerSettings = WorkerSettings()
 
     @field_validator("redis_url")
     @classmethod

@@ -32,7 +32,7 @@ from typing import IO
 from toolq.embedded import EmbeddedServer
 from toolq.errors import ToolqError
 from toolq.procs import pdeathsig_preexec, spawner
-from toolq.settings import QueueSettings
+from toolq.settings import QueueSettings, ToolqSettings
 
 __all__ = ["Child", "Stack", "StackConfig", "StackError", "free_port", "process_group_of"]
 
@@ -55,6 +55,10 @@ def process_group_of(pid: int) -> int | None:
         return None
 
 
+def _appendfsync_for(settings: ToolqSettings) -> str:
+    return "everysec" if settings.durability == "none" else "always"
+
+
 @dataclass
 class StackConfig:
     app: str
@@ -63,11 +67,16 @@ class StackConfig:
     #: The embedded server's data directory; None is a temporary one, removed on stop.
     data_dir: Path | None = None
     appendonly: bool = True
+    #: ``always`` unless TOOLQ_DURABILITY=none: what ``durability="fsync"`` needs
+    #: (a power loss then undoes nothing a client was told; bench/RESULTS.md "Durability").
+    appendfsync: str = field(default_factory=lambda: _appendfsync_for(ToolqSettings()))
     calls_workers: int = 1
     verify_workers: int = 1
     concurrency: int = 4
     pool: str = "threads"
     loglevel: str = "WARNING"
+    #: Workers send Celery task events (for Flower); off by default, as in Celery.
+    events: bool = False
     #: The scheduler serves metrics here (one endpoint for the stack).
     metrics_port: int | None = None
     api_port: int | None = None
@@ -139,7 +148,9 @@ class Stack:
         cfg = self.config
         try:
             if self._url is None:
-                self.server = EmbeddedServer(cfg.data_dir, appendonly=cfg.appendonly)
+                self.server = EmbeddedServer(
+                    cfg.data_dir, appendonly=cfg.appendonly, appendfsync=cfg.appendfsync
+                )
                 self.server.start()
                 self._url = str(self.server.url)
             if cfg.log_dir is not None:
@@ -174,6 +185,7 @@ class Stack:
                     str(cfg.concurrency),
                     "--hostname",
                     f"{name}@%h",
+                    *(["--events"] if cfg.events else []),
                 ]
                 plan.append(Child(role, name, argv))
         if cfg.api_port:

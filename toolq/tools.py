@@ -92,10 +92,14 @@ class CallContext:
     progress_cb: Callable[[float, str | None], None] | None = field(default=None, repr=False)
 
     def progress(self, fraction: float, message: str | None = None) -> None:
-        """Report progress (0..1) of a long tool: calls ``progress_cb`` if one is set.
+        """Report progress (0..1, clamped) of a long tool, with a short line.
 
-        The worker sets none yet, so nothing leaves the process today; the
-        async-client issue carries it to MCP and HTTP clients.
+        In a worker this publishes a progress notice (:mod:`toolq.notify`): it
+        reaches ``tq.aio.wait(on_progress=)`` and ``tq.aio.watch`` callers, MCP
+        progress notifications and the HTTP event stream. At most about ten a
+        second per operation travel (the final 1.0 always does); the message is
+        scrubbed of secrets and cut to 200 characters. Never raises for a
+        failed publish: progress is best effort, the tool's result is not.
         """
         if self.progress_cb is not None:
             self.progress_cb(max(0.0, min(1.0, fraction)), message)

@@ -291,24 +291,34 @@ def test_a_batch_decides_each_item_alone_and_keeps_each_refs_last_word(ledger: L
     assert r.zrange(k.due, 0, -1) == [b"b/3"]
 
 
-def test_a_settled_state_is_announced_with_its_revision_and_envelope(ledger: Ledger) -> None:
-    submit(ledger, "n/1")
-    ledger.claim("n/1", 1, "w1", NOW, LEASE)
+def test_every_state_entered_is_announced_settled_ones_apart(ledger: Ledger) -> None:
+    k = ledger.keys
     with contextlib.closing(ledger.redis.pubsub()) as sub:
-        sub.subscribe(ledger.keys.notify)
-        assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
-        # verifying needs the runtime still: no notice (the next one would be it)
+        sub.subscribe(k.notify, k.notify_steps)
+        for _ in range(2):
+            assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+        submit(ledger, "n/1")
+        ledger.claim("n/1", 1, "w1", NOW, LEASE)
         verify = Transition(ref="n/1", states=(S.RUNNING,), to=S.VERIFYING, by="w1")
         env = escalation_envelope("VERIFICATION_UNAVAILABLE", "n/1", TOOL, None)
         escalate = Transition(
             ref="n/1", states=(S.VERIFYING,), to=S.ESCALATED, by="v", envelope=env
         )
         assert ledger.apply([verify, escalate], NOW + 1) == ["ok", "ok"]
-        notice = sub.get_message(timeout=5)
-    assert notice is not None and notice["type"] == "message"
-    state_ref, rev, body = notice["data"].decode().split("\n", 2)
-    assert (state_ref, rev) == ("escalated n/1", "4")
-    assert body == env.model_dump_json(exclude_none=True)
+        # a quiet update changes no state: no notice
+        quiet = Transition(ref="n/1", states=(S.ESCALATED,), to=S.ESCALATED, by="v", quiet=True)
+        assert ledger.apply([quiet], NOW + 2) == ["ok"]
+        ledger.redis.publish(k.notify, "end\n\n")  # what follows the last notice
+        notices = [sub.get_message(timeout=5) for _ in range(5)]
+    got = [(n["channel"].decode(), *n["data"].decode().split("\n", 2)) for n in notices if n]
+    assert [(channel, head, numbers) for channel, head, numbers, _ in got] == [
+        (k.notify_steps, "queued n/1", "1 1"),  # state ref / rev seq
+        (k.notify_steps, "running n/1", "2 2"),
+        (k.notify_steps, "verifying n/1", "3 3"),
+        (k.notify, "escalated n/1", "4 4"),  # settled: where waiters listen
+        (k.notify, "end", ""),
+    ]
+    assert got[3][3] == env.model_dump_json(exclude_none=True)
 
 
 # ----------------------------------------------------------------------------- CLAIM_DUE

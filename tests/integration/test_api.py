@@ -7,6 +7,7 @@ The last test fuzzes the generated OpenAPI document with schemathesis.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -257,7 +258,7 @@ def test_unexpected_errors_are_a_bare_500(
     def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError(f"password={SECRET}")
 
-    monkeypatch.setattr(tq, "submit", explode)
+    monkeypatch.setattr(tq.aio, "submit", explode)
     client = TestClient(app, headers={"Authorization": f"Bearer {AGENT}"})
     r = invoke(client, "echo", {"text": "x"})
     assert r.status_code == 500
@@ -290,6 +291,25 @@ def test_token_settings_and_the_loopback_rule(capsys: pytest.CaptureFixture[str]
     for host in ("127.0.0.1", "::1", "localhost"):
         check_bind(host, Tokens())
     assert "loopback only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_pages_load_nothing_from_another_host(app: FastAPI, page: str) -> None:
+    # Given the docs page, as a browser on an air-gapped machine would load it
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    r = client.get(page)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    html = r.text
+
+    # Then no URL in it names a host: everything it loads comes from this server
+    assert re.findall(r"(?:https?:)?//[\w.-]", html) == [], html
+    urls = re.findall(r"""(?:src|href|spec-url)=["']([^"']+)["']|url: *["']([^"']+)["']""", html)
+    loaded = [a or b for a, b in urls]
+    assert "/openapi.json" in loaded and len(loaded) >= 3, loaded
+    for url in loaded:
+        asset = client.get(url)
+        assert asset.status_code == 200, url
+        assert len(asset.content) > 100, url
 
 
 # --------------------------------------------------------------------------- DNS rebinding
@@ -380,7 +400,7 @@ def test_fuzz_openapi(tq: ToolQueue, mode: GenerationMode) -> None:
         no_stack_trace,
     ]
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 8
+    assert len(operations) == 9
 
     # When every operation gets generated requests, then none is a 500 or leaks
     for operation in operations:

@@ -10,12 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
-from tests.helpers import REPO_ROOT, start_toolq, stop_process, toolq_env, wait_until
+from tests.helpers import (
+    REPO_ROOT,
+    start_scheduler,
+    start_toolq,
+    stop_process,
+    toolq_env,
+    wait_until,
+)
 from tests.integration.apps import cli_app
 from tests.integration.apps.cli_app import APP, TOKEN
 from toolq import State, ToolQueue
 from toolq.envelope import ToolError
+from toolq.keys import Keys
 from toolq.procs import pdeathsig_preexec
 
 
@@ -29,9 +38,18 @@ def worker_log(tmp_path_factory: pytest.TempPathFactory, module_redis_url: str) 
             stdout=out.fileno(),
             stderr=subprocess.STDOUT,
         )
+    # A deployment as a user runs it: with a scheduler, both seen live before the first
+    # submit (else `toolq submit` rightly warns on stderr that nothing serves its queue).
+    scheduler = start_scheduler(APP, module_redis_url)
+    client = redis.Redis.from_url(module_redis_url)
     try:
+        keys = Keys()
+        assert wait_until(lambda: client.hexists(keys.workers, "toolq.calls"), timeout=30)
+        assert wait_until(lambda: client.hlen(keys.schedulers) > 0, timeout=30)
         yield log
     finally:
+        client.close()
+        stop_process(scheduler, timeout=10)
         stop_process(proc, timeout=10)
 
 

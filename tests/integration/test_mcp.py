@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -30,17 +32,22 @@ from tests.helpers import (
     toolq_env,
     wait_until,
 )
-from tests.integration.apps import interfaces_app
+from tests.integration.apps import aio_app, interfaces_app
 from tests.integration.apps.interfaces_app import APP, SECRET, open_gate
 from toolq import ToolQueue
 from toolq.envelope import ToolError, ToolSuccess, json_schema, parse_envelope
 from toolq.mcp_server import create_server
 from toolq.mcp_server.envelopes import pending_envelope
+from toolq.record import OperationRecord
 from toolq.states import SETTLED, State
 from toolq.tools import canonical_json, fingerprint
 
+AIO_APP = "tests.integration.apps.aio_app:tq"
 T = TypeVar("T")
 Progress = list[tuple[float, str | None]]
+#: The in-process client calls its progress_callback without putting a progressToken on
+#: the wire; a request asks for progress with one (as stdio and HTTP clients send it).
+PROGRESS = RequestParamsMeta(progress_token="p")
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +112,12 @@ def test_a_success_is_the_whole_envelope(server: Server[Any]) -> None:
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append((value, message))
 
-    result = call(
-        server, "echo", {"text": "hi"}, progress_callback=on_progress, meta={"call_id": "call_7"}
-    )
+    meta = {"call_id": "call_7", **PROGRESS}
+    result = call(server, "echo", {"text": "hi"}, progress_callback=on_progress, meta=meta)
     env = envelope(result)
     assert isinstance(env, ToolSuccess) and env.result == {"text": "hi"}
     assert env.operation_ref.startswith("mcp_") and env.call_id == "call_7"
-    assert progress and progress[-1][1] == "succeeded (attempt 1)"
+    assert progress and progress[-1][1] == "succeeded"
     assert [v for v, _ in progress] == sorted({v for v, _ in progress})
 
 
@@ -140,7 +146,7 @@ def _ref_meta(ref: str) -> RequestParamsMeta:
     return cast(RequestParamsMeta, {"operation_ref": ref})
 
 
-def _queued_without_message(tq: ToolQueue, tool: str, args: dict[str, Any], ref: str) -> None:
+def queued_without_message(tq: ToolQueue, tool: str, args: dict[str, Any], ref: str) -> None:
     """An operation the ledger holds as ``queued`` whose message no worker has yet: it
     stays queued until the test publishes it (the scheduler's republish is a minute off)."""
     t = tq.registry.get(tool)
@@ -168,7 +174,7 @@ def test_a_pending_operation_is_followed_to_its_end(tq: ToolQueue) -> None:
     impatient = create_server(tq, wait_seconds=0.3, poll_interval=0.5)
     ref = "run_mcp/step_pending"
     args = {"body": "n", "gate": True}
-    _queued_without_message(tq, "create_note", args, ref)
+    queued_without_message(tq, "create_note", args, ref)
     steps: Progress = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -190,6 +196,7 @@ def test_a_pending_operation_is_followed_to_its_end(tq: ToolQueue) -> None:
             "get_operation",
             {"operation_ref": ref, "wait_seconds": 15},
             progress_callback=on_progress,
+            meta=PROGRESS,
         )
         return queued, running, done
 
@@ -213,15 +220,80 @@ def test_a_pending_operation_is_followed_to_its_end(tq: ToolQueue) -> None:
     assert record is not None and record.attempt == 1  # one attempt, however often it was asked
 
 
+def test_waiting_calls_hold_no_thread(tq: ToolQueue, server: Server[Any]) -> None:
+    # Given twenty operations that stay queued (no worker gets a message for them)
+    refs = [f"run_mcp/step_idle_{i}" for i in range(20)]
+    for ref in refs:
+        queued_without_message(tq, "create_note", {"body": "idle"}, ref)
+
+    async def scenario(c: Client) -> tuple[int, int, list[CallToolResult]]:
+        results: list[CallToolResult] = []
+
+        async def follow(ref: str) -> None:
+            args = {"operation_ref": ref, "wait_seconds": 15}
+            results.append(await c.call_tool("get_operation", args))
+
+        await c.call_tool("echo", {"text": "warm"})  # this loop's connections exist
+        before = threading.active_count()
+        async with anyio.create_task_group() as tg:
+            for ref in refs:
+                tg.start_soon(follow, ref)
+            # When all twenty calls are waiting on the server
+            with anyio.fail_after(10):
+                while tq.aio.watching() < len(refs):
+                    await anyio.sleep(0.01)
+            during = threading.active_count()
+            for ref in refs:
+                await tq.aio.cancel(ref)
+        return before, during, results
+
+    before, during, results = run(server, scenario)
+
+    # Then they held no thread between them, and each answered once its operation ended
+    assert during == before
+    assert sorted(error_of(r).code for r in results) == ["OPERATION_CANCELLED"] * len(refs)
+
+
 def test_a_delayed_retry_is_waited_through(server: Server[Any]) -> None:
     progress: Progress = []
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append((value, message))
 
-    env = envelope(call(server, "flaky", {"text": "x"}, progress_callback=on_progress))
+    env = envelope(
+        call(server, "flaky", {"text": "x"}, progress_callback=on_progress, meta=PROGRESS)
+    )
     assert isinstance(env, ToolSuccess) and env.result == {"text": "x", "attempt": 2}
-    assert any(m and m.startswith("waiting_retry") for _, m in progress)
+    assert any(m and m.endswith("to retry after a rate limit") for _, m in progress)
+
+
+def test_a_tools_progress_reaches_the_client_in_order(redis_url: str, tmp_path: Path) -> None:
+    # Given a tool that reports three steps once its gate is open
+    gate, seen = tmp_path / "gate", cast(Progress, [])
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append((value, message))
+        if message == "running":  # the server follows the operation now: let the tool go
+            gate.touch()
+
+    # When it is called with a progressToken
+    with serving(aio_app.tq, AIO_APP, redis_url) as aio_tq:
+        args = {"gate": str(gate), "steps": [0.25, 0.5, 1.0]}
+        result = call(
+            create_server(aio_tq), "gated", args, progress_callback=on_progress, meta=PROGRESS
+        )
+
+    # Then each step arrived as a notification, between the states it belongs to
+    assert envelope(result).ok
+    messages = [m for _, m in seen]
+    assert messages[messages.index("running") :] == [
+        "running",
+        "25% step 1",
+        "50% step 2",
+        "100% step 3",
+        "succeeded",
+    ]
+    assert [v for v, _ in seen] == [float(n) for n in range(1, len(seen) + 1)]
 
 
 def test_the_same_ref_with_other_arguments_is_refused(server: Server[Any]) -> None:
@@ -271,10 +343,10 @@ def test_cancel_operation(server: Server[Any]) -> None:
 def test_an_exception_in_the_adapter_never_reaches_the_client(
     tq: ToolQueue, server: Server[Any], monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    def explode(*_: Any, **__: Any) -> None:
+    async def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError(f"connecting with password={SECRET} failed")
 
-    monkeypatch.setattr(tq, "submit", explode)
+    monkeypatch.setattr(tq.aio, "submit", explode)
     result = run(server, lambda c: c.call_tool("create_note", {"body": "x"}), mode=mode)
     assert SECRET not in result.model_dump_json()
     env = envelope(result)
@@ -386,12 +458,33 @@ def _answers(url: str) -> bool:
         return False
 
 
+def record_in(state: State, *, attempt: int = 1, max_attempts: int = 1) -> OperationRecord:
+    """An operation's record as the ledger would hold it in ``state`` (no envelope)."""
+    now = datetime.now(UTC)
+    return OperationRecord(
+        operation_ref="run_1/step_1",
+        tool="t",
+        args={},
+        call_id=None,
+        state=state,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        created_at=now,
+        updated_at=now,
+        entered_at=now,
+        deadline=None,
+        lease_holder=None,
+        lease_until=None,
+        envelope=None,
+        history=[],
+    )
+
+
 @pytest.mark.parametrize("state", [s for s in State if s not in SETTLED])
 @pytest.mark.parametrize("writes", [True, False])
 def test_pending_envelopes_are_consistent(state: State, writes: bool) -> None:
     now = datetime.now(UTC)
-    fields = {"state": str(state), "tool": "t", "attempt": "1", "max_attempts": "1"}
-    env = pending_envelope("run_1/step_1", fields, writes=writes, poll=0.5, now=now)
+    env = pending_envelope(record_in(state), writes=writes, poll=0.5, now=now)
     assert env.code == "OPERATION_PENDING" and env.safe_details["state"] == state
     if writes and state in (State.RUNNING, State.VERIFYING):
         assert (env.commit_state, env.retry.directive) == ("unknown", "never")

@@ -144,7 +144,12 @@ def test_status_json_counts_every_state_and_ages_pending_recovery(
         },
     }  # fmt: skip
     # Every queued submit published a message; nothing has consumed one.
-    assert snap["queues"] == {"depth": {"toolq.calls": 6, "toolq.verify": 0}, "unacked": 0}
+    never = {"last_beat_ms": None, "age_s": None, "alive": False}  # no worker ever beat
+    assert snap["queues"] == {
+        "depth": {"toolq.calls": 6, "toolq.verify": 0},
+        "unacked": 0,
+        "workers": {"toolq.calls": never, "toolq.verify": never},
+    }
     scheduler = snap["scheduler"]
     assert isinstance(scheduler, dict)
     assert scheduler["backlog"] == 7  # every unfinished operation

@@ -30,7 +30,7 @@ def test_safe_celery_settings() -> None:
     assert c["result_backend_transport_options"]["visibility_timeout"] == 1234
     assert c["visibility_timeout"] == 1234
     assert {q.name for q in c["task_queues"]} == {"toolq.calls", "toolq.verify"}
-    assert c["worker_send_task_events"]  # Flower keeps working
+    assert not c["worker_send_task_events"]  # off unless asked, as in Celery
 
 
 def test_no_celery_delay_or_retry_anywhere_in_toolq() -> None:
@@ -72,3 +72,24 @@ def test_a_url_that_is_not_redis_is_refused() -> None:
 def test_redis_brokers_get_the_one_client_per_channel_transport(url: str, ours: bool) -> None:
     c = celery_config(ToolqSettings(), url)
     assert (c.get("broker_transport") == "toolq.broker.transport:Transport") is ours
+
+
+def test_task_events_are_asked_for_by_setting_or_flag() -> None:
+    from toolq.settings import WorkerSettings
+    from toolq.workers.main import worker_argv
+
+    on = ToolqSettings(worker=WorkerSettings(task_events=True))
+    assert celery_config(on, "redis://h:6379/0")["worker_send_task_events"]
+    assert "--task-events" in worker_argv(QueueSettings(), events=True)
+    assert "--task-events" not in worker_argv(QueueSettings())
+
+
+def test_toolq_up_passes_events_to_its_workers_only_when_asked() -> None:
+    from toolq.stack import Stack, StackConfig
+
+    def worker_argvs(events: bool) -> list[list[str]]:
+        plan = Stack(StackConfig(app="m:tq", redis_url="redis://h:1/0", events=events))._plan()
+        return [c.argv for c in plan if c.role in ("calls", "verify")]
+
+    assert all("--events" in argv for argv in worker_argvs(True))
+    assert not any("--events" in argv for argv in worker_argvs(False))

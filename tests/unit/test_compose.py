@@ -133,7 +133,8 @@ def test_the_datastore_persists_and_never_evicts() -> None:
     assert redis["image"].split(":")[0] in {"valkey/valkey", "redis"}
     assert argv[0] in {"valkey-server", "redis-server"}
     assert pairs.get("--appendonly") == "yes"
-    assert pairs.get("--appendfsync") in {"everysec", "always"}
+    # what TOOLQ_DURABILITY=fsync (the default) needs: a power loss undoes no claim
+    assert pairs.get("--appendfsync") == "always"
     assert pairs.get("--maxmemory-policy") == "noeviction"
     assert any(":/data" in volume for volume in redis.get("volumes", [])), "the AOF needs a volume"
     assert "ports" not in redis, "the datastore is reached on the compose network only"
@@ -181,6 +182,16 @@ def test_toolq_services_find_the_compose_datastore(name: str) -> None:
     url = _environment(SERVICES[name]).get("TOOLQ_REDIS_URL", "")
 
     assert _resolved(url) == f"redis://{DATASTORE}:6379/0"
+
+
+@pytest.mark.parametrize("name", TOOLQ_SERVICES)
+def test_task_events_are_off_unless_asked_for(name: str) -> None:
+    # Flower (the profile) needs them; everyone else pays for them in throughput.
+    from toolq.settings import ToolqSettings
+
+    value = _resolved(_environment(SERVICES[name]).get("TOOLQ_WORKER__TASK_EVENTS", ""))
+    assert value == "0"
+    assert not ToolqSettings.model_validate({"worker": {"task_events": value}}).worker.task_events
 
 
 @pytest.mark.parametrize("name", SCALABLE)

@@ -59,7 +59,7 @@ def test_config_with_aof_is_durable_loopback_and_never_evicts(tmp_path: Path) ->
     assert conf["databases"] == "32"
     assert conf["maxmemory-policy"] == "noeviction"
     assert conf["appendonly"] == "yes"
-    assert conf["appendfsync"] == "everysec"
+    assert conf["appendfsync"] == "always"  # durability="fsync" needs it
     assert conf["save"] == '""'
     assert "requirepass" not in conf
 

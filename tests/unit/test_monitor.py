@@ -169,7 +169,12 @@ def test_queue_depths_count_every_priority_list_and_the_unacked_hash(ledger: Led
 
     snap = _read(ledger)
 
-    assert snap["queues"] == {"depth": {CALLS: 3, VERIFY: 1}, "unacked": 2}
+    never = {"last_beat_ms": None, "age_s": None, "alive": False}  # no worker beat yet
+    assert snap["queues"] == {
+        "depth": {CALLS: 3, VERIFY: 1},
+        "unacked": 2,
+        "workers": {CALLS: never, VERIFY: never},
+    }
 
 
 def test_scheduler_backlog_due_now_and_heartbeats(ledger: Ledger) -> None:

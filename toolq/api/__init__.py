@@ -4,13 +4,15 @@ Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
 
     POST /v1/tools/{name}:invoke          202 + Location: /v1/operations/{ref}   scope invoke
     GET  /v1/operations/{ref}             ?wait=SECONDS long-polls               scope read
+    GET  /v1/operations/{ref}/events      Server-Sent Events until it settles    scope read
     POST /v1/operations/{ref}:approve     awaiting_approval -> queued            scope approve
     POST /v1/operations/{ref}:input       needs_input -> queued (body: args)     scope input
     POST /v1/operations/{ref}:cancel      queued or waiting -> cancelled         scope cancel
     GET  /v1/tools                        each tool's input schema, writes       scope read
     GET  /v1/status                       what ``toolq status --json`` shows     scope read
     GET  /v1/health                       Redis answers; no token needed
-    GET  /openapi.json, /docs             the generated OpenAPI document
+    GET  /openapi.json, /docs, /redoc     the OpenAPI document; the docs pages load
+                                          nothing from the network
 
 The ``Idempotency-Key`` header is the operation_ref (``X-Call-Id`` the
 optional call_id): the same key with the same arguments returns the same
@@ -22,11 +24,19 @@ an unexpected error is ``{"code": "INTERNAL", "message": "internal error"}``.
 While an operation is not settled, responses carry ``Retry-After`` and
 ``poll_interval``.
 
+Every route that touches the ledger is ``async`` on ``tq.aio``: a ``?wait=``
+long-poll or an event stream holds no thread, so waiting agents never starve
+``/v1/health`` or anyone else. The event stream (:mod:`toolq.api.events`)
+sends one ``state`` event per history entry (the event id is its index, so a
+reconnect with ``Last-Event-ID`` resumes without loss or repeat), ``progress``
+events, then the final ``envelope``.
+
 Settings (:class:`ApiSettings`, env prefix ``TOOLQ_API_``)::
 
     TOOLQ_API_TOKENS="<agent-token>=invoke,read;<operator-token>=approve,input,cancel,read"
     TOOLQ_API_MAX_WAIT=30          longest ?wait= (s)
     TOOLQ_API_POLL_INTERVAL=1      what pending operations tell pollers (s)
+    TOOLQ_API_KEEPALIVE=15         seconds between an event stream's keep-alive comments
     TOOLQ_API_MAX_BODY_BYTES=...   413 above this (default: TOOLQ_LIMITS__MAX_ARGS_BYTES)
     TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal   Host names answered besides loopback
 

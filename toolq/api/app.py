@@ -6,24 +6,21 @@ per app.
 """
 
 import contextlib
-import math
 import sys
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
-from urllib.parse import quote
 
+import anyio
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
 
 from toolq import errors
 from toolq.api.auth import ApiSettings, Tokens, check_bind
+from toolq.api.docs import install_docs
+from toolq.api.events import EventStream, open_stream
 from toolq.api.guard import ERROR_RESPONSES, ApiError, install
 from toolq.api.hosts import HostGuard, allowed_hosts, wildcard_note
-from toolq.envelope import ToolError, to_dict
-from toolq.record import OperationRecord
-from toolq.states import SETTLED, State
+from toolq.api.views import OperationView, tool_view, view_response
 
 if TYPE_CHECKING:
     from toolq.queue import ToolQueue
@@ -33,30 +30,18 @@ DESCRIPTION = (
     "200 body; HTTP errors are about the request and have a stable `code`."
 )
 
-
-class OperationView(BaseModel):
-    operation_ref: str
-    tool: str
-    state: State
-    attempt: int
-    max_attempts: int
-    #: Nothing more is needed from the runtime (finished, or waiting on a person).
-    settled: bool
-    #: On invoke: whether this request created the operation.
-    created: bool | None = None
-    #: The latest envelope; a failed tool's envelope is here, with a 200.
-    envelope: dict[str, Any] | None = None
-    #: While not settled: seconds to wait before polling again (also ``Retry-After``).
-    poll_interval: float | None = None
-    created_at: datetime
-    updated_at: datetime
-
+#: ``toolq status`` pings the workers through Celery (blocking, up to its timeout):
+#: it runs in a thread, at most this many at once, so it never takes the threads
+#: anything else needs.
+STATUS_THREADS = 4
 
 _bearer = HTTPBearer(auto_error=False, description="A token from TOOLQ_API_TOKENS.")
 
 
 def _require(scope: str) -> Any:
-    def authorize(
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, and every
+    # request passes here.
+    async def authorize(
         request: Request,
         _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> None:
@@ -81,15 +66,20 @@ def create_app(
 
     It answers only for loopback hosts, ``bind_host`` (the address it is served
     on, unless a wildcard) and ``settings.allowed_hosts`` (:mod:`toolq.api.hosts`).
+    Every route that reads or writes the ledger is ``async`` on ``tq.aio``: a
+    long-poll or an event stream holds no thread.
     """
     from toolq import __version__
 
     settings = settings or ApiSettings()
     poll = settings.poll_interval
-    app = FastAPI(title="toolq", version=__version__, description=DESCRIPTION)
+    app = FastAPI(
+        title="toolq", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None
+    )
     app.state.tokens = settings.token_table()
     max_body = settings.max_body_bytes or tq.settings.limits.max_args_bytes
     install(app, max_body=max_body, retry_after=poll)
+    install_docs(app)
     # Added last, so outermost: a refused Host or Origin reaches nothing else.
     app.add_middleware(HostGuard, allowed=allowed_hosts(bind_host, settings.allowed_hosts))
     Wait = Annotated[
@@ -106,116 +96,118 @@ def create_app(
         str | None,
         Header(alias="X-Call-Id", pattern=rf"^[\x21-\x7e]{{1,{max_ref}}}$", description="call_id"),
     ]
+    LastEventId = Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            description="Resume after this event id (a history index), as EventSource sends it.",
+        ),
+    ]
+    status_threads = anyio.CapacityLimiter(STATUS_THREADS)
 
-    def view(ref: str, status: int = 200, created: bool | None = None) -> JSONResponse:
-        rec = tq.ledger.get(ref, with_history=False) if len(ref) <= max_ref else None
+    async def view(ref: str, status: int = 200, created: bool | None = None) -> JSONResponse:
+        rec = await tq.aio.get(ref) if len(ref) <= max_ref else None
         if rec is None:
             raise errors.OperationNotFound("no such operation")
-        return _view(rec, status, poll, created)
+        return view_response(rec, status, poll, created)
 
     route: dict[str, Any] = {"response_model": OperationView, "responses": ERROR_RESPONSES}
 
     @app.post(
         "/v1/tools/{name}:invoke", status_code=202, **route, dependencies=[_require("invoke")]
     )
-    def invoke(
+    async def invoke(
         name: Annotated[str, Path(max_length=64)],
         args: Arguments,
         idempotency_key: IdempotencyKey,
         call_id: CallId = None,
     ) -> JSONResponse:
         """Submit a tool call; follow it at ``Location``."""
-        sub = tq.submit(name, args, operation_ref=idempotency_key, call_id=call_id)
-        return view(sub.operation_ref, 202, sub.created)
+        sub = await tq.aio.submit(name, args, operation_ref=idempotency_key, call_id=call_id)
+        return await view(sub.operation_ref, 202, sub.created)
+
+    # Before the operation route, whose ``{ref:path}`` would take ``.../events`` too.
+    # The price: a ref whose last segment is ``events`` cannot be read with GET
+    # (that path is the stream of the ref before it); its stream ends with its view.
+    @app.get(
+        "/v1/operations/{ref:path}/events",
+        # No media type of its own, so that the errors are documented as JSON; the
+        # 200 is documented below.
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Server-Sent Events: state, progress, then envelope; the "
+                "stream ends once the operation has settled.",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            **ERROR_RESPONSES,
+        },
+        dependencies=[_require("read")],
+    )
+    async def operation_events(ref: RefPath, last_event_id: LastEventId = None) -> EventStream:
+        """Each state the operation enters, its progress, then its envelope (SSE).
+
+        The event id is the history index: reconnecting with ``Last-Event-ID``
+        resumes after it, with nothing lost or repeated.
+        """
+        return await open_stream(
+            tq.aio,
+            ref,
+            last_event_id,
+            keepalive=settings.keepalive,
+            poll=poll,
+            max_ref=max_ref,
+        )
 
     @app.get("/v1/operations/{ref:path}", **route, dependencies=[_require("read")])
-    def get_operation(ref: RefPath, wait: Wait = 0) -> JSONResponse:
+    async def get_operation(ref: RefPath, wait: Wait = 0) -> JSONResponse:
         """An operation's state, attempt and envelope; ``wait`` long-polls."""
         if wait > 0 and len(ref) <= max_ref:
             with contextlib.suppress(TimeoutError):
-                tq.wait(ref, timeout=wait)
-        return view(ref)
+                await tq.aio.wait(ref, timeout=wait)
+        return await view(ref)
 
     @app.post("/v1/operations/{ref:path}:approve", **route, dependencies=[_require("approve")])
-    def approve(ref: RefPath) -> JSONResponse:
+    async def approve(ref: RefPath) -> JSONResponse:
         """Approve an operation awaiting approval; it runs with its current arguments."""
-        tq.approve(ref)
-        return view(ref)
+        await tq.aio.approve(ref)
+        return await view(ref)
 
     @app.post("/v1/operations/{ref:path}:input", **route, dependencies=[_require("input")])
-    def provide_input(ref: RefPath, args: Arguments) -> JSONResponse:
+    async def provide_input(ref: RefPath, args: Arguments) -> JSONResponse:
         """Give an operation that needs input changed arguments; identical ones are refused."""
-        tq.provide_input(ref, args)
-        return view(ref)
+        await tq.aio.provide_input(ref, args)
+        return await view(ref)
 
     @app.post("/v1/operations/{ref:path}:cancel", **route, dependencies=[_require("cancel")])
-    def cancel(ref: RefPath) -> JSONResponse:
+    async def cancel(ref: RefPath) -> JSONResponse:
         """Cancel an operation that has not started a write."""
-        tq.cancel(ref)
-        return view(ref)
+        await tq.aio.cancel(ref)
+        return await view(ref)
 
     @app.get("/v1/tools", responses=ERROR_RESPONSES, dependencies=[_require("read")])
-    def list_tools() -> dict[str, Any]:
+    async def list_tools() -> dict[str, Any]:
         """Every registered tool, its input schema and whether it writes."""
-        return {"tools": [_tool(t) for t in tq.registry]}
+        return {"tools": [tool_view(t) for t in tq.registry]}
 
     @app.get("/v1/status", responses=ERROR_RESPONSES, dependencies=[_require("read")])
-    def status() -> dict[str, Any]:
+    async def status() -> dict[str, Any]:
         """What ``toolq status --json`` shows."""
         from toolq.monitor import status_snapshot
 
-        return status_snapshot(tq)
+        # Sync, with a Celery ping of the workers: in a thread of a small pool of its own.
+        snapshot: dict[str, Any] = await anyio.to_thread.run_sync(
+            status_snapshot, tq, limiter=status_threads
+        )
+        return snapshot
 
     @app.get("/v1/health", responses=ERROR_RESPONSES)
-    def health() -> dict[str, bool]:
+    async def health() -> dict[str, bool]:
         """Whether the API reaches Redis; needs no token."""
-        tq.redis.ping()
+        await tq.aio.ping()  # a RedisError is the 503
         return {"ok": True}
 
     return app
-
-
-def _tool(t: Any) -> dict[str, Any]:
-    return {
-        "name": t.name,
-        "description": t.options.description,
-        "writes": t.writes,
-        "idempotent": t.options.idempotent,
-        "requires_approval": t.options.requires_approval,
-        "verification_tool": t.verification_tool,
-        "input_schema": t.input_schema(),
-    }
-
-
-def _view(rec: OperationRecord, status: int, poll: float, created: bool | None) -> JSONResponse:
-    settled = rec.state in SETTLED
-    body = OperationView(
-        operation_ref=rec.operation_ref,
-        tool=rec.tool,
-        state=rec.state,
-        attempt=rec.attempt,
-        max_attempts=rec.max_attempts,
-        settled=settled,
-        created=created,
-        envelope=to_dict(rec.envelope) if rec.envelope is not None else None,
-        poll_interval=None if settled else poll,
-        created_at=rec.created_at,
-        updated_at=rec.updated_at,
-    )
-    headers: dict[str, str] = {}
-    if status == 202:
-        headers["Location"] = "/v1/operations/" + quote(rec.operation_ref, safe="/:@+=")
-    if not settled:
-        headers["Retry-After"] = str(_retry_after(rec, poll))
-    content = body.model_dump(mode="json", exclude_none=True)
-    return JSONResponse(content, status_code=status, headers=headers)
-
-
-def _retry_after(rec: OperationRecord, poll: float) -> int:
-    env = rec.envelope
-    if rec.state is State.WAITING_RETRY and isinstance(env, ToolError) and env.retry.not_before:
-        return max(1, math.ceil((env.retry.not_before - datetime.now(UTC)).total_seconds()))
-    return max(1, math.ceil(poll))
 
 
 def serve_api(

@@ -33,6 +33,9 @@ class ApiSettings(BaseSettings):
     max_wait: float = Field(default=30.0, gt=0, le=300)
     #: What a pending operation tells pollers (``poll_interval``, ``Retry-After``).
     poll_interval: float = Field(default=1.0, gt=0, le=60)
+    #: Seconds between keep-alive comments on an event stream (and re-reads of its
+    #: history, in case a notice was missed).
+    keepalive: float = Field(default=15.0, gt=0, le=300)
     #: Request bodies above this are refused with 413; default: ``limits.max_args_bytes``.
     max_body_bytes: int | None = Field(default=None, ge=64)
     #: Host names (or addresses) the server answers for besides loopback and its own

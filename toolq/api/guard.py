@@ -136,11 +136,15 @@ def install(app: FastAPI, *, max_body: int, retry_after: float) -> None:
     """Error handlers for every exception the routes may raise, and the guard."""
 
     def unavailable(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("redis error: %s", type(exc).__name__)
+        # tq.aio raises ServerUnavailable (its message names the server, for the
+        # operator's logs: the caller gets only the code); a bare RedisError may
+        # come from elsewhere (the status snapshot).
+        known = isinstance(exc, errors.ServerUnavailable)
+        log.warning("queue server unavailable: %s", exc if known else type(exc).__name__)
         return error_response(
             503,
-            "QUEUE_UNAVAILABLE",
-            "the queue's server is not answering",
+            exc.code if isinstance(exc, errors.ServerUnavailable) else "QUEUE_UNAVAILABLE",
+            "the queue's server did not answer; the same request again is safe",
             headers={"Retry-After": str(max(1, math.ceil(retry_after)))},
         )
 
@@ -149,6 +153,7 @@ def install(app: FastAPI, *, max_body: int, retry_after: float) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(redis.RedisError, unavailable)
+    app.add_exception_handler(errors.ServerUnavailable, unavailable)
     app.add_middleware(BodyLimitGuard, max_body=max_body)
 
 

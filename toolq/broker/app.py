@@ -47,8 +47,8 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "task_default_queue": q.calls,
         "task_routes": {RUN_TASK: {"queue": q.calls}, VERIFY_TASK: {"queue": q.verify}},
         "task_create_missing_queues": False,
-        # Events stay on so Flower works beside toolq.
-        "worker_send_task_events": True,
+        # Off unless asked (`toolq worker -E`, TOOLQ_WORKER__TASK_EVENTS): Flower needs them.
+        "worker_send_task_events": settings.worker.task_events,
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_redirect_stdouts": False,

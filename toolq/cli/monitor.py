@@ -141,6 +141,8 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
     queues, sched, workers = snap["queues"], snap["scheduler"], snap.get("workers", {})
     depth = "  ".join(f"{q} {n}" for q, n in queues["depth"].items())
     lines += ["", f"queues      {depth}  unacked {queues['unacked']}"]
+    if queues.get("workers"):
+        lines.append(f"heartbeats  {_beats(queues['workers'])}")
     nxt = sched["next_due_in_s"]
     when = "-" if nxt is None else ("now" if nxt <= 0 else f"in {_age(nxt)}")
     lines.append(
@@ -180,6 +182,19 @@ def _age(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _beats(per_queue: dict[str, Any]) -> str:
+    """Each queue's last worker heartbeat; "no live worker" where none is recent."""
+    cells = []
+    for queue, b in per_queue.items():
+        if b["alive"]:
+            cells.append(f"{queue} {_age(b['age_s'])} ago")
+        elif b["age_s"] is None:
+            cells.append(f"{queue} no live worker (never seen)")
+        else:
+            cells.append(f"{queue} no live worker (last {_age(b['age_s'])} ago)")
+    return "  ".join(cells)
 
 
 def _workers(w: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +78,16 @@ def submit(
     redis_url: str | None,
     state_dir: Path,
 ) -> None:
-    """Submit a call to TOOL; prints its operation_ref."""
+    """Submit a call to TOOL; prints its operation_ref (and on stderr, a warning when no
+    live worker serves its queue or no scheduler runs: the call is submitted anyway)."""
     args = parse_json_args(args_json)
     tq = open_app(app_path, redis_url, state_dir)
+    # Said below, once, on stderr: not a second time by the client's log line.
+    logging.getLogger("toolq.liveness").disabled = True
     sub = tq.submit(tool, args, operation_ref=ref, call_id=call_id)
     click.echo(sub.operation_ref)
+    for warning in sub.warnings:  # advisory: the operation is submitted all the same
+        click.echo(f"warning: {warning}", err=True)
     if wait_s is None:
         return
     try:

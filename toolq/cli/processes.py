@@ -47,6 +47,14 @@ def _metrics(port: int | None, tq: Any, role: str) -> None:
 )
 @click.option("--autoscale", default=None, metavar="MAX,MIN", help="Celery autoscaling.")
 @click.option("--hostname", "-n", default=None, help="Celery node name.")
+@click.option(
+    "--events",
+    "-E",
+    is_flag=True,
+    help="Send Celery task events (for Flower). Off by default, as in Celery: they cost "
+    "throughput, and toolq's own status and metrics do not need them "
+    "(env TOOLQ_WORKER__TASK_EVENTS=1 does the same).",
+)
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option(
     "--metrics-port",
@@ -64,6 +72,7 @@ def worker(
     pool: str | None,
     autoscale: str | None,
     hostname: str | None,
+    events: bool,
     loglevel: str,
     metrics_port: int | None,
 ) -> None:
@@ -83,6 +92,7 @@ def worker(
         autoscale=autoscale,
         loglevel=loglevel,
         hostname=hostname,
+        events=events or tq.settings.worker.task_events,
     )
 
 

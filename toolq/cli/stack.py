@@ -137,6 +137,12 @@ POOLS = ["prefork", "threads", "solo"]
     help="Serve the example invoice provider for the example tools [default: when "
     "the app is the example and TOOLQ_EXAMPLE_PROVIDER_URL is unset].",
 )
+@click.option(
+    "--events",
+    "-E",
+    is_flag=True,
+    help="Workers send Celery task events, for Flower (off by default, as in Celery).",
+)
 @click.option("--loglevel", "-l", default="WARNING", show_default=True)
 def up(
     app_path: str | None,
@@ -153,6 +159,7 @@ def up(
     api_host: str,
     api_port: int,
     example_provider: bool | None,
+    events: bool,
     loglevel: str,
 ) -> None:
     """Run the whole local stack in the foreground until Ctrl-C or SIGTERM.
@@ -193,6 +200,7 @@ def up(
         concurrency=concurrency,
         pool=pool,
         loglevel=loglevel,
+        events=events,
         metrics_port=metrics,
         api_port=api_port_used,
         api_host=api_host,

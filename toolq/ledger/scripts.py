@@ -24,7 +24,8 @@ Two exceptions, on purpose:
   (so that a script writes only its own slot), a Redis Cluster would refuse a
   script that pushes (CROSSSLOT).
 
-ARGV[1] is always the notify channel (a channel, not a key). Time is passed in
+ARGV[1] is always the notify channel (a channel, not a key; the steps channel is
+derived from it, as :attr:`toolq.keys.Keys.notify_steps` says). Time is passed in
 by the caller (ms), so the scripts are deterministic and the clock injectable.
 
 **States.** The state machine is :data:`toolq.states.ALLOWED`, rendered into the
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from toolq.keys import Keys
+from toolq.keys import STEPS_SUFFIX, Keys
 from toolq.states import ALLOWED, INITIAL, SETTLED, State
 
 #: The Lua names of KEYS[1..n], the keys every script receives first.
@@ -69,19 +70,23 @@ def lua_tables() -> str:
 
 PRELUDE = (
     "local NOTIFY = ARGV[1]\n"
+    + f"local STEPS_SUFFIX = '{STEPS_SUFFIX}'\n"
     + f"local {', '.join(FIXED)} = "
     + ", ".join(f"KEYS[{i}]" for i in range(1, len(FIXED) + 1))
     + f"\nlocal NFIXED = {len(FIXED)}\n"
     + lua_tables()
     + r"""
 local function allowed(from, to) return ALLOWED[from] ~= nil and ALLOWED[from][to] == true end
--- Waiters (tq.wait) only care about states that need nothing more from the runtime.
--- "state ref\nrev\nenvelope": a waiter that read an older rev takes the envelope from
--- the notice itself (toolq.notify) instead of reading the record again.
-local function notify(state, ref, rev, envelope)
-  if SETTLED[state] then
-    redis.call('PUBLISH', NOTIFY, state .. ' ' .. ref .. '\n' .. rev .. '\n' .. (envelope or ''))
-  end
+-- Every state entered is announced, one PUBLISH per transition (quiet updates: none).
+-- Settled states on NOTIFY, which waiters (tq.wait) hear; the others on the steps
+-- channel (Keys.notify_steps), which only watchers (tq.aio.watch, event streams)
+-- subscribe to, so a process that just waits hears one notice per call.
+-- "state ref\nrev seq\nenvelope": a waiter that read an older rev takes the envelope
+-- from the notice itself (toolq.notify) instead of reading the record again; seq is
+-- the index of the history entry (where a stream resumes).
+local function notify(state, ref, rev, seq, envelope)
+  redis.call('PUBLISH', SETTLED[state] and NOTIFY or NOTIFY .. STEPS_SUFFIX,
+    state .. ' ' .. ref .. '\n' .. rev .. ' ' .. seq .. '\n' .. (envelope or ''))
 end
 -- The one key name spelled here: the record's tool and state are known only once read.
 local function idxkey(tool, state) return IDX .. tool .. ':' .. state end
@@ -107,8 +112,8 @@ local function stat(tool, name, n)
   redis.call('HINCRBY', STATS, tool .. '|' .. name, n or 1)
 end
 
-local function history(hkey, entry)
-  redis.call('RPUSH', hkey, cjson.encode(entry))
+local function history(hkey, entry)  -- the entry's 1-based index
+  return redis.call('RPUSH', hkey, cjson.encode(entry))
 end
 
 -- A script that walks many items (APPLY, CLAIM_DUE, RENEW) gathers its writes to
@@ -197,11 +202,11 @@ redis.call('HSET', key, 'ref', ref, 'tool', tool, 'args', args, 'fp', fp, 'submi
 if msg ~= '' then redis.call('LPUSH', queue, msg) end
 redis.call('SADD', TOOLS, tool)
 redis.call('ZADD', idxkey(tool, state), now, ref)
-history(hkey, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
+local seq = history(hkey, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
 set_due(ref, due)
 stat(tool, 'submitted')
 if attempt > 0 then stat(tool, 'attempts') end
-notify(state, ref, 1)
+notify(state, ref, 1, seq)
 return {'created', state}
 """
 )
@@ -224,13 +229,15 @@ local body = {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11],
   f[13] or '0', f[14], f[17], f[2]}
 if kind == 'run' then
   if state == 'queued' and allowed(state, 'running') and tonumber(f[2]) == attempt then
+    local rev = (tonumber(f[18]) or 0) + 1
     redis.call('HSET', key, 'state', 'running', 'lease_holder', holder,
-      'lease_until', now + lease, 'entered', now, 'updated', now,
-      'rev', (tonumber(f[18]) or 0) + 1)
+      'lease_until', now + lease, 'entered', now, 'updated', now, 'rev', rev)
     redis.call('ZREM', idxkey(tool, state), ref)
     redis.call('ZADD', idxkey(tool, 'running'), now, ref)
-    history(hkey, {at = now, from = state, to = 'running', attempt = attempt, by = holder})
+    local seq = history(hkey, {at = now, from = state, to = 'running', attempt = attempt,
+      by = holder})
     set_due(ref, now + lease)
+    notify('running', ref, rev, seq)
     return body
   end
   if state == 'running' and tonumber(f[2]) == attempt then
@@ -358,8 +365,9 @@ for i, it in ipairs(items) do
       end
       redis.call('HSET', key, unpack(fields))
       if it.del and #it.del > 0 then redis.call('HDEL', key, unpack(it.del)) end
+      local seq = nil
       if not it.quiet then
-        history(hkey, {at = now, from = state, to = it.to, attempt = attempt, by = it.by,
+        seq = history(hkey, {at = now, from = state, to = it.to, attempt = attempt, by = it.by,
           code = it.code})
       end
       if it.due then
@@ -370,7 +378,7 @@ for i, it in ipairs(items) do
         redis.call('EXPIRE', key, it.ttl)
         redis.call('EXPIRE', hkey, it.ttl)
       end
-      if not it.quiet then notify(it.to, ref, rev, envelope) end
+      if seq then notify(it.to, ref, rev, seq, envelope) end
       out[i] = 'ok'
     end
   end

@@ -18,9 +18,11 @@ from typing import Any
 import redis
 from redis.connection import Connection
 
+from toolq import errors
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.keys import Keys
 from toolq.ledger import scripts
+from toolq.ledger.durability import Durability
 from toolq.record import HistoryEntry, OperationRecord, load_envelope
 from toolq.recovery.transition import Transition
 from toolq.states import State
@@ -103,22 +105,16 @@ def to_wire(
     return item
 
 
-class Ledger:
-    """Operation records in Redis. One instance per process; thread-safe."""
+class Calls:
+    """The KEYS and ARGV of the script calls clients make (submit, apply): built here
+    once for the sync :class:`Ledger` and the async one
+    (:class:`toolq.ledger.aio.AsyncLedger`), which differ only in how they send them.
+    The worker's and the scheduler's calls are the sync Ledger's own."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "toolq") -> None:
-        self.redis = client
+    def __init__(self, prefix: str = "toolq") -> None:
         self.keys = Keys(prefix)
-        self._fixed = scripts.fixed_keys(self.keys)
-        self._notify = self.keys.notify
-        self._submit = client.register_script(scripts.SUBMIT)
-        self._claim = client.register_script(scripts.CLAIM)
-        self._renew = client.register_script(scripts.RENEW)
-        self._apply = client.register_script(scripts.APPLY)
-        self._claim_due = client.register_script(scripts.CLAIM_DUE)
-        self._plan_sleep = client.register_script(scripts.PLAN_SLEEP)
-
-    # ------------------------------------------------------------------ writes
+        self.fixed = scripts.fixed_keys(self.keys)
+        self.notify = self.keys.notify
 
     def submit(
         self,
@@ -135,28 +131,52 @@ class Ledger:
         due_ms: int,
         queue: str,
         message: str,
-    ) -> SubmitResult:
-        keys = [*self._fixed, self.keys.op(ref), self.keys.history(ref)]
+    ) -> tuple[list[str], list[Any]]:
+        keys = [*self.fixed, self.keys.op(ref), self.keys.history(ref)]
         if message:
             keys.append(queue)
-        out = self._submit(
-            keys=keys,
-            args=[
-                self._notify,
-                ref,
-                tool,
-                args_json,
-                fp,
-                call_id,
-                now_ms,
-                max_attempts,
-                deadline_ms,
-                str(state),
-                due_ms,
-                message,
-            ],
-        )
-        return SubmitResult(_s(out[0]), State(_s(out[1])))
+        args = [self.notify, ref, tool, args_json, fp, call_id, now_ms, max_attempts]
+        return keys, [*args, deadline_ms, str(state), due_ms, message]
+
+    def apply(self, transitions: Sequence[Transition], now_ms: int) -> tuple[list[str], list[Any]]:
+        """APPLY's KEYS (fixed, op and history per item, the queues) and ARGV."""
+        keys = list(self.fixed)
+        for t in transitions:
+            keys.append(self.keys.op(t.ref))
+            keys.append(self.keys.history(t.ref))
+        blobs: list[str] = []
+        queues: dict[str, int] = {}
+        first_queue = len(keys) + 1  # KEYS is 1-based
+        items = [to_wire(t, blobs, queues, first_queue) for t in transitions]
+        keys.extend(queues)  # in index order: dicts keep insertion order
+        return keys, [self.notify, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
+
+
+class Ledger:
+    """Operation records in Redis. One instance per process; thread-safe."""
+
+    def __init__(
+        self, client: redis.Redis, prefix: str = "toolq", durability: str = "none"
+    ) -> None:
+        self.redis = client
+        #: Submits and claims of runs are on disk before they are answered
+        #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
+        self.durable = Durability(client, durability)
+        self.calls = Calls(prefix)
+        self.keys = self.calls.keys
+        self._submit = client.register_script(scripts.SUBMIT)
+        self._claim = client.register_script(scripts.CLAIM)
+        self._renew = client.register_script(scripts.RENEW)
+        self._apply = client.register_script(scripts.APPLY)
+        self._claim_due = client.register_script(scripts.CLAIM_DUE)
+        self._plan_sleep = client.register_script(scripts.PLAN_SLEEP)
+
+    # ------------------------------------------------------------------ writes
+
+    def submit(self, **operation: Any) -> SubmitResult:
+        """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
+        keys, args = self.calls.submit(**operation)
+        return submit_result(self.durable.call(self._submit, keys, args))
 
     def claim(
         self,
@@ -168,43 +188,11 @@ class Ledger:
         kind: str = "run",
         vcheck: int = 0,
     ) -> Claim:
-        out = [
-            _s(x)
-            for x in self._claim(
-                keys=[*self._fixed, self.keys.op(ref), self.keys.history(ref)],
-                args=[self._notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck],
-            )
-        ]
-        outcome = out[0]
-        if outcome == "claimed":
-            return Claim(
-                outcome,
-                tool=out[1],
-                args=out[2],
-                call_id=out[3],
-                fp=out[4],
-                approved_fp=out[5],
-                vcheck=int(out[6] or 0),
-                max_attempts=int(out[7] or 0),
-                deadline_ms=int(out[8] or 0),
-                uncertain_at_ms=int(float(out[9] or 0)),
-                vfail=int(out[10] or 0),
-                created_ms=int(out[11] or 0),
-                attempt=int(out[12] or 0),
-            )
-        if outcome == "held":
-            return Claim(
-                outcome,
-                holder=out[1],
-                lease_until_ms=int(float(out[2] or 0)),
-                tool=out[3] if len(out) > 3 else "",
-                vcheck=int(out[4]) if len(out) > 4 else 0,
-                max_attempts=int(out[5]) if len(out) > 5 else 0,
-                call_id=out[6] if len(out) > 6 else "",
-            )
-        if outcome == "stale":
-            return Claim(outcome, state=out[1])
-        return Claim(outcome)
+        keys = [*self.calls.fixed, self.keys.op(ref), self.keys.history(ref)]
+        args: list[Any] = [self.calls.notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
+        if kind == "run":  # a claim a power loss undid would run the tool again
+            return claim_result(self.durable.call(self._claim, keys, args))
+        return claim_result(self._claim(keys=keys, args=args))
 
     def renew(
         self, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str, str]]
@@ -212,44 +200,29 @@ class Ledger:
         """Extend leases given as (ref, attempt, kind, holder); returns the refs no longer held."""
         if not held:
             return []
-        keys = list(self._fixed)
-        args: list[Any] = [self._notify, now_ms, lease_ms]
+        keys = list(self.calls.fixed)
+        args: list[Any] = [self.calls.notify, now_ms, lease_ms]
         for ref, attempt, kind, holder in held:
             keys.append(self.keys.op(ref))
             args.extend((ref, attempt, kind, holder))
-        return [_s(x) for x in self._renew(keys=keys, args=args)]
+        return strs(self._renew(keys=keys, args=args))
 
     def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
         if not transitions:
             return []
-        keys, args = self._apply_call(transitions, now_ms)
-        return [_s(x) for x in self._apply(keys=keys, args=args)]
+        keys, args = self.calls.apply(transitions, now_ms)
+        return strs(self._apply(keys=keys, args=args))
 
     def apply_one(self, transition: Transition, now_ms: int) -> str:
         return self.apply([transition], now_ms)[0]
 
-    def _apply_call(
-        self, transitions: Sequence[Transition], now_ms: int
-    ) -> tuple[list[str], list[Any]]:
-        """APPLY's KEYS (fixed, op and history per item, the queues) and ARGV."""
-        keys = list(self._fixed)
-        for t in transitions:
-            keys.append(self.keys.op(t.ref))
-            keys.append(self.keys.history(t.ref))
-        blobs: list[str] = []
-        queues: dict[str, int] = {}
-        first_queue = len(keys) + 1  # KEYS is 1-based
-        items = [to_wire(t, blobs, queues, first_queue) for t in transitions]
-        keys.extend(queues)  # in index order: dicts keep insertion order
-        return keys, [self._notify, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
-
-    def _claim_due_call(self, now_ms: int, limit: int, hold_ms: int) -> tuple[list[str], list[Any]]:
-        return [*self._fixed, self.keys.op_prefix], [self._notify, now_ms, limit, hold_ms]
-
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
         keys, args = self._claim_due_call(now_ms, limit, hold_ms)
         return _due_rows(self._claim_due(keys=keys, args=args))
+
+    def _claim_due_call(self, now_ms: int, limit: int, hold_ms: int) -> tuple[list[str], list[Any]]:
+        return [*self.calls.fixed, self.keys.op_prefix], [self.calls.notify, now_ms, limit, hold_ms]
 
     # The same two calls split into send and read, for a caller that keeps them in
     # flight on connections of its own (the scheduler's drain). The scripts must be
@@ -260,11 +233,11 @@ class Ledger:
             script.sha = self.redis.script_load(script.script)
 
     def send_apply(self, conn: Connection, transitions: Sequence[Transition], now_ms: int) -> None:
-        keys, args = self._apply_call(transitions, now_ms)
+        keys, args = self.calls.apply(transitions, now_ms)
         _send_evalsha(conn, self._apply.sha, keys, args)
 
     def read_apply(self, conn: Connection) -> list[str]:
-        return [_s(x) for x in conn.read_response()]
+        return strs(conn.read_response())
 
     def send_claim_due(self, conn: Connection, now_ms: int, limit: int, hold_ms: int) -> None:
         keys, args = self._claim_due_call(now_ms, limit, hold_ms)
@@ -275,7 +248,8 @@ class Ledger:
 
     def plan_sleep(self, now_ms: int, max_ms: int) -> int:
         """Record when the scheduler will wake (the earliest due item, at most max_ms away)."""
-        return int(float(self._plan_sleep(keys=self._fixed, args=[self._notify, now_ms, max_ms])))
+        args: list[Any] = [self.calls.notify, now_ms, max_ms]
+        return int(float(self._plan_sleep(keys=self.calls.fixed, args=args)))
 
     # ------------------------------------------------------------------ reads
 
@@ -285,16 +259,18 @@ class Ledger:
         if with_history:
             pipe.lrange(self.keys.history(ref), 0, -1)
         res = pipe.execute()
-        raw: dict[bytes, bytes] = res[0]
-        if not raw:
-            return None
-        fields = {_s(k): _s(v) for k, v in raw.items()}
-        history = [HistoryEntry.model_validate_json(h) for h in res[1]] if with_history else []
-        return OperationRecord.from_fields(fields, history)
+        return record_of(res[0], res[1] if with_history else None)
 
     def fields(self, ref: str, *names: str) -> dict[str, str]:
-        values = self.redis.hmget(self.keys.op(ref), list(names))
-        return {n: _s(v) for n, v in zip(names, values, strict=True) if v is not None}
+        return fields_of(names, self.redis.hmget(self.keys.op(ref), list(names)))
+
+    def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
+        """The history entries after the first ``after``; OperationNotFound for no operation."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lrange(self.keys.history(ref), history_start(after), -1)
+        pipe.exists(self.keys.op(ref))
+        entries, exists = pipe.execute()
+        return history_of(ref, entries, exists)
 
     def envelope(self, ref: str) -> ToolSuccess | ToolError | None:
         raw = self.redis.hget(self.keys.op(ref), "envelope")
@@ -305,6 +281,76 @@ class Ledger:
 
     def tools(self) -> list[str]:
         return sorted(_s(t) for t in self.redis.smembers(self.keys.tools))
+
+
+# --------------------------------------------------------------------------- replies, read once
+
+
+def submit_result(out: Any) -> SubmitResult:
+    return SubmitResult(_s(out[0]), State(_s(out[1])))
+
+
+def claim_result(raw: Any) -> Claim:
+    out = strs(raw)
+    outcome = out[0]
+    if outcome == "claimed":
+        return Claim(
+            outcome,
+            tool=out[1],
+            args=out[2],
+            call_id=out[3],
+            fp=out[4],
+            approved_fp=out[5],
+            vcheck=int(out[6] or 0),
+            max_attempts=int(out[7] or 0),
+            deadline_ms=int(out[8] or 0),
+            uncertain_at_ms=int(float(out[9] or 0)),
+            vfail=int(out[10] or 0),
+            created_ms=int(out[11] or 0),
+            attempt=int(out[12] or 0),
+        )
+    if outcome == "held":
+        return Claim(
+            outcome,
+            holder=out[1],
+            lease_until_ms=int(float(out[2] or 0)),
+            tool=out[3] if len(out) > 3 else "",
+            vcheck=int(out[4]) if len(out) > 4 else 0,
+            max_attempts=int(out[5]) if len(out) > 5 else 0,
+            call_id=out[6] if len(out) > 6 else "",
+        )
+    if outcome == "stale":
+        return Claim(outcome, state=out[1])
+    return Claim(outcome)
+
+
+def record_of(raw: dict[bytes, bytes], history: list[bytes] | None) -> OperationRecord | None:
+    if not raw:
+        return None
+    fields = {_s(k): _s(v) for k, v in raw.items()}
+    entries = [HistoryEntry.model_validate_json(h) for h in history or ()]
+    return OperationRecord.from_fields(fields, entries)
+
+
+def fields_of(names: Sequence[str], values: Sequence[Any]) -> dict[str, str]:
+    return {n: _s(v) for n, v in zip(names, values, strict=True) if v is not None}
+
+
+def history_start(after: int) -> int:
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise errors.InvalidArguments("after must be a whole number >= 0")
+    return after
+
+
+def history_of(ref: str, entries: list[bytes], exists: int) -> list[HistoryEntry]:
+    # An operation always has its first entry: none at all and no record means no operation.
+    if not entries and not exists:
+        raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
+    return [HistoryEntry.model_validate_json(h) for h in entries]
+
+
+def strs(raw: Any) -> list[str]:
+    return [_s(x) for x in raw]
 
 
 def _send_evalsha(conn: Connection, sha: str, keys: list[str], args: list[Any]) -> None:

@@ -9,9 +9,11 @@ Built on the low-level ``mcp.server.Server`` for full control of results:
   is never replaced by a validation message.
 - A call is submitted through the queue under the client's
   ``_meta.operation_ref`` if it gives one (send the same ref again and you get
-  the same operation: retries are safe), else under a fresh ``mcp_<uuid>``;
-  ``_meta.call_id`` or the MCP request id becomes the call_id. It waits up to
-  ``wait_seconds`` (default 20 s). A settled operation comes back as its
+  the same operation: retries are safe), else under a fresh ``mcp_<uuid>``
+  (an MCP request carries nothing stable across a client's retries, so two
+  plain calls are two operations); ``_meta.call_id`` or the MCP request id
+  becomes the call_id. It waits up to ``wait_seconds`` (default 20 s) on
+  ``tq.aio``: no thread, no polling. A settled operation comes back as its
   envelope (:func:`toolq.render.to_mcp_result`: ``isError`` for ``ok=false``,
   the whole envelope in ``structuredContent``, ``agent_message`` and compact
   JSON in the text block). One still pending comes back as an
@@ -20,12 +22,17 @@ Built on the low-level ``mcp.server.Server`` for full control of results:
   commit_state is ``unknown`` (verify_operation) while a write's attempt may
   have started (running, verifying), else ``not_committed`` with
   ``after_delay``/``wait_and_retry``.
-- Progress: the tool runs in a worker process, so what reaches the client as
-  ``notifications/progress`` (when it sent a progressToken) is the wait
-  itself, one notification per state the operation enters (queued, running,
-  verifying, ...); ``CallContext.progress`` inside the tool is not forwarded yet.
-- Every exception in the adapter becomes an allowlisted envelope and a log
-  line keyed by operation_ref; no exception text reaches the client.
+- Native tasks (:mod:`toolq.mcp_server.tasks`): a request that declares the
+  ``io.modelcontextprotocol/tasks`` extension gets ``resultType: "task"``
+  (task id = operation_ref) for a call not finished within ``task_after``
+  (default 1 s), then ``tasks/get``, ``tasks/update``, ``tasks/cancel``.
+- Progress: when the request sent a progressToken, each state the operation
+  enters and each ``CallContext.progress`` report of the tool reach the client
+  as ``notifications/progress`` while the call waits
+  (:mod:`toolq.mcp_server.follow`).
+- Every exception in the adapter becomes an allowlisted envelope (or a bare
+  JSON-RPC error for ``tasks/*``) and a log line keyed by operation_ref; no
+  exception text reaches the client.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from mcp.server import Server
 
 from toolq.mcp_server.adapter import Adapter
 from toolq.mcp_server.envelopes import CANCEL_OPERATION, GET_OPERATION
+from toolq.mcp_server.tasks import TasksExtension, install
 
 if TYPE_CHECKING:
     from toolq.queue import ToolQueue
@@ -45,6 +53,7 @@ __all__ = [
     "CANCEL_OPERATION",
     "GET_OPERATION",
     "Adapter",
+    "TasksExtension",
     "create_server",
     "run_stdio",
     "serve_http",
@@ -53,7 +62,8 @@ __all__ = [
 INSTRUCTIONS = (
     "Every tool call runs through toolq's queue and returns an envelope. Pass "
     "_meta.operation_ref to make a call safe to repeat. If a call returns OPERATION_PENDING, "
-    "follow its operation_ref with get_operation; never call the tool again for it."
+    "follow its operation_ref with get_operation; never call the tool again for it. "
+    "Clients with the io.modelcontextprotocol/tasks extension get a task instead."
 )
 
 
@@ -61,19 +71,27 @@ INSTRUCTIONS = (
 
 
 def create_server(
-    tq: ToolQueue, *, wait_seconds: float = 20.0, poll_interval: float = 1.0
+    tq: ToolQueue,
+    *,
+    wait_seconds: float = 20.0,
+    poll_interval: float = 1.0,
+    task_after: float = 1.0,
 ) -> Server[Any]:
     """The MCP server for ``tq`` (connect ``mcp.Client(server)`` to it in tests)."""
     from toolq import __version__
 
-    adapter = Adapter(tq, wait_seconds=wait_seconds, poll_interval=poll_interval)
-    return Server(
+    adapter = Adapter(
+        tq, wait_seconds=wait_seconds, poll_interval=poll_interval, task_after=task_after
+    )
+    server: Server[Any] = Server(
         "toolq",
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=adapter.list_tools,
         on_call_tool=adapter.call_tool,
     )
+    install(server, TasksExtension(adapter), adapter.call_tool)
+    return server
 
 
 def run_stdio(tq: ToolQueue, **options: Any) -> None:

@@ -1,16 +1,18 @@
-"""The MCP handlers over one ToolQueue: tools/list and tools/call."""
+"""The MCP handlers over one ToolQueue: tools/list and tools/call, on ``tq.aio``.
+
+A call is submitted and followed with the async client: the handler awaits the
+operation's notice, holding no thread, and polls nothing. See the package
+docstring for what a call answers.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import anyio
 from mcp import types
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
@@ -19,6 +21,7 @@ from pydantic import ValidationError
 from toolq import errors
 from toolq.api.auth import SCOPES
 from toolq.envelope import AnyEnvelope, FieldError, json_schema
+from toolq.mcp_server import taskview
 from toolq.mcp_server.envelopes import (
     CANCEL_OPERATION,
     GET_OPERATION,
@@ -30,22 +33,26 @@ from toolq.mcp_server.envelopes import (
     refused_envelope,
     unexpected_envelope,
 )
+from toolq.mcp_server.follow import Reporter, settle
 from toolq.render import to_mcp_result
-from toolq.states import SETTLED, State
+from toolq.states import SETTLED, TERMINAL
 from toolq.tools import field_errors_of
 
 if TYPE_CHECKING:
+    from toolq.aio import AsyncToolQueue
     from toolq.queue import ToolQueue
 
 log = logging.getLogger("toolq.mcp")
-T = TypeVar("T")
-
-#: How often the wait looks at the state between wake-ups, for progress.
-STEP = 0.25
 
 
 class Adapter:
-    """The MCP handlers over one ToolQueue."""
+    """The MCP handlers over one ToolQueue.
+
+    ``wait_seconds``: how long a plain call waits before it answers
+    ``OPERATION_PENDING``. ``task_after``: how long a call from a client with
+    the tasks extension waits before it answers with a task instead.
+    ``poll_interval``: what pending answers and tasks tell clients to poll at.
+    """
 
     def __init__(
         self,
@@ -53,18 +60,18 @@ class Adapter:
         *,
         wait_seconds: float = 20.0,
         poll_interval: float = 1.0,
+        task_after: float = 1.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.tq, self.wait_seconds, self.poll, self.clock = tq, wait_seconds, poll_interval, clock
+        self.task_after = task_after
+        self.aio: AsyncToolQueue = tq.aio
         limits = tq.settings.limits
         self.ref_re = limits.ref_re
         self.follow_args, self.cancel_args = builtin_args(limits)
         for name in (GET_OPERATION, CANCEL_OPERATION):
             if name in tq.registry:
                 raise ValueError(f"tool {name!r} clashes with the MCP server's own tool")
-
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await anyio.to_thread.run_sync(lambda: fn(*args))
 
     # ------------------------------------------------------------------ tools/list
 
@@ -118,17 +125,29 @@ class Adapter:
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        """``tools/call`` for a client without the tasks extension: always an envelope."""
+        result = await self.answer(ctx, params, tasks=False)
+        assert isinstance(result, types.CallToolResult)  # only ``tasks`` makes a task
+        return result
+
+    async def answer(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, *, tasks: bool
+    ) -> types.CallToolResult | dict[str, Any]:
+        """The ``tools/call`` result: a ``CallToolResult``, or (``tasks``, for a call of a
+        tool that has not finished within ``task_after``) a ``CreateTaskResult`` dict."""
         try:
-            env = await self._call(ctx, params)
+            out = await self._call(ctx, params, tasks=tasks)
         except Exception as exc:  # the last resort: even an envelope failed to build
             log.exception("MCP call could not be answered")
             ref = f"mcp_{uuid.uuid4().hex}"
-            env = unexpected_envelope(exc, ref, None, None, may_have_submitted=False)
-        return types.CallToolResult.model_validate(to_mcp_result(env))
+            out = unexpected_envelope(exc, ref, None, None, may_have_submitted=False)
+        if isinstance(out, dict):
+            return out
+        return types.CallToolResult.model_validate(to_mcp_result(out))
 
     async def _call(
-        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> AnyEnvelope:
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, *, tasks: bool
+    ) -> AnyEnvelope | dict[str, Any]:
         meta: dict[str, Any] = dict(params.meta or ctx.meta or {})
         call_id = self._text(meta.get("call_id")) or self._text(ctx.request_id) or None
         ref = f"mcp_{uuid.uuid4().hex}"
@@ -136,33 +155,42 @@ class Adapter:
         try:
             args = params.arguments or {}
             if tool in (GET_OPERATION, CANCEL_OPERATION):
-                env = await self._builtin(ctx, tool, args, call_id)
-            else:
-                given = meta.get("operation_ref")
-                if given is not None:
-                    if not isinstance(given, str) or not self.ref_re.fullmatch(given):
-                        raise errors.InvalidArguments(
-                            "bad operation_ref",
-                            field_errors=[FieldError(field="_meta.operation_ref", rule="pattern")],
-                        )
-                    ref = given
-                submitted = True
-                sub = await self._run(
-                    lambda: self.tq.submit(tool, args, operation_ref=ref, call_id=call_id)
-                )
-                env = await self.follow(ctx, sub.operation_ref, self.wait_seconds)
+                return await self._builtin(ctx, tool, args, call_id)
+            given = meta.get("operation_ref")
+            if given is not None:
+                if not isinstance(given, str) or not self.ref_re.fullmatch(given):
+                    raise errors.InvalidArguments(
+                        "bad operation_ref",
+                        field_errors=[FieldError(field="_meta.operation_ref", rule="pattern")],
+                    )
+                ref = given
+            submitted = True
+            sub = await self.aio.submit(tool, args, operation_ref=ref, call_id=call_id)
+            if tasks:
+                return await self._task(ctx, sub.operation_ref)
+            return await self.follow(ctx, sub.operation_ref, self.wait_seconds)
         except errors.RequestRefused as exc:
-            env = refused_envelope(exc, ref, tool, call_id, self._max_attempts(tool))
+            return refused_envelope(exc, ref, tool, call_id, self._max_attempts(tool))
         except Exception as exc:
             log.exception("MCP call of %s failed for %s", tool[:64], ref)
-            env = unexpected_envelope(
+            return unexpected_envelope(
                 exc,
                 ref,
                 tool[:64] if tool in self.tq.registry else None,
                 call_id,
                 may_have_submitted=submitted and self._writes(tool),
             )
-        return env
+
+    async def _task(self, ctx: ServerRequestContext[Any], ref: str) -> AnyEnvelope | dict[str, Any]:
+        """A finished operation's envelope, or a task for one still under way (or waiting
+        on a person: the task's ``input_required`` is how its client answers)."""
+        await settle(self.aio, ref, self.task_after, Reporter(ctx))
+        rec = await self.aio.get(ref)
+        if rec is None:
+            raise errors.OperationNotFound("no such operation")
+        if rec.state in TERMINAL:
+            return taskview.final_envelope(rec)
+        return taskview.created(rec, poll=self.poll, now=self.clock())
 
     async def _builtin(
         self, ctx: ServerRequestContext[Any], tool: str, args: dict[str, Any], call_id: str | None
@@ -175,14 +203,14 @@ class Adapter:
                 "bad arguments", field_errors=field_errors_of(exc)
             ) from None
         ref = parsed.operation_ref
-        if isinstance(parsed, CancelArgs) and "cancel" not in _scopes(ctx):
+        if isinstance(parsed, CancelArgs) and "cancel" not in scopes(ctx):
             return forbidden_envelope(ref, call_id, "cancel")
         try:
             if isinstance(parsed, FollowArgs):
                 wait = self.wait_seconds if parsed.wait_seconds is None else parsed.wait_seconds
                 return await self.follow(ctx, ref, wait)
-            await self._run(self.tq.cancel, ref)
-            return await self._run(self.tq.wait, ref, 0.0)
+            await self.aio.cancel(ref, by="mcp:cancel_operation")
+            return await self.aio.wait(ref, 0.0)
         except errors.RequestRefused as exc:
             return refused_envelope(exc, ref, None, call_id)
         except Exception as exc:  # a read of an existing operation: nothing was submitted
@@ -192,26 +220,19 @@ class Adapter:
     async def follow(
         self, ctx: ServerRequestContext[Any], ref: str, wait_seconds: float
     ) -> AnyEnvelope:
-        """Wait up to ``wait_seconds`` for ``ref`` to settle, reporting each state entered."""
-        deadline = time.monotonic() + wait_seconds
-        names = ("state", "tool", "attempt", "max_attempts", "call_id", "envelope")
-        last, steps = "", 0
-        while True:
-            f = await self._run(self.tq.ledger.fields, ref, *names)
-            if "state" not in f:
-                raise errors.OperationNotFound("no such operation")
-            if f["state"] != last:
-                last, steps = f["state"], steps + 1
-                await _progress(ctx, steps, f"{last} (attempt {f.get('attempt') or 0})")
-            if State(last) in SETTLED:
-                return await self._run(self.tq.wait, ref, 0.0)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return pending_envelope(
-                    ref, f, writes=self._writes(f.get("tool", "")), poll=self.poll, now=self.clock()
-                )
-            with contextlib.suppress(TimeoutError):  # it only wakes us early
-                await self._run(self.tq.wait, ref, min(STEP, remaining))
+        """Wait up to ``wait_seconds`` for ``ref`` to settle, reporting progress on the way;
+        an ``OPERATION_PENDING`` envelope if it does not."""
+        env = await settle(self.aio, ref, wait_seconds, Reporter(ctx))
+        if env is not None:
+            return env
+        rec = await self.aio.get(ref)
+        if rec is None:
+            raise errors.OperationNotFound("no such operation")
+        if rec.state in SETTLED:  # it settled right at the deadline
+            return await self.aio.wait(ref, 0.0)
+        return pending_envelope(
+            rec, writes=self._writes(rec.tool), poll=self.poll, now=self.clock()
+        )
 
     def _writes(self, tool: str) -> bool:
         # An unknown tool name is treated as a write: the cautious reading.
@@ -228,15 +249,8 @@ class Adapter:
         return self.tq.registry.get(tool).options.max_attempts if tool in self.tq.registry else 1
 
 
-def _scopes(ctx: ServerRequestContext[Any]) -> frozenset[str]:
+def scopes(ctx: ServerRequestContext[Any]) -> frozenset[str]:
     """What the HTTP transport's token allows; everything on stdio or without tokens."""
     scope = getattr(ctx.request, "scope", None)
     granted = scope.get("toolq.scopes") if isinstance(scope, dict) else None
     return granted if isinstance(granted, frozenset) else SCOPES
-
-
-async def _progress(ctx: ServerRequestContext[Any], steps: int, message: str) -> None:
-    try:
-        await ctx.session.report_progress(float(steps), None, message)
-    except Exception:  # progress is best effort; the call's answer is what matters
-        log.debug("progress notification failed", exc_info=True)

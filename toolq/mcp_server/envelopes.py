@@ -22,7 +22,7 @@ from toolq.envelope import (
     Retry,
     ToolError,
 )
-from toolq.record import load_envelope
+from toolq.record import OperationRecord
 from toolq.settings import LimitSettings
 from toolq.states import State
 
@@ -193,11 +193,11 @@ def unexpected_envelope(
 
 
 def pending_envelope(
-    ref: str, fields: dict[str, str], *, writes: bool, poll: float, now: datetime
+    record: OperationRecord, *, writes: bool, poll: float, now: datetime
 ) -> ToolError:
-    """The envelope for an operation the wait left unsettled; see the module docstring."""
-    state, tool = State(fields["state"]), fields.get("tool") or None
-    call_id, details = fields.get("call_id") or None, {"state": str(state)}
+    """The envelope for an operation the wait left unsettled; see the package docstring."""
+    ref, state, tool = record.operation_ref, record.state, record.tool or None
+    call_id, details = record.call_id, {"state": str(state)}
     if writes and state in (State.RUNNING, State.VERIFYING):
         return _error(
             "OPERATION_PENDING",
@@ -212,10 +212,10 @@ def pending_envelope(
             safe_details={**details, "verification_tool": GET_OPERATION},
         )
     not_before = now + timedelta(seconds=poll)
-    stored = load_envelope(fields["envelope"]) if fields.get("envelope") else None
+    stored = record.envelope
     if state is State.WAITING_RETRY and isinstance(stored, ToolError) and stored.retry.not_before:
         not_before = max(not_before, stored.retry.not_before)
-    left = int(fields.get("max_attempts") or 1) - int(fields.get("attempt") or 0)
+    left = record.max_attempts - record.attempt
     return _error(
         "OPERATION_PENDING",
         Category.DEPENDENCY,

@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 import redis
 
-from toolq.errors import ToolFailure
+from toolq.errors import NotDurable, ToolFailure
 from toolq.ledger.store import Claim, Ledger
+from toolq.notify import ProgressPublisher
 from toolq.observe import observe_recovery
 from toolq.record import ms_to_dt
 from toolq.recovery import outcome
@@ -55,6 +56,7 @@ class Runtime:
         self.lease_ms = lease_ms
         self.clock = clock
         self.leases = LeaseKeeper(ledger, lease_ms, clock, renew_every=renew_every)
+        self.progress = ProgressPublisher(ledger.redis, ledger.keys.notify_steps)
         self.rng = random.Random()
 
     def now_ms(self) -> int:
@@ -65,10 +67,20 @@ class Runtime:
     def run_attempt(self, ref: str, attempt: int) -> str:
         """Serve one delivery of ``toolq.run``; returns what happened (for logs and tests)."""
         holder = self.leases.new_holder()
-        claim = _patient(
-            lambda: self.ledger.claim(ref, attempt, holder, self.now_ms(), self.lease_ms, "run"),
-            10.0,
-        )
+        try:
+            claim = _patient(
+                lambda: self.ledger.claim(
+                    ref, attempt, holder, self.now_ms(), self.lease_ms, "run"
+                ),
+                10.0,
+            )
+        except NotDurable:
+            # The server took the claim but did not confirm it on disk: a power loss could
+            # still undo it and let another delivery run the tool again. Not called; the
+            # attempt goes back to queued (if that is lost too, the lease sweep takes it).
+            log.warning("%s attempt %d: claim not confirmed on disk; left queued", ref, attempt)
+            self._give_back(ref, attempt, holder)
+            return "not_durable"
         if claim.outcome == "held":
             return self._held(ref, attempt, claim, holder)
         if claim.outcome != "claimed":
@@ -146,6 +158,11 @@ class Runtime:
             return self.registry.get(claim.tool)
         # This worker was started without the tool: give the attempt back untouched.
         log.error("tool %s is not registered in this worker; %s left queued", claim.tool, ref)
+        self._give_back(ref, attempt, holder)
+        return None
+
+    def _give_back(self, ref: str, attempt: int, holder: str) -> None:
+        """Return a claimed attempt to ``queued`` untouched; the scheduler republishes it."""
         self._record(
             Transition(
                 ref=ref,
@@ -157,7 +174,6 @@ class Runtime:
                 due_ms=self.now_ms() + self.policy.unclaimed_after_ms,
             )
         )
-        return None
 
     def _context(self, ref: str, tool: Tool[Any], claim: Claim, attempt: int) -> CallContext:
         return CallContext(
@@ -169,6 +185,7 @@ class Runtime:
             approved=bool(claim.approved_fp) and claim.approved_fp == claim.fp,
             args=tool.args_model.model_validate_json(claim.args),
             deadline=ms_to_dt(claim.deadline_ms) if claim.deadline_ms else None,
+            progress_cb=self.progress.reporter(ref),
         )
 
     # ---------------------------------------------------------------- verification

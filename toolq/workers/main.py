@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
+import redis
 from celery import Celery, signals
 
 from toolq.settings import QueueSettings
@@ -22,6 +24,7 @@ def worker_argv(
     autoscale: str | None = None,
     loglevel: str = "INFO",
     hostname: str | None = None,
+    events: bool = False,
 ) -> list[str]:
     argv = [
         "worker",
@@ -40,6 +43,8 @@ def worker_argv(
         argv += ["--autoscale", autoscale]
     if hostname:
         argv += ["--hostname", hostname]
+    if events:
+        argv.append("--task-events")  # Celery's -E: for Flower
     return argv
 
 
@@ -49,5 +54,11 @@ def run_worker(celery: Celery, registry: Registry, q: QueueSettings, **options: 
     @signals.worker_ready.connect(weak=False)
     def _ready(sender: Any = None, **_: Any) -> None:
         registry.warn_unverifiable()
+        app = getattr(celery, "toolq_app", None)
+        if app is not None:
+            # A server that cannot hold a claim on disk is said as the worker starts,
+            # not at its first claim (toolq.ledger.durability).
+            with contextlib.suppress(redis.RedisError):
+                app.ledger.durable.current()
 
     celery.worker_main(worker_argv(q, **options))

@@ -22,6 +22,8 @@ class ProcessClient:
 
     def __call__(self) -> redis.Redis:
         if self._client is None or self._pid != os.getpid():
-            self._client = redis.Redis.from_url(self._tq.redis_url)
+            # No read timeout: redis-py's default (5 s) would end a gated tool's
+            # 30 s BLPOP as an unexpected failure.
+            self._client = redis.Redis.from_url(self._tq.redis_url, socket_timeout=None)
             self._pid = os.getpid()
         return self._client

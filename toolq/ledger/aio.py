@@ -1,0 +1,113 @@
+"""The ledger on ``redis.asyncio``: what ``tq.aio`` reads and writes.
+
+The same scripts, KEYS and ARGV as the sync :class:`~toolq.ledger.store.Ledger`
+(built by the one :class:`~toolq.ledger.store.Calls`), and the same reading
+of their replies; only the sending awaits. Clients write (submit, operator
+actions) and read: claiming, renewing and the scheduler's calls stay with the
+sync ledger that workers and the scheduler use.
+
+A redis.asyncio client belongs to the event loop it connects on, so one
+AsyncLedger serves one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from toolq.ledger import scripts
+from toolq.ledger.durability import AsyncDurability
+from toolq.ledger.store import (
+    Calls,
+    SubmitResult,
+    fields_of,
+    history_of,
+    history_start,
+    record_of,
+    strs,
+    submit_result,
+)
+from toolq.record import HistoryEntry, OperationRecord
+from toolq.recovery.transition import Transition
+
+
+class AsyncLedger:
+    def __init__(
+        self, client: aioredis.Redis, prefix: str = "toolq", durability: str = "none"
+    ) -> None:
+        self.redis = client
+        #: A submit is on disk before it is acknowledged, as the sync ledger's is
+        #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
+        self.durable = AsyncDurability(client, durability)
+        self.calls = Calls(prefix)
+        self.keys = self.calls.keys
+        self._submit = client.register_script(scripts.SUBMIT)
+        self._apply = client.register_script(scripts.APPLY)
+
+    @contextlib.asynccontextmanager
+    async def _command(self) -> AsyncIterator[None]:
+        """Around every command: its caller's cancellation is never lost in it."""
+        yield
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Python 3.11's asyncio.wait_for, which redis-py sends every command
+            # through, returns the inner result when its caller is cancelled just
+            # as the send completes: the cancellation is swallowed (fixed in 3.12),
+            # and a cancelled wait would go on waiting. Raise it again.
+            raise asyncio.CancelledError
+
+    async def submit(self, **operation: Any) -> SubmitResult:
+        """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
+        keys, args = self.calls.submit(**operation)
+        async with self._command():
+            return submit_result(await self.durable.call(self._submit, keys, args))
+
+    async def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
+        """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
+        if not transitions:
+            return []
+        keys, args = self.calls.apply(transitions, now_ms)
+        async with self._command():
+            return strs(await self._apply(keys=keys, args=args))
+
+    async def apply_one(self, transition: Transition, now_ms: int) -> str:
+        return (await self.apply([transition], now_ms))[0]
+
+    async def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
+        async with self._command(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.op(ref))
+            if with_history:
+                pipe.lrange(self.keys.history(ref), 0, -1)
+            res = await pipe.execute()
+        return record_of(res[0], res[1] if with_history else None)
+
+    async def fields(self, ref: str, *names: str) -> dict[str, str]:
+        async with self._command():
+            values = await self.redis.hmget(self.keys.op(ref), list(names))
+        return fields_of(names, values)
+
+    async def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
+        """The history entries after the first ``after``; OperationNotFound for no operation."""
+        start = history_start(after)
+        async with self._command(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.lrange(self.keys.history(ref), start, -1)
+            pipe.exists(self.keys.op(ref))
+            entries, exists = await pipe.execute()
+        return history_of(ref, entries, exists)
+
+    async def state_of(self, ref: str) -> tuple[dict[str, str], int]:
+        """The record's state, rev and envelope, and how many history entries it has."""
+        names = ("state", "rev", "envelope")
+        async with self._command(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.keys.op(ref), list(names))
+            pipe.llen(self.keys.history(ref))
+            values, length = await pipe.execute()
+        return fields_of(names, values), int(length)
+
+    async def ping(self) -> None:
+        async with self._command():
+            await self.redis.ping()
