@@ -219,6 +219,11 @@ def run(url: str, calls: int, worker_threads: int, repeats: int) -> dict[str, An
             for _ in range(3):
                 tq.call(TOOL, {}, timeout=60)
             loop.run_until_complete(_aio_wave(min(calls, 50)))
+            if os.environ.get("BENCH_AIO_GC_FREEZE"):
+                # What a latency-minded asyncio app does once it has started: the
+                # long-lived heap (Celery, kombu, pydantic) leaves the collector's walks.
+                gc.freeze()
+            out["gc_freeze"] = bool(os.environ.get("BENCH_AIO_GC_FREEZE"))
             calls_before = stats.info("commandstats")
             total_calls = 0
             for r in range(repeats):
