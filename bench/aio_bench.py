@@ -10,7 +10,8 @@ One ``toolq worker`` (threads pool) serves ``bench.apps``' ``sleep100`` (a
   long the loop was blocked. The client's threads are sampled by the ticker;
   gen-2 garbage collections are timed (``gc.callbacks``), since a collection
   of the client's whole heap (Celery, kombu, pydantic: ~75k objects) is a pause
-  of its own that no async code can avoid (``gc.freeze()`` after start-up does).
+  of its own that no async code can avoid: ``tq.aio`` freezes that heap on its
+  first use (``toolq.heap``); ``TOOLQ_CLIENT__FREEZE_HEAP=false`` runs without.
 * **sync**: the same number of ``tq.call``s, one per thread (the sync client
   "with as many threads").
 
@@ -38,6 +39,7 @@ from bench import apps, procs
 from bench.common import commandstats, diff_stats, fmt, median, percentile
 from bench.load import closed_loop
 from bench.report import table
+from toolq import heap
 
 APP = "bench.apps:tq"
 TOOL = "sleep100"
@@ -219,11 +221,9 @@ def run(url: str, calls: int, worker_threads: int, repeats: int) -> dict[str, An
             for _ in range(3):
                 tq.call(TOOL, {}, timeout=60)
             loop.run_until_complete(_aio_wave(min(calls, 50)))
-            if os.environ.get("BENCH_AIO_GC_FREEZE"):
-                # What a latency-minded asyncio app does once it has started: the
-                # long-lived heap (Celery, kombu, pydantic) leaves the collector's walks.
-                gc.freeze()
-            out["gc_freeze"] = bool(os.environ.get("BENCH_AIO_GC_FREEZE"))
+            # tq.aio froze the import-time heap on its first use (toolq.heap), unless
+            # TOOLQ_CLIENT__FREEZE_HEAP=false: the bench reports which it ran with.
+            out["gc_freeze"] = heap.frozen()
             calls_before = stats.info("commandstats")
             total_calls = 0
             for r in range(repeats):
@@ -312,6 +312,11 @@ def render(res: dict[str, Any]) -> str:
         "processes (worker, server, client) it includes time the OS gave to others; the "
         "loop's own share is its thread's CPU time over the same tick. Both include any "
         "gen-2 garbage collection of the client's heap (Celery, kombu and pydantic make "
-        "it ~75k objects, ~40 ms to walk on a 2-CPU VM): `gc.freeze()` once the client "
-        "has started takes them out of it."
+        "it ~75k objects, 26-63 ms to walk on a 2-CPU VM): `tq.aio` freezes them on its "
+        "first use (`toolq.heap`, setting `client.freeze_heap`); this run: "
+        + (
+            "frozen (the default)."
+            if res.get("gc_freeze")
+            else "not frozen (`TOOLQ_CLIENT__FREEZE_HEAP=false`)."
+        )
     )

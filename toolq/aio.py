@@ -24,7 +24,9 @@ The sync client's names and semantics (:class:`toolq.queue.ToolQueue`), on
 - Fair to the rest of the loop: at most :data:`CALLS_PER_PASS` calls begin in
   one pass of the loop, at most :data:`CONNECTIONS_PER_LOOP` connections carry
   the commands, and the subscription wakes waiters in batches, so 1,000 calls
-  started at once do not hold the loop (bench/aio_bench.py measures it).
+  started at once do not hold the loop (bench/aio_bench.py measures it). The
+  first use in a process freezes the import-time heap (:mod:`toolq.heap`), so a
+  full garbage collection does not walk Celery, kombu and pydantic on the loop.
 
 Runs on asyncio (and anyio's asyncio backend); redis.asyncio has no trio support.
 """
@@ -40,7 +42,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from toolq import calls, errors
+from toolq import calls, errors, heap
 from toolq.app import App
 from toolq.calls import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.envelope import ToolError, ToolSuccess
@@ -68,8 +70,10 @@ CONNECTIONS_PER_LOOP = 32
 #: Calls that begin in one pass of the event loop (the rest: the next passes).
 #: 1,000 calls started by one gather spent 89 ms of CPU in the loop's first pass,
 #: 220 ms of wall time on 2 busy CPUs, with nothing else on the loop running
-#: (each validates, builds its message and sends; bench/aio_bench.py).
-CALLS_PER_PASS = 32
+#: (each validates, builds its message and sends; bench/aio_bench.py). With 32 per
+#: pass (and 32 notices dispatched per pass) the loop's thread still ran 26-27 ms
+#: between two ticks of a 5 ms ticker; with 16, 12-17 ms at the same throughput.
+CALLS_PER_PASS = 16
 
 
 class Turns:
@@ -164,6 +168,8 @@ class AsyncToolQueue:
                 b = self._bound_to.get(loop)
                 if b is None:
                     self._drop_closed_loops()
+                    if self.app.settings.client.freeze_heap:
+                        heap.freeze_once()  # once per process: see toolq.heap
                     b = self._bound_to[loop] = _Bound(self.app, url, self._forget)
             if b.url == url:
                 await b.turns.take()

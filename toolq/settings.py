@@ -67,6 +67,15 @@ class WorkerSettings(BaseModel):
     task_events: bool = False
 
 
+class ClientSettings(BaseModel):
+    #: On its first use in a process, ``tq.aio`` takes the objects alive then (the
+    #: imported Celery, kombu, pydantic and the app: ~75k objects that live as long as
+    #: the process) out of the garbage collector's full walks (``gc.freeze``). Such a
+    #: walk held a 1,000-call event loop 26-63 ms; after the freeze the longest was
+    #: 12 ms (bench/RESULTS.md, "Async client"). Off: the collector is left alone.
+    freeze_heap: bool = True
+
+
 class LimitSettings(BaseModel):
     max_args_bytes: int = Field(default=256 * 1024, ge=64)
     #: Redis connections one process opens at most; more callers wait for one.
@@ -111,6 +120,7 @@ class ToolqSettings(BaseSettings):
     scheduler: SchedulerSettings = SchedulerSettings()
     limits: LimitSettings = LimitSettings()
     worker: WorkerSettings = WorkerSettings()
+    client: ClientSettings = ClientSettings()
 
     @field_validator("redis_url")
     @classmethod

@@ -12,6 +12,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -325,3 +328,42 @@ def test_an_unreachable_server_is_server_unavailable_not_a_hang() -> None:
 
     run_aio(q, body)  # returns: pytest's timeout would fail a hang
     q.close()
+
+
+_FREEZE_PROBE = """
+import asyncio, gc, sys
+from toolq import ToolQueue
+q = ToolQueue()
+q.configure(redis_url=sys.argv[1])
+before = gc.get_freeze_count()
+async def main():
+    await q.aio.ping()
+    await q.aio.aclose()
+asyncio.run(main())
+print(before, gc.get_freeze_count())
+"""
+
+
+@pytest.mark.parametrize("setting", ["", "false"])
+def test_the_first_use_of_aio_freezes_the_heap_unless_told_not_to(
+    redis_url: str, setting: str
+) -> None:
+    # Given a fresh process (the freeze is once per process, for the whole heap)
+    env = {k: v for k, v in os.environ.items() if k != "TOOLQ_CLIENT__FREEZE_HEAP"}
+    if setting:
+        env["TOOLQ_CLIENT__FREEZE_HEAP"] = setting
+    out = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE, redis_url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    before, after = int(out[0]), int(out[1])
+    # Then the import-time heap is frozen by default: a full collection no longer walks it
+    assert before == 0
+    if setting:
+        assert after == 0
+    else:
+        assert after > 10_000
