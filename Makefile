@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/toolq demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check toolq tests bench
-	$(BIN)/ruff format --check toolq tests bench
+	$(BIN)/ruff check toolq tests bench examples
+	$(BIN)/ruff format --check toolq tests bench examples
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)

@@ -7,6 +7,8 @@
   it has no error flag, the envelope's ``ok`` says it.
 - :func:`to_anthropic_tool_result`: an Anthropic ``tool_result`` block with
   ``is_error``.
+- :func:`to_text`: the text the MCP and Anthropic results carry (the
+  one-line message, then the compact JSON), for any edge that shows text.
 - :func:`to_receipt`: the "failure receipt" of the seed article, derived from
   the envelope by :data:`RECEIPT_TABLE`.
 
@@ -57,8 +59,11 @@ SafeAction = Literal[
 ]
 
 
-def _text(envelope: AnyEnvelope) -> str:
-    line = envelope.agent_message if isinstance(envelope, ToolError) else SUCCESS_LINE
+def to_text(envelope: AnyEnvelope, line: str | None = None) -> str:
+    """The text an agent reads: one line (``agent_message``, or :data:`SUCCESS_LINE`;
+    ``line`` instead when given), then the envelope's compact JSON."""
+    if line is None:
+        line = envelope.agent_message if isinstance(envelope, ToolError) else SUCCESS_LINE
     return f"{line}\n{to_json(envelope)}"
 
 
@@ -67,7 +72,7 @@ def to_mcp_result(envelope: AnyEnvelope) -> dict[str, Any]:
     return {
         "isError": not envelope.ok,
         "structuredContent": to_dict(envelope),
-        "content": [{"type": "text", "text": _text(envelope)}],
+        "content": [{"type": "text", "text": to_text(envelope)}],
     }
 
 
@@ -89,7 +94,7 @@ def to_anthropic_tool_result(
     return {
         "type": "tool_result",
         "tool_use_id": tool_use_id,
-        "content": _text(envelope),
+        "content": to_text(envelope),
         "is_error": not envelope.ok,
     }
 

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.integration.apps import runtime_app
+from tests.helpers import serving
+from tests.integration.apps import agents_app, runtime_app
 from toolq import ToolQueue
 
 APP = "tests.integration.apps.runtime_app:tq"
@@ -20,6 +21,14 @@ def rt(module_redis_url: str) -> Iterator[ToolQueue]:
     tq.configure(redis_url=module_redis_url)
     yield tq
     tq.close()
+
+
+@pytest.fixture(scope="module")
+def agents_tq(module_redis_url: str) -> Iterator[ToolQueue]:
+    """The agent-framework adapters' app (:mod:`tests.integration.apps.agents_app`) on
+    this module's database, a worker and a scheduler running for the whole module."""
+    with serving(agents_app.tq, agents_app.APP, module_redis_url) as tq:
+        yield tq
 
 
 @pytest.fixture

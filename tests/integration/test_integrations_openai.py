@@ -1,0 +1,245 @@
+"""toolq tools in a real OpenAI Agents SDK run (``toolq.integrations.openai_agents``).
+
+The model is the SDK's own ``agents.testing.ScriptedModel``: canned tool calls,
+and a record of every input it was given, which is what a real model would
+read. The tools run on a real worker and scheduler over Valkey
+(the ``agents_tq`` fixture); the provider counts side effects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner, RunResult
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+from tests.integration.agents_fixtures import (
+    SECRET,
+    assert_retried_after_not_before,
+    attempts,
+    effects,
+    run_async,
+    run_example,
+)
+from toolq import State, ToolQueue
+from toolq.integrations import openai_agents
+from toolq.integrations.common import FOLLOW_TOOL
+
+CONFIG = RunConfig(tracing_disabled=True)
+
+
+def run(tq: ToolQueue, steps: list[Any], **options: Any) -> tuple[RunResult, ScriptedModel]:
+    """One agent run over ``steps`` (each a model turn); the result and the model."""
+    model = ScriptedModel(steps)
+    agent = Agent(name="agent", model=model, tools=openai_agents.tools(tq, **options))
+    result = run_async(tq, lambda: Runner.run(agent, "go", run_config=CONFIG))
+    return result, model
+
+
+def outputs(model: ScriptedModel) -> dict[str, str]:
+    """Every tool output the model was given, by call id (the last input holds them all)."""
+    last = model.calls[-1].input
+    return {i["call_id"]: i["output"] for i in last if i.get("type") == "function_call_output"}
+
+
+def test_a_lost_reply_is_one_side_effect_even_when_the_call_is_replayed(
+    agents_tq: ToolQueue,
+) -> None:
+    # Given a write whose reply is lost after it committed
+    args = {"item": "room-12", "lose_reply": True, "sleep": 0}
+    _, first = run(
+        agents_tq,
+        [[function_call("book", args, call_id="call_lost_1")], [assistant_message("booked")]],
+    )
+    # When the same step is replayed: a new run in which the model sends the same call id
+    # (inside one run the SDK itself never invokes a call id twice), so the tool runs again
+    _, replay = run(
+        agents_tq,
+        [[function_call("book", args, call_id="call_lost_1")], [assistant_message("booked")]],
+    )
+    # Then verification settled the unknown outcome as committed, once
+    seen = json.loads(outputs(first)["call_lost_1"])
+    assert seen == {"booked": True, "ref": "call_lost_1"}
+    assert json.loads(outputs(replay)["call_lost_1"]) == seen
+    assert effects(agents_tq, "call_lost_1") == 1
+    assert attempts(agents_tq, "call_lost_1") == [1]
+    rec = agents_tq.get("call_lost_1")
+    assert rec is not None and State.VERIFYING in [h.to for h in rec.history]
+
+
+def test_a_rate_limited_call_comes_back_after_not_before_with_one_model_call(
+    agents_tq: ToolQueue,
+) -> None:
+    _, model = run(
+        agents_tq,
+        [
+            [function_call("notify", {"to": "ops", "text": "hi"}, call_id="call_rate_1")],
+            [assistant_message("sent")],
+        ],
+    )
+    assert json.loads(outputs(model)["call_rate_1"]) == {"sent_to": "ops", "attempt": 2}
+    assert attempts(agents_tq, "call_rate_1") == [1, 2]
+    assert effects(agents_tq, "call_rate_1") == 1
+    assert len(model.calls) == 2  # the model was asked once about the tool's answer
+    assert_retried_after_not_before(agents_tq, "call_rate_1")
+
+
+def test_invalid_arguments_come_back_as_the_tool_output_naming_the_fields(
+    agents_tq: ToolQueue,
+) -> None:
+    bad = {"customer_id": "bob", "amount_cents": 0, "currency": "GBP"}
+    too_big = {"customer_id": "cus_abcd", "amount_cents": 5_000_000, "currency": "EUR"}
+    good = {"customer_id": "cus_abcd", "amount_cents": 1200, "currency": "EUR"}
+    _, model = run(
+        agents_tq,
+        [
+            [function_call("create_invoice", bad, call_id="call_inv_1")],
+            [function_call("create_invoice", "{not json", call_id="call_inv_2")],
+            [function_call("create_invoice", too_big, call_id="call_inv_3")],
+            [function_call("create_invoice", good, call_id="call_inv_4")],
+            [assistant_message("invoiced")],
+        ],
+    )
+    out = outputs(model)
+    first = out["call_inv_1"]
+    assert first.startswith("The arguments do not validate")
+    for field in ("customer_id", "amount_cents", "currency"):
+        assert f"{field} (" in first.splitlines()[0]
+    env = json.loads(first.splitlines()[1])
+    assert env["next_action"] == "correct_input" and env["operation_ref"] == "call_inv_1"
+    assert "args (object)" in out["call_inv_2"]
+    # A rule the tool checks itself: the same signal; the operation is cancelled, since
+    # the corrected call is a new one
+    assert "amount_cents (at_most_1000000)" in out["call_inv_3"]
+    assert agents_tq.get("call_inv_3").state is State.CANCELLED  # type: ignore[union-attr]
+    assert json.loads(out["call_inv_4"])["amount_cents"] == 1200
+    assert agents_tq.get("call_inv_1") is None  # refused: nothing was submitted
+    assert [effects(agents_tq, f"call_inv_{i}") for i in (1, 2, 3, 4)] == [0, 0, 0, 1]
+
+
+def test_an_approval_pauses_the_run_and_the_approved_write_runs_once(
+    agents_tq: ToolQueue,
+) -> None:
+    args = {"to_account": "acc-9", "amount_cents": 500}
+    model = ScriptedModel(
+        [[function_call("transfer", args, call_id="call_appr_1")], [assistant_message("done")]]
+    )
+    agent = Agent(name="agent", model=model, tools=openai_agents.tools(agents_tq))
+
+    async def body() -> tuple[RunResult, Any, RunResult]:
+        paused = await Runner.run(agent, "go", run_config=CONFIG)
+        before = await agents_tq.aio.get("call_appr_1")
+        state = paused.to_state()
+        for item in paused.interruptions:
+            state.approve(item)
+        return paused, before, await Runner.run(agent, state, run_config=CONFIG)
+
+    paused, before, resumed = run_async(agents_tq, body)
+
+    # The run stopped before anything reached toolq or the provider
+    assert [i.tool_name for i in paused.interruptions] == ["transfer"]
+    assert before is None
+    # Approved and resumed: the write ran once, approved, and toolq recorded who approved
+    assert resumed.final_output == "done"
+    assert json.loads(outputs(model)["call_appr_1"]) == {
+        "transferred": 500,
+        "to": "acc-9",
+        "approved": True,
+    }
+    assert effects(agents_tq, "call_appr_1") == 1
+    rec = agents_tq.get("call_appr_1")
+    assert rec is not None and "openai-agents:approve" in [h.by for h in rec.history]
+
+    # A replay of the approved step is not asked again and writes nothing new
+    again, _ = run(
+        agents_tq,
+        [[function_call("transfer", args, call_id="call_appr_1")], [assistant_message("done")]],
+    )
+    assert again.interruptions == [] and effects(agents_tq, "call_appr_1") == 1
+
+
+def test_a_rejected_approval_sends_nothing(agents_tq: ToolQueue) -> None:
+    args = {"to_account": "acc-9", "amount_cents": 700}
+    model = ScriptedModel(
+        [[function_call("transfer", args, call_id="call_rej_1")], [assistant_message("ok")]]
+    )
+    agent = Agent(name="agent", model=model, tools=openai_agents.tools(agents_tq))
+
+    async def body() -> RunResult:
+        paused = await Runner.run(agent, "go", run_config=CONFIG)
+        state = paused.to_state()
+        for item in paused.interruptions:
+            state.reject(item)
+        return await Runner.run(agent, state, run_config=CONFIG)
+
+    run_async(agents_tq, body)
+    assert "not approved" in outputs(model)["call_rej_1"]
+    assert agents_tq.get("call_rej_1") is None and effects(agents_tq, "call_rej_1") == 0
+
+
+def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQueue) -> None:
+    _, model = run(
+        agents_tq,
+        [
+            [function_call("lookup_customer", {"customer_id": "c-1"}, call_id="call_leak_1")],
+            [assistant_message("sorry")],
+        ],
+    )
+    out = outputs(model)["call_leak_1"]
+    env = json.loads(out.splitlines()[1])
+    assert env["next_action"] == "escalate" and env["operation_ref"] == "call_leak_1"
+    assert attempts(agents_tq, "call_leak_1") == [1]  # the upstream really failed
+    for call in model.calls:
+        text = json.dumps(call.input)
+        assert SECRET not in text and "sk-live" not in text
+        assert "ignore previous instructions" not in text and "CRM said" not in text
+
+
+def test_a_call_past_its_wait_is_pending_and_followed_by_ref(agents_tq: ToolQueue) -> None:
+    _, model = run(
+        agents_tq,
+        [
+            [function_call("book", {"item": "slow", "sleep": 1.5}, call_id="call_slow_1")],
+            [function_call(FOLLOW_TOOL, {"operation_ref": "call_slow_1"}, call_id="call_f_1")],
+            [function_call(FOLLOW_TOOL, {"operation_ref": "made-up"}, call_id="call_f_2")],
+            [assistant_message("booked")],
+        ],
+        wait=0.3,
+    )
+    out = outputs(model)
+    pending = json.loads(out["call_slow_1"].splitlines()[1])
+    assert pending["code"] == "OPERATION_PENDING" and pending["operation_ref"] == "call_slow_1"
+    assert FOLLOW_TOOL in out["call_slow_1"] and "do not call the tool again" in out["call_slow_1"]
+    # toolq_get_operation waits 0.3 s too: it may still be pending, never a second write
+    followed = out["call_f_1"]
+    assert followed.startswith("{") or "OPERATION_PENDING" in followed
+    assert "OPERATION_NOT_FOUND" in out["call_f_2"]
+    assert agents_tq.wait("call_slow_1", timeout=15).ok
+    assert effects(agents_tq, "call_slow_1") == 1
+
+
+@pytest.mark.parametrize(
+    ("scope", "call_id"),
+    [("conv-7", "call_scoped_1"), (lambda ctx: ctx.context["conversation"], "call_scoped_2")],
+)
+def test_a_scope_prefixes_the_ref(agents_tq: ToolQueue, scope: Any, call_id: str) -> None:
+    model = ScriptedModel(
+        [
+            [function_call("notify", {"to": "a", "text": "b"}, call_id=call_id)],
+            [assistant_message("ok")],
+        ]
+    )
+    agent = Agent(name="agent", model=model, tools=openai_agents.tools(agents_tq, scope=scope))
+    ctx = {"conversation": "conv-7"}
+    run_async(agents_tq, lambda: Runner.run(agent, "go", context=ctx, run_config=CONFIG))
+    rec = agents_tq.get(f"conv-7/{call_id}")
+    assert rec is not None and rec.state is State.SUCCEEDED and rec.call_id == call_id
+    assert agents_tq.get(call_id) is None
+
+
+def test_the_example_runs_offline(redis_url: str) -> None:
+    # On the suite's server (a database of its own), with its own worker and scheduler
+    out = run_example("openai_agents_example.py", redis_url)
+    assert "side effects: 1" in out
