@@ -42,14 +42,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from toolq import calls, errors, heap
 from toolq.app import App
 from toolq.calls import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.envelope import ToolError, ToolSuccess
+from toolq.ledger import lists
 from toolq.ledger.aio import AsyncLedger
 from toolq.notify import AsyncNotifier, Event, Progress, Waiter
 from toolq.outage import UNREACHABLE, message, server_errors, translated
-from toolq.record import HistoryEntry, OperationRecord
+from toolq.record import HistoryEntry, OperationPage, OperationRecord
 from toolq.recovery import operator
 from toolq.recovery.transition import Transition
 from toolq.states import SETTLED, State
@@ -198,6 +201,10 @@ class AsyncToolQueue:
     async def ping(self) -> None:
         """Returns if this loop reaches Redis; :class:`errors.ServerUnavailable` if not."""
         await (await self._bound()).ledger.ping()
+
+    async def client(self) -> aioredis.Redis:
+        """This loop's Redis client, for read-only views (:mod:`toolq.monitor`, the console)."""
+        return (await self._bound()).redis
 
     def watching(self) -> int:
         """Waits and watches registered on this loop (0 once they all ended)."""
@@ -402,6 +409,52 @@ class AsyncToolQueue:
         b, v = await self._view(ref)
         t = operator.cancel(v, self.app.policy, by)
         return State.CANCELLED if t is None else await self._apply(b, t)
+
+    @server_errors
+    async def retry_now(self, ref: str, *, by: str = "operator:retry") -> State:
+        """Dispatch an operation waiting to retry now: the same operation_ref, one more
+        attempt counted (escalated instead if its budget is spent). Only from waiting_retry."""
+        b, v = await self._view(ref)
+        return await self._apply(b, self.app.retry_now(v, by))
+
+    @server_errors
+    async def verify_now(self, ref: str, *, by: str = "operator:verify") -> State:
+        """Check an operation in verifying now rather than at its next check."""
+        b, v = await self._view(ref)
+        return await self._apply(b, self.app.verify_now(v, by))
+
+    # ------------------------------------------------------------------ lists
+
+    @server_errors
+    async def list_operations(
+        self,
+        state: str,
+        *,
+        tool: str | None = None,
+        code: str | None = None,
+        ref_contains: str | None = None,
+        older_than_s: float | None = None,
+        cursor: str | None = None,
+        limit: int = lists.DEFAULT_LIMIT,
+        newest_first: bool = False,
+    ) -> OperationPage:
+        """One page of the operations in ``state``, oldest first (see :mod:`toolq.ledger.lists`).
+
+        Pass the page's ``next_cursor`` back for the next one. A bad filter is
+        :class:`errors.InvalidArguments` naming the fields.
+        """
+        q = self.app.list_query(
+            state,
+            tool=tool,
+            code=code,
+            ref_contains=ref_contains,
+            older_than_s=older_than_s,
+            cursor=cursor,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        b = await self._bound()
+        return await lists.aread_page(b.redis, q, b.ledger.keys)
 
     async def _view(self, ref: str) -> tuple[_Bound, operator.View]:
         self._require(ref)

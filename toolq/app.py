@@ -9,6 +9,7 @@ App; processes (``toolq worker``, ``toolq scheduler``) run on it.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -21,8 +22,14 @@ from pydantic import SecretStr
 
 from toolq import calls, errors, liveness
 from toolq.broker.app import make_celery
-from toolq.broker.messages import RUN_TASK, VERIFY_TASK, MessageFactory
-from toolq.ledger import Ledger
+from toolq.broker.messages import (
+    RUN_TASK,
+    VERIFY_TASK,
+    MessageFactory,
+    OperationNotSucceeded,
+    task_result,
+)
+from toolq.ledger import Ledger, lists
 from toolq.notify import Notifier
 from toolq.recovery import operator, outcome
 from toolq.recovery.transition import Transition
@@ -32,6 +39,9 @@ from toolq.state import discover_redis_url
 from toolq.states import State
 from toolq.tasks.run import Runtime
 from toolq.tools import Registry, fingerprint
+
+#: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
+MAX_BOUND_TOOLS = 1024
 
 
 class App:
@@ -63,6 +73,7 @@ class App:
         self._runtime: Runtime | None = None
         self._notifier: Notifier | None = None
         self._liveness: liveness.Liveness | None = None
+        self._outbound_for: dict[str, outcome.Messages] = {}
 
     def __repr__(self) -> str:
         url = self.settings.safe_url if self.settings.redis_url else "(no url yet)"
@@ -146,6 +157,20 @@ class App:
         m = self.messages
         return outcome.Messages(run=m.run, verify=m.verify)
 
+    def outbound_for(self, tool: str) -> outcome.Messages:
+        """:attr:`outbound` for one tool's operations: their messages name the tool
+        where Flower shows a task's arguments (:class:`toolq.broker.messages.MessageFactory`)."""
+        found = self._outbound_for.get(tool)
+        if found is None:
+            m = self.messages
+            found = outcome.Messages(
+                run=functools.partial(m.run, tool=tool),
+                verify=functools.partial(m.verify, tool=tool),
+            )
+            if len(self._outbound_for) < MAX_BOUND_TOOLS:  # tool names read from the ledger
+                self._outbound_for[tool] = found
+        return found
+
     @property
     def runtime(self) -> Runtime:
         with self._lock:
@@ -158,6 +183,7 @@ class App:
                     int(self.settings.lease.seconds * 1000),
                     self.clock,
                     renew_every=self.settings.lease.renew_every,
+                    messages_for=self.outbound_for,
                 )
             return self._runtime
 
@@ -197,19 +223,30 @@ class App:
         canonical = calls.canonical_args(t, args, limits)
         ref = calls.operation_ref(operation_ref, run_id, step, limits)
         cid = calls.check_call_id(call_id, limits)
-        run = self.messages.run
+        run = functools.partial(self.messages.run, tool=t.name)
         return calls.new_operation(t, canonical, ref, cid, self.now_ms(), self.policy, run)
 
     def approval(self, v: operator.View, by: str) -> Transition:
-        return operator.approve(v, self.now_ms(), self.policy, self.outbound, by)
+        return operator.approve(v, self.now_ms(), self.policy, self.outbound_for(v.tool), by)
+
+    def retry_now(self, v: operator.View, by: str) -> Transition:
+        return operator.retry_now(v, self.now_ms(), self.policy, self.outbound_for(v.tool), by)
+
+    def verify_now(self, v: operator.View, by: str) -> Transition:
+        return operator.verify_now(v, self.now_ms(), self.policy, self.outbound_for(v.tool), by)
 
     def new_input(self, v: operator.View, args: Any, by: str) -> Transition:
         v.require(State.NEEDS_INPUT)
         canonical = calls.canonical_args(self.registry.get(v.tool), args, self.settings.limits)
         fp = fingerprint(canonical)
         return operator.provide_input(
-            v, canonical, fp, self.now_ms(), self.policy, self.outbound, by
+            v, canonical, fp, self.now_ms(), self.policy, self.outbound_for(v.tool), by
         )
+
+    def list_query(self, state: object, **filters: Any) -> lists.ListQuery:
+        """A checked list request (:func:`toolq.ledger.lists.parse_query`), at this app's time."""
+        limit = self.settings.limits.max_ref_length
+        return lists.parse_query(state, now_ms=self.now_ms(), max_ref_length=limit, **filters)
 
     def configure(self, *, redis_url: str) -> None:
         """Point this app (and its Celery app) at another server, before use."""
@@ -249,13 +286,17 @@ class App:
         liveness.install()  # its workers beat per queue (what a submit's warnings read)
         app = self
 
-        @celery.task(name=RUN_TASK, ignore_result=True)
-        def run(ref: str, attempt: int) -> str:
-            return app.runtime.run_attempt(ref, int(attempt))
+        # A task whose operation did not succeed raises (after the ledger recorded it)
+        # so that Flower shows a failure; declared in `throws`: one log line, acked.
+        throws = (OperationNotSucceeded,)
 
-        @celery.task(name=VERIFY_TASK, ignore_result=True)
+        @celery.task(name=RUN_TASK, ignore_result=True, throws=throws)
+        def run(ref: str, attempt: int) -> str:
+            return task_result(app.runtime.run_attempt(ref, int(attempt)))
+
+        @celery.task(name=VERIFY_TASK, ignore_result=True, throws=throws)
         def verify(ref: str, attempt: int, vcheck: int) -> str:
-            return app.runtime.run_check(ref, int(attempt), int(vcheck))
+            return task_result(app.runtime.run_check(ref, int(attempt), int(vcheck)))
 
         return celery
 

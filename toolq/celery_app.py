@@ -1,7 +1,13 @@
 """``toolq.celery_app:celery_app`` for Flower and ``celery inspect``.
 
 The app named by ``TOOLQ_APP`` when set (its tools registered), else a bare
-app on ``TOOLQ_REDIS_URL``: enough for Flower, which only reads events.
+app on ``TOOLQ_REDIS_URL``: enough for Flower, which only reads events::
+
+    TOOLQ_APP=myapp:tq TOOLQ_REDIS_URL=redis://127.0.0.1:6379/0 \
+        celery -A toolq.celery_app:celery_app flower --address=127.0.0.1
+
+(what ``toolq flower`` runs). Celery's ``-A`` takes ``module:attribute``, one
+name: ``-A myapp:tq.celery`` cannot work, hence this module.
 """
 
 from __future__ import annotations

@@ -45,12 +45,8 @@ class Keys:
         return f"{self.tag}:op:"
 
     def op(self, ref: str) -> str:
-        """Hash: the operation's record."""
+        """Hash: the operation's record, its history entries included (``h1``..``h<hn>``)."""
         return self.op_prefix + ref
-
-    def history(self, ref: str) -> str:
-        """List: the operation's transitions, oldest first (JSON entries)."""
-        return f"{self.tag}:hist:{ref}"
 
     @property
     def due(self) -> str:
@@ -118,3 +114,13 @@ class Keys:
     def workers(self) -> str:
         """Hash: queue -> last heartbeat (ms) of any worker consuming it (toolq.liveness)."""
         return f"{self.tag}:workers"
+
+    @property
+    def worker_nodes(self) -> str:
+        """Hash: worker node name -> its last beat, pid, pool and queues (JSON, toolq.liveness)."""
+        return f"{self.tag}:worker_nodes"
+
+    @property
+    def series(self) -> str:
+        """Hash: sample time (ms) -> the counts then (JSON; toolq.scheduler.series)."""
+        return f"{self.tag}:series"

@@ -7,10 +7,16 @@ usual cause). Now:
 - **Workers beat.** The main process of every Celery worker on a toolq app
   writes, every :data:`BEAT_S`, the time into one ledger hash
   (:attr:`toolq.keys.Keys.workers`): one field per queue it consumes, so the
-  field holds the latest beat of any worker on that queue. It starts on
-  Celery's ``worker_ready`` signal, so ``toolq worker`` and a plain
-  ``celery -A module:celery_app worker`` both beat; it stops with the worker
-  (a killed one just stops beating). Schedulers already beat into
+  field holds the latest beat of any worker on that queue. In the same round
+  trip it writes its own entry (:class:`WorkerNode`: node name, pid, pool,
+  concurrency, queues, last beat) into :attr:`toolq.keys.Keys.worker_nodes`,
+  which ``toolq status`` and the console read to count live workers without
+  a Celery control broadcast (a ping waits out its whole timeout, 0.5-1 s, for
+  answers that may never come). It starts on Celery's ``worker_ready``
+  signal, so ``toolq worker`` and a plain ``celery -A module:celery_app
+  worker`` both beat; a worker that stops removes its entry, a killed one
+  just stops beating (entries silent for :data:`FORGET_NODE_MS` are removed by
+  the next worker that starts, and shown as not live until then). Schedulers already beat into
   :attr:`~toolq.keys.Keys.schedulers`.
 - **Submits read it, rarely.** :class:`Liveness` keeps what it last read and
   reads again (one pipeline: the two hashes) at most every
@@ -25,15 +31,17 @@ A beat older than :data:`ALIVE_MS` counts as no beat, as for schedulers
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from celery import signals
 
 log = logging.getLogger("toolq.liveness")
 
@@ -43,6 +51,54 @@ BEAT_S = 5.0
 ALIVE_MS = 15_000
 #: A process reads the beats again at most this often (seconds) for its submits.
 CHECK_EVERY_S = 5.0
+#: A worker entry silent this long (ms) is forgotten: an hour of a killed worker's
+#: last word is enough to tell what happened to it.
+FORGET_NODE_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class WorkerNode:
+    """One worker main process, as its beat describes it (JSON in the nodes hash)."""
+
+    node: str
+    pid: int
+    pool: str
+    concurrency: int
+    queues: tuple[str, ...]
+    started_ms: int
+    beat_ms: int = 0
+
+    @property
+    def field(self) -> str:
+        """Its field in the nodes hash: the node name and pid (two workers started
+        without ``-n`` on one host share Celery's default name, ``celery@host``)."""
+        return f"{self.node}#{self.pid}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> WorkerNode | None:
+        """The entry as written; None for one this version cannot read."""
+        try:
+            d = json.loads(raw)
+            return cls(
+                node=str(d["node"]),
+                pid=int(d["pid"]),
+                pool=str(d["pool"]),
+                concurrency=int(d["concurrency"]),
+                queues=tuple(str(q) for q in d["queues"]),
+                started_ms=int(d["started_ms"]),
+                beat_ms=int(d["beat_ms"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def worker_nodes(raw: Mapping[Any, Any]) -> list[WorkerNode]:
+    """The nodes hash as read, by node name and pid."""
+    found = (WorkerNode.from_json(v) for v in raw.values())
+    return sorted((n for n in found if n is not None), key=lambda n: (n.node, n.pid))
 
 
 def assess(
@@ -151,7 +207,10 @@ class Liveness:
 
 
 class Heartbeat:
-    """A worker main process's beat: one thread, one HSET every ``every`` seconds."""
+    """A worker main process's beat: one thread, one round trip every ``every`` seconds.
+
+    With ``node`` and ``nodes_key``, the beat also writes the worker's own entry.
+    """
 
     def __init__(
         self,
@@ -161,12 +220,16 @@ class Heartbeat:
         *,
         every: float = BEAT_S,
         clock: Callable[[], float] = time.time,
+        node: WorkerNode | None = None,
+        nodes_key: str | None = None,
     ) -> None:
         self.client = client
         self.key = key
         self.queues = tuple(queues)
         self.every = every
         self.clock = clock
+        self.node = node
+        self.nodes_key = nodes_key
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="toolq-heartbeat", daemon=True)
 
@@ -175,13 +238,42 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
+        """Stop beating; a worker that stops cleanly takes its entry out at once."""
         self._stop.set()
+        if self.node is not None and self.nodes_key is not None:
+            try:
+                self.client().hdel(self.nodes_key, self.node.field)
+            except redis.RedisError as exc:
+                log.debug("worker entry not removed: %s", type(exc).__name__)
 
     def beat(self) -> None:
         now = int(self.clock() * 1000)
-        self.client().hset(self.key, mapping=dict.fromkeys(self.queues, now))
+        if self.node is None or self.nodes_key is None:
+            self.client().hset(self.key, mapping=dict.fromkeys(self.queues, now))
+            return
+        entry = WorkerNode(**{**asdict(self.node), "beat_ms": now})
+        pipe = self.client().pipeline(transaction=False)
+        pipe.hset(self.key, mapping=dict.fromkeys(self.queues, now))
+        pipe.hset(self.nodes_key, self.node.field, entry.to_json())
+        pipe.execute()
+
+    def forget_silent(self) -> None:
+        """Remove the entries of workers silent for :data:`FORGET_NODE_MS` (killed ones)."""
+        if self.nodes_key is None:
+            return
+        client = self.client()
+        cutoff = int(self.clock() * 1000) - FORGET_NODE_MS
+        silent = [
+            n.node for n in worker_nodes(client.hgetall(self.nodes_key)) if n.beat_ms < cutoff
+        ]
+        if silent:
+            client.hdel(self.nodes_key, *silent)
 
     def _loop(self) -> None:
+        try:
+            self.forget_silent()
+        except redis.RedisError as exc:
+            log.debug("silent worker entries not read: %s", type(exc).__name__)
         while True:
             try:
                 self.beat()
@@ -196,6 +288,8 @@ _beats: dict[int, Heartbeat] = {}
 
 def install() -> None:
     """Beat from every worker on a toolq app (``celery.toolq_app``). Idempotent."""
+    from celery import signals  # here: ``toolq status`` reads the beats without Celery
+
     signals.worker_ready.connect(_on_ready, weak=False, dispatch_uid="toolq.liveness.ready")
     signals.worker_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="toolq.liveness.stop")
 
@@ -210,7 +304,32 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     if not queues:
         q = app.settings.queues
         queues = [q.calls, q.verify]
-    _beats[id(celery)] = Heartbeat(lambda: app.redis, app.ledger.keys.workers, queues).start()
+    pool = getattr(sender, "pool", None)
+    node = WorkerNode(
+        node=str(getattr(sender, "hostname", "") or f"pid-{os.getpid()}"),
+        pid=os.getpid(),
+        pool=_pool_name(pool),
+        concurrency=int(getattr(pool, "limit", 0) or 0),
+        queues=tuple(queues),
+        started_ms=int(time.time() * 1000),
+    )
+    keys = app.ledger.keys
+    beat = Heartbeat(
+        lambda: app.redis, keys.workers, queues, node=node, nodes_key=keys.worker_nodes
+    )
+    _beats[id(celery)] = beat.start()
+
+
+def _pool_name(pool: Any) -> str:
+    """``prefork``, ``threads``, ``solo``, ...: the name ``-P`` gives the pool's class."""
+    if pool is None:
+        return ""
+    from celery import concurrency
+
+    # alias -> "module:Class", as -P reads it (looked up by name: nothing is imported)
+    aliases: dict[str, Any] = getattr(concurrency, "ALIASES", {})
+    where = f"{type(pool).__module__}:{type(pool).__name__}"
+    return next((alias for alias, path in aliases.items() if path == where), where)
 
 
 def _on_shutdown(sender: Any = None, **_: Any) -> None:

@@ -2,23 +2,29 @@
 
 :func:`status_snapshot` answers with counts per tool and state, the age of the
 oldest operation in every non-terminal state, the broker's queue depths, the
-scheduler's backlog and heartbeats, each queue's last worker heartbeat
-(:mod:`toolq.liveness`), live workers, and the ledger's counters.
+scheduler's backlog and heartbeats, each queue's last worker heartbeat and
+every worker's own (:mod:`toolq.liveness`), and the ledger's counters.
 Every number comes from a key whose name is known in advance (``ZCARD`` and
 ``ZRANGE 0 0`` of the per-tool-per-state indexes, ``LLEN`` of the queue lists,
 ``HLEN`` of kombu's ``unacked`` hash, ...), all sent in one pipeline: the cost
 grows with the number of tools, not of operations, and the keyspace is never
 scanned. Counts of finished states cover the retention window (the scheduler
-trims older index entries). Worker discovery is a Celery broadcast ping that runs beside the
-pipeline, bounded by its timeout.
+trims older index entries). Live workers are the ones whose heartbeat is
+recent: no Celery broadcast, whose ping waits out its timeout (``toolq status
+--ping`` still asks for one).
 
 The snapshot is a plain JSON-able dict: ``toolq status --json`` prints it and
 the HTTP API's ``GET /v1/status`` returns it. :func:`toolq.cli.monitor.render_status`
 turns it into the table ``toolq status`` shows.
+
+:func:`overview` is the console's: the snapshot, read on ``tq.aio``, plus the
+pending-recovery summary, the scheduler's lag, each worker and the recent
+rates; :func:`series` is its chart (:mod:`toolq.scheduler.series`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,12 +32,17 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import redis
+import redis.asyncio as aioredis
 
 from toolq.keys import KOMBU_UNACKED, Keys
-from toolq.liveness import ALIVE_MS, worker_beats
+from toolq.liveness import ALIVE_MS, WorkerNode, worker_beats, worker_nodes
+from toolq.scheduler import series as samples
+from toolq.scheduler.series import Point
+from toolq.settings import ToolqSettings
 from toolq.states import PENDING_RECOVERY, TERMINAL, State
 
 if TYPE_CHECKING:
+    from toolq.aio import AsyncToolQueue
     from toolq.queue import ToolQueue
 
 STATES: tuple[str, ...] = tuple(str(s) for s in State)
@@ -46,8 +57,12 @@ COUNTERS: tuple[str, ...] = (
     "submitted", "attempts", "succeeded", "failed", "escalated", "cancelled", "unknown",
     "no_verifier", "verify_found", "verify_not_found", "verify_recheck", "verify_failed",
     "verify_escalated", "verify_published", "duplicates_prevented", "lease_lost",
-    "republished", "dispatched",
+    "republished", "dispatched", "retried_now", "verified_now",
 )  # fmt: skip
+#: What the console's overview lists as waiting on recovery, or on a person.
+RECOVERY: tuple[str, ...] = (*PENDING, State.ESCALATED.value)
+#: The chart shows at most this many hours (what the series keeps).
+MAX_SERIES_HOURS = samples.KEEP_S / 3600
 
 # kombu's Redis transport: a queue with priorities keeps one list per step
 # (``name``, ``name\x06\x163``, ...); its unacknowledged messages are in
@@ -67,24 +82,33 @@ class Sources:
     unacked_key: str = KOMBU_UNACKED
 
 
+def settings_sources(settings: ToolqSettings) -> Sources:
+    """Where a deployment with these settings keeps the numbers."""
+    q = settings.queues
+    return Sources(Keys(settings.prefix), (q.calls, q.verify))
+
+
 def status_snapshot(
     tq: ToolQueue,
     *,
     now_ms: int | None = None,
     workers: bool = True,
     worker_timeout: float = 0.5,
+    ping: bool = False,
 ) -> dict[str, Any]:
     """The deployment's status as a JSON-able dict (see the module docstring).
 
-    ``workers=False`` skips the Celery ping (and its timeout): the snapshot then
-    costs one Redis round trip.
+    Live workers come from their heartbeats (one Redis round trip in all);
+    ``ping=True`` asks Celery instead (a broadcast that waits ``worker_timeout``);
+    ``workers=False`` leaves them out.
     """
-    q = tq.settings.queues
-    sources = Sources(tq.ledger.keys, (q.calls, q.verify))
+    sources = settings_sources(tq.settings)
     hint = frozenset(t.name for t in tq.registry) | tq.app.seen_tools
-    probe = (lambda: ping_workers(tq, worker_timeout)) if workers else None
+    probe = (lambda: ping_workers(tq, worker_timeout)) if workers and ping else None
     now = int(tq.clock() * 1000) if now_ms is None else now_ms
-    snap = read_status(tq.redis, sources, now_ms=now, tools_hint=hint, workers=probe)
+    snap = read_status(
+        tq.redis, sources, now_ms=now, tools_hint=hint, workers=probe, beats=workers and not ping
+    )
     # the next snapshot needs one round trip even for tools this registry does not know
     tq.app.seen_tools = frozenset(snap["tools"])
     return snap
@@ -107,10 +131,13 @@ def read_status(
     now_ms: int,
     tools_hint: Iterable[str] = (),
     workers: WorkerProbe | None = None,
+    beats: bool = False,
 ) -> dict[str, Any]:
     """Read and shape the snapshot: one pipeline for the tools in ``tools_hint``.
 
     Tools the ledger knows but the hint did not name cost one more round trip.
+    ``workers`` is a probe to run meanwhile (a Celery ping); without one, ``beats``
+    says whether the workers' heartbeats are shown as the live workers.
     """
     probe = _Background(workers) if workers is not None else None
     guess = sorted(set(tools_hint))
@@ -140,7 +167,12 @@ def read_status(
         schedulers=common["schedulers"],
         worker_beats=common["worker_beats"],
     )
-    snap["workers"] = probe.result() if probe is not None else {"checked": False}
+    if probe is not None:
+        snap["workers"] = probe.result()
+    elif beats:
+        snap["workers"] = shape_workers(common["nodes"], now_ms)
+    else:
+        snap["workers"] = {"checked": False}
     return snap
 
 
@@ -160,6 +192,7 @@ def _queue_common(pipe: Any, src: Sources, now_ms: int) -> None:
     pipe.zrange(k.due, 0, 0, withscores=True)
     pipe.hgetall(k.schedulers)
     pipe.hgetall(k.workers)
+    pipe.hgetall(k.worker_nodes)
     for queue in src.queues:
         for key in _queue_keys(queue):
             pipe.llen(key)
@@ -172,6 +205,7 @@ def _parse_common(replies: Iterator[Any], src: Sources) -> dict[str, Any]:
     backlog, due_now, first = int(next(replies)), int(next(replies)), next(replies)
     schedulers = {_s(k): int(float(v)) for k, v in next(replies).items()}
     beats = worker_beats(next(replies))
+    nodes = worker_nodes(next(replies))
     queues = {q: sum(int(next(replies)) for _ in _queue_keys(q)) for q in src.queues}
     return {
         "tools": tools,
@@ -179,6 +213,7 @@ def _parse_common(replies: Iterator[Any], src: Sources) -> dict[str, Any]:
         "due": (backlog, due_now, int(first[0][1]) if first else None),
         "schedulers": schedulers,
         "worker_beats": beats,
+        "nodes": nodes,
         "queues": queues,
         "unacked": int(next(replies)),
     }
@@ -278,6 +313,27 @@ def shape(
     }
 
 
+def shape_workers(nodes: Iterable[WorkerNode], now_ms: int) -> dict[str, Any]:
+    """The workers as their heartbeats tell: every entry, and which are live. Pure."""
+    shown = [
+        {
+            "node": n.node,
+            "pid": n.pid,
+            "pool": n.pool,
+            "concurrency": n.concurrency,
+            "queues": list(n.queues),
+            "started_ms": n.started_ms,
+            "last_beat_ms": n.beat_ms,
+            "age_s": _secs(max(0, now_ms - n.beat_ms)),
+            "alive": now_ms - n.beat_ms <= ALIVE_MS,
+        }
+        for n in nodes
+    ]
+    names = [w["node"] for w in shown if w["alive"]]
+    return {"checked": True, "source": "heartbeats", "live": len(names), "names": names,
+            "nodes": shown}  # fmt: skip
+
+
 def _beat(beat_ms: int | None, now_ms: int) -> dict[str, Any]:
     """A queue's last worker heartbeat: when, and whether that counts as live."""
     if beat_ms is None:
@@ -300,6 +356,144 @@ def _iso(ms: int) -> str:
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --------------------------------------------------------------------------- the console's
+
+
+async def aread_status(
+    client: aioredis.Redis, sources: Sources, *, now_ms: int, tools_hint: Iterable[str] = ()
+) -> dict[str, Any]:
+    """:func:`read_status` on ``redis.asyncio``, with the overview's extra reads in the
+    same pipeline: each tool's oldest escalated operation and the last hour's samples."""
+    guess = sorted(set(tools_hint))
+    fields = samples.series_fields(now_ms, 1.0)
+    async with client.pipeline(transaction=False) as pipe:
+        _queue_common(pipe, sources, now_ms)
+        pipe.hmget(sources.keys.series, [str(f) for f in fields])
+        for tool in guess:
+            _queue_tool(pipe, sources.keys, tool)
+            pipe.zrange(sources.keys.index(tool, State.ESCALATED), 0, 0, withscores=True)
+        replies = iter(await pipe.execute())
+    common = _parse_common(replies, sources)
+    sampled = [samples.parse_sample(raw) for raw in next(replies)]
+    per_tool, escalated = {}, {}
+    for tool in guess:
+        per_tool[tool] = _parse_tool(replies)
+        escalated[tool] = next(replies)
+    ledger_tools = common["tools"] | {name.partition("|")[0] for name in common["stats"]}
+    missing = sorted(ledger_tools - set(guess))
+    if missing:
+        async with client.pipeline(transaction=False) as pipe:
+            for tool in missing:
+                _queue_tool(pipe, sources.keys, tool)
+                pipe.zrange(sources.keys.index(tool, State.ESCALATED), 0, 0, withscores=True)
+            more = iter(await pipe.execute())
+        for tool in missing:
+            per_tool[tool] = _parse_tool(more)
+            escalated[tool] = next(more)
+    snap = shape(
+        now_ms=now_ms,
+        prefix=sources.keys.prefix,
+        tools={t: per_tool[t] for t in sorted(ledger_tools)},
+        stats=common["stats"],
+        queues=common["queues"],
+        unacked=common["unacked"],
+        due=common["due"],
+        schedulers=common["schedulers"],
+        worker_beats=common["worker_beats"],
+    )
+    snap["workers"] = shape_workers(common["nodes"], now_ms)
+    oldest_escalated = {
+        t: (_s(first[0][0]), int(first[0][1])) for t, first in escalated.items() if first
+    }
+    return shape_overview(snap, oldest_escalated, samples.points(sampled), now_ms)
+
+
+def shape_overview(
+    snap: dict[str, Any],
+    oldest_escalated: dict[str, tuple[str, int]],
+    recent: list[Point],
+    now_ms: int,
+) -> dict[str, Any]:
+    """The status snapshot plus what the console's overview shows first. Pure.
+
+    ``pending``: per state of :data:`RECOVERY`, how many and the oldest (tool,
+    ref, age); ``scheduler.lag_s``: how late the earliest due item is;
+    ``rates``: operations per minute over the last 5 and 60 minutes of samples.
+    """
+    tools: dict[str, Any] = snap["tools"]
+    totals = snap["totals"]
+    pending: dict[str, Any] = {}
+    for state in RECOVERY:
+        oldest = totals["oldest"].get(state)
+        if state == State.ESCALATED.value:
+            first = min(oldest_escalated.items(), key=lambda kv: kv[1][1], default=None)
+            oldest = None if first is None else {"tool": first[0], **_aged(*first[1], now_ms)}
+        pending[state] = {"count": totals["states"].get(state, 0), "oldest": oldest}
+    next_due = snap["scheduler"]["next_due_ms"]
+    lag = 0.0 if next_due is None or next_due >= now_ms else _secs(now_ms - next_due)
+    return {
+        **snap,
+        "pending": pending,
+        "scheduler": {**snap["scheduler"], "lag_s": lag},
+        "rates": {"last_5m": _rates(recent, now_ms, 5), "last_60m": _rates(recent, now_ms, 60)},
+        "tools_count": len(tools),
+    }
+
+
+def _rates(recent: list[Point], now_ms: int, minutes: int) -> dict[str, float | None]:
+    """Per minute, over the points of the last ``minutes`` (None: no samples yet)."""
+    since = now_ms - minutes * 60_000
+    window = [p for p in recent if p.at_ms > since and p.interval_ms > 0]
+    span_ms = sum(p.interval_ms for p in window)
+    if not span_ms:
+        return dict.fromkeys(samples.COUNTED)
+    return {
+        name: round(sum(p.counts.get(name, 0) for p in window) * 60_000 / span_ms, 2)
+        for name in samples.COUNTED
+    }
+
+
+async def overview(aio: AsyncToolQueue) -> dict[str, Any]:
+    """What the console's overview shows, as a JSON-able dict: the status snapshot
+    (:func:`status_snapshot`'s keys, workers from their heartbeats) plus ``pending``,
+    ``scheduler.lag_s`` and ``rates`` (:func:`shape_overview`). Two round trips at
+    most, none a broadcast."""
+    app = aio.app
+    hint = frozenset(t.name for t in app.registry) | app.seen_tools
+    client = await aio.client()
+    snap = await aread_status(
+        client, settings_sources(aio.app.settings), now_ms=app.now_ms(), tools_hint=hint
+    )
+    app.seen_tools = frozenset(snap["tools"])
+    return snap
+
+
+async def series(aio: AsyncToolQueue, hours: float) -> list[Point]:
+    """The chart's points for the last ``hours`` (at most a day), oldest first; one
+    ``HMGET``. Empty while no scheduler has sampled."""
+    if not (isinstance(hours, int | float) and math.isfinite(hours)) or not (
+        0 < hours <= MAX_SERIES_HOURS
+    ):
+        # here: ``toolq status`` imports this module, and the contract's models cost 30 ms
+        from toolq import errors
+        from toolq.envelope import FieldError
+
+        raise errors.InvalidArguments(
+            "hours out of range",
+            field_errors=[
+                FieldError(field="hours", rule=f"more than 0, at most {MAX_SERIES_HOURS:g}")
+            ],
+        )
+    now = aio.app.now_ms()
+    fields = samples.series_fields(now, float(hours))
+    client = await aio.client()
+    raw = await client.hmget(
+        settings_sources(aio.app.settings).keys.series, [str(f) for f in fields]
+    )
+    found = samples.points([samples.parse_sample(r) for r in raw])
+    return [p for p in found if p.at_ms > fields[0]]
 
 
 class _Background:

@@ -26,10 +26,10 @@ from toolq.aio import AsyncToolQueue
 from toolq.app import App
 from toolq.calls import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.envelope import ToolError, ToolSuccess
-from toolq.ledger import Ledger
+from toolq.ledger import Ledger, lists
 from toolq.notify import Wake
 from toolq.outage import server_errors
-from toolq.record import OperationRecord
+from toolq.record import OperationPage, OperationRecord
 from toolq.recovery import operator
 from toolq.recovery.transition import Transition
 from toolq.settings import ToolqSettings
@@ -259,6 +259,21 @@ class ToolQueue:
         """Cancel an operation that has not started a write (queued or waiting on someone)."""
         t = operator.cancel(self._view(ref), self.app.policy, by)
         return State.CANCELLED if t is None else self._apply(t)
+
+    @server_errors
+    def retry_now(self, ref: str, *, by: str = "operator:retry") -> State:
+        """Dispatch an operation waiting to retry now (as :meth:`AsyncToolQueue.retry_now`)."""
+        return self._apply(self.app.retry_now(self._view(ref), by))
+
+    @server_errors
+    def verify_now(self, ref: str, *, by: str = "operator:verify") -> State:
+        """Check an operation in verifying now (as :meth:`AsyncToolQueue.verify_now`)."""
+        return self._apply(self.app.verify_now(self._view(ref), by))
+
+    @server_errors
+    def list_operations(self, state: str, **filters: Any) -> OperationPage:
+        """One page of the operations in ``state`` (as :meth:`AsyncToolQueue.list_operations`)."""
+        return lists.read_page(self.redis, self.app.list_query(state, **filters), self.ledger.keys)
 
     def _view(self, ref: str) -> operator.View:
         return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))

@@ -95,3 +95,49 @@ class OperationRecord(BaseModel):
             envelope=load_envelope(raw_env) if raw_env else None,
             history=history,
         )
+
+
+class OperationSummary(BaseModel):
+    """One row of a list of operations in a state (``tq.aio.list_operations``).
+
+    Read from the state's index (the entry time) and a few fields of the
+    record; the arguments, history and envelope stay with :class:`OperationRecord`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    operation_ref: str
+    tool: str
+    state: State
+    #: When the operation entered ``state`` (ms since the epoch): the index's score.
+    entered_ms: int
+    attempt: int
+    max_attempts: int
+    #: The code of the operation's latest envelope (``RATE_LIMITED``, ...); None for a success.
+    code: str | None = None
+    #: The envelope's ``retry.not_before`` (ms): the earliest the caller was told to retry.
+    not_before_ms: int | None = None
+    #: When the scheduler looks at the operation next (ms; None: nothing is due for it):
+    #: a waiting retry's dispatch, a verification's next check, an approval's timeout.
+    due_ms: int | None = None
+
+
+class OperationPage(BaseModel):
+    """A page of :class:`OperationSummary`, oldest first unless asked otherwise.
+
+    ``next_cursor`` continues after the last index entry this page examined;
+    None when there is nothing after it. ``total`` is the number of operations
+    the list holds (under the ``older_than`` bound), None when a filter the
+    index cannot count (``code``, ``ref_contains``) is set. A filtered read
+    examines a bounded number of entries: ``partial`` says it stopped there
+    before the page was full (more may match past ``next_cursor``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    items: list[OperationSummary]
+    next_cursor: str | None
+    total: int | None
+    partial: bool = False
+    #: Index entries examined for this page.
+    scanned: int = 0

@@ -8,7 +8,9 @@ scheduler run against the server, a fresh client's submit says nothing.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -20,9 +22,10 @@ from tests.helpers import (
     start_toolq,
     start_worker,
     stop_process,
+    toolq_env,
     wait_until,
 )
-from toolq import ToolQueue
+from toolq import ToolQueue, errors, monitor
 from toolq.keys import Keys
 from toolq.loader import load_app
 from toolq.monitor import status_snapshot
@@ -94,3 +97,93 @@ def test_toolq_submit_prints_the_warning_on_stderr(redis_url: str) -> None:
     assert [x for x in lines if x.startswith("warning: no live worker for queue")], lines
     # said once: not a second time by the client's log line
     assert sum("no live worker" in x for x in lines) == 1, lines
+
+
+def test_each_worker_beats_its_own_entry_and_status_counts_it(redis_url: str) -> None:
+    """`toolq status` (the real CLI, no --app: no Celery imported) counts live workers
+    from their beats, with what each runs; a worker that stops takes its entry out."""
+    # Given two workers of different shapes
+    calls = start_worker(APP, redis_url, queues=CALLS, pool="threads", concurrency=3)
+    verify = start_worker(APP, redis_url, queues="toolq.verify", pool="solo", concurrency=1)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert wait_until(lambda: client.hlen(Keys().worker_nodes) == 2, 30), "no beats"
+        # When an operator asks for the status
+        snap = _status_json(redis_url)
+        # Then both are live, each with its pool, concurrency and queues
+        workers = snap["workers"]
+        assert (workers["checked"], workers["source"], workers["live"]) == (True, "heartbeats", 2)
+        shapes = sorted((w["pool"], w["concurrency"], w["queues"]) for w in workers["nodes"])
+        assert shapes == [("solo", 1, ["toolq.verify"]), ("threads", 3, [CALLS])]
+        assert all(w["alive"] and w["pid"] > 0 for w in workers["nodes"])
+        # And a worker that stops is gone from the next status at once
+        stop_process(verify, timeout=10)
+        assert wait_until(lambda: client.hlen(Keys().worker_nodes) == 1, 10)
+        assert _status_json(redis_url)["workers"]["live"] == 1
+    finally:
+        client.close()
+        stop_process(calls, timeout=5)
+        stop_process(verify, timeout=5)
+
+
+def _status_json(redis_url: str) -> Any:
+    proc = start_toolq(
+        ["status", "--json", "--redis-url", redis_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    return json.loads(out)
+
+
+def test_status_without_an_app_imports_no_celery(redis_url: str) -> None:
+    """What keeps `toolq status` under 0.3 s: it reads Redis, and imports nothing else."""
+    code = (
+        "import sys; from toolq.cli import main\n"
+        f"main(['status', '--redis-url', {str(redis_url)!r}], standalone_mode=False)\n"
+        "heavy = [m for m in ('celery', 'kombu', 'fastapi', 'toolq.queue') if m in sys.modules]\n"
+        "print('heavy:', heavy)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=toolq_env(), capture_output=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "heavy: []" in proc.stdout.decode(), proc.stdout.decode()
+
+
+def test_the_overview_and_its_chart_come_from_redis_alone(redis_url: str) -> None:
+    """What the console draws, on `tq.aio`: workers and schedulers from their beats,
+    the chart from the samples the real scheduler writes."""
+    worker = start_worker(APP, redis_url)
+    scheduler = start_scheduler(APP, redis_url)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        tq = load_app(APP, redis_url)
+        # Given a deployment at work, whose scheduler has taken a sample
+        assert tq.call("pay", {"amount_cents": 8}, timeout=30).ok
+        assert wait_until(lambda: client.hlen(Keys().series) > 0, 30), "no sample"
+        assert wait_until(lambda: client.hlen(Keys().worker_nodes) == 1, 30)
+
+        async def body() -> tuple[Any, Any]:
+            return await monitor.overview(tq.aio), await monitor.series(tq.aio, 1)
+
+        ov, points = run_aio(tq, body)
+        # Then the overview counts them, with no broadcast
+        assert ov["workers"]["live"] == 1 and ov["scheduler"]["live"] == 1
+        assert ov["tools"]["pay"]["states"]["succeeded"] == 1
+        assert set(ov["pending"]) == {
+            "waiting_retry",
+            "verifying",
+            "needs_input",
+            "awaiting_approval",
+            "escalated",
+        }
+        # And the chart has the scheduler's sample (the first has no counts yet)
+        assert points and points[-1].pending == dict.fromkeys(points[-1].pending, 0)
+        with pytest.raises(errors.InvalidArguments):
+            run_aio(tq, lambda: monitor.series(tq.aio, 0))
+    finally:
+        client.close()
+        stop_process(worker, timeout=5)
+        stop_process(scheduler, timeout=5)

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from toolq.cli import main
 from toolq.cli import monitor as cli_monitor
+from toolq.liveness import WorkerNode
 from toolq.monitor import STATES, status_snapshot
 from toolq.queue import ToolQueue
 from toolq.recovery.transition import Transition
@@ -175,10 +176,49 @@ def test_status_prints_a_table(tq: ToolQueue, clock: Clock, redis_url: str) -> N
     assert "backlog 7" in result.output
 
 
-def test_workers_are_found_by_a_short_ping(tq: ToolQueue) -> None:
-    snap = status_snapshot(tq, workers=True, worker_timeout=0.2)
+def test_workers_are_found_by_a_short_ping_when_asked(tq: ToolQueue) -> None:
+    snap = status_snapshot(tq, ping=True, worker_timeout=0.2)
 
     assert snap["workers"] == {"checked": True, "live": 0, "names": []}
+
+
+def test_workers_come_from_their_heartbeats_by_default(tq: ToolQueue, clock: Clock) -> None:
+    now = int(clock() * 1000)
+    live = WorkerNode("celery@a", 11, "prefork", 4, ("toolq.calls",), now - 60_000, now - 2_000)
+    dead = WorkerNode("celery@b", 12, "threads", 8, ("toolq.verify",), now - 90_000, now - 60_000)
+    tq.redis.hset(tq.ledger.keys.worker_nodes, mapping={n.field: n.to_json() for n in (live, dead)})
+
+    workers = status_snapshot(tq)["workers"]
+
+    assert (workers["source"], workers["live"], workers["names"]) == ("heartbeats", 1, ["celery@a"])
+    assert [(w["node"], w["alive"], w["age_s"]) for w in workers["nodes"]] == [
+        ("celery@a", True, 2.0),
+        ("celery@b", False, 60.0),
+    ]
+    shown = cli_monitor.render_status(status_snapshot(tq))
+    assert "workers     live 1  (celery@a)  silent 1 (the latest beat 1m00s ago)" in shown
+
+
+def test_status_without_an_app_reads_the_ledger_with_the_env_settings(
+    tq: ToolQueue, clock: Clock, redis_url: str
+) -> None:
+    _populate(tq, clock)
+
+    result = CliRunner().invoke(main, ["status", "--redis-url", redis_url, "--json"])
+
+    assert result.exit_code == 0, result.output
+    snap = json.loads(result.output)
+    assert sorted(snap["tools"]) == ["create_invoice", "lookup", "refund_payment"]
+    assert snap["totals"]["states"]["awaiting_approval"] == 2
+    assert snap["workers"]["source"] == "heartbeats"
+
+
+def test_status_without_a_server_says_so_in_one_line(tq: ToolQueue) -> None:
+    result = CliRunner().invoke(main, ["status", "--redis-url", "redis://127.0.0.1:1/0"])
+
+    assert result.exit_code == 2
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_watch_refreshes_until_ctrl_c(

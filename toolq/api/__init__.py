@@ -8,11 +8,16 @@ Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
     POST /v1/operations/{ref}:approve     awaiting_approval -> queued            scope approve
     POST /v1/operations/{ref}:input       needs_input -> queued (body: args)     scope input
     POST /v1/operations/{ref}:cancel      queued or waiting -> cancelled         scope cancel
+    POST /v1/operations/{ref}:retry       waiting_retry -> queued now            scope approve
+    POST /v1/operations/{ref}:verify      verifying: the next check now          scope approve
+    GET  /v1/operations?state=..          a page of a state's list (cursor)      scope read
     GET  /v1/tools                        each tool's input schema, writes       scope read
-    GET  /v1/status                       what ``toolq status --json`` shows     scope read
+    GET  /v1/status                       ``toolq status --json``, plus overview scope read
     GET  /v1/health                       Redis answers; no token needed
     GET  /openapi.json, /docs, /redoc     the OpenAPI document; the docs pages load
                                           nothing from the network
+    GET  /ui/                             the operator's console (:mod:`toolq.api.console`):
+                                          log in with a token; pages, actions, live
 
 The ``Idempotency-Key`` header is the operation_ref (``X-Call-Id`` the
 optional call_id): the same key with the same arguments returns the same

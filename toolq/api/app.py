@@ -7,20 +7,21 @@ per app.
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import anyio
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from toolq import errors
 from toolq.api.auth import ApiSettings, Tokens, check_bind
+from toolq.api.console import install_console
 from toolq.api.docs import install_docs
 from toolq.api.events import EventStream, open_stream
 from toolq.api.guard import ERROR_RESPONSES, ApiError, install
 from toolq.api.hosts import HostGuard, allowed_hosts, wildcard_note
 from toolq.api.views import OperationView, tool_view, view_response
+from toolq.record import OperationPage
 
 if TYPE_CHECKING:
     from toolq.queue import ToolQueue
@@ -29,11 +30,6 @@ DESCRIPTION = (
     "Run AI-agent tool calls through toolq's queues. A tool's failure is an envelope in a "
     "200 body; HTTP errors are about the request and have a stable `code`."
 )
-
-#: ``toolq status`` pings the workers through Celery (blocking, up to its timeout):
-#: it runs in a thread, at most this many at once, so it never takes the threads
-#: anything else needs.
-STATUS_THREADS = 4
 
 _bearer = HTTPBearer(auto_error=False, description="A token from TOOLQ_API_TOKENS.")
 
@@ -80,6 +76,7 @@ def create_app(
     max_body = settings.max_body_bytes or tq.settings.limits.max_args_bytes
     install(app, max_body=max_body, retry_after=poll)
     install_docs(app)
+    install_console(app, tq, settings)
     # Added last, so outermost: a refused Host or Origin reaches nothing else.
     app.add_middleware(HostGuard, allowed=allowed_hosts(bind_host, settings.allowed_hosts))
     Wait = Annotated[
@@ -103,7 +100,6 @@ def create_app(
             description="Resume after this event id (a history index), as EventSource sends it.",
         ),
     ]
-    status_threads = anyio.CapacityLimiter(STATUS_THREADS)
 
     async def view(ref: str, status: int = 200, created: bool | None = None) -> JSONResponse:
         rec = await tq.aio.get(ref) if len(ref) <= max_ref else None
@@ -185,6 +181,57 @@ def create_app(
         await tq.aio.cancel(ref)
         return await view(ref)
 
+    # Retry now and verify now hasten work a person decides on, as approving does:
+    # they take the approve scope (so do the console's buttons), not a scope of their own.
+    @app.post("/v1/operations/{ref:path}:retry", **route, dependencies=[_require("approve")])
+    async def retry_now(ref: RefPath) -> JSONResponse:
+        """Dispatch an operation waiting to retry now: the same operation_ref, one more
+        attempt counted (escalated if its budget is spent). 409 in any other state."""
+        await tq.aio.retry_now(ref)
+        return await view(ref)
+
+    @app.post("/v1/operations/{ref:path}:verify", **route, dependencies=[_require("approve")])
+    async def verify_now(ref: RefPath) -> JSONResponse:
+        """Check an operation in verifying now, not at its next check. 409 in any other
+        state, or while a check of it runs."""
+        await tq.aio.verify_now(ref)
+        return await view(ref)
+
+    @app.get(
+        "/v1/operations",
+        response_model=OperationPage,
+        responses=ERROR_RESPONSES,
+        dependencies=[_require("read")],
+    )
+    async def list_operations(
+        state: Annotated[str, Query(description="The state listed, e.g. waiting_retry.")],
+        tool: Annotated[str | None, Query(max_length=64)] = None,
+        code: Annotated[str | None, Query(max_length=64, description="Envelope code.")] = None,
+        ref_contains: Annotated[str | None, Query(max_length=max_ref)] = None,
+        older_than: Annotated[
+            float | None, Query(ge=0, description="Only those in the state this many seconds.")
+        ] = None,
+        cursor: Annotated[str | None, Query(max_length=1024)] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        order: Annotated[Literal["oldest", "newest"], Query()] = "oldest",
+    ) -> OperationPage:
+        """Operations in a state, a page at a time (``next_cursor`` continues).
+
+        ``total`` counts the list when only ``tool``/``older_than`` filter it; with
+        ``code`` or ``ref_contains`` a page examines a bounded number of entries and
+        says ``partial`` when it stopped before it was full.
+        """
+        return await tq.aio.list_operations(
+            state,
+            tool=tool,
+            code=code,
+            ref_contains=ref_contains,
+            older_than_s=older_than,
+            cursor=cursor,
+            limit=limit,
+            newest_first=order == "newest",
+        )
+
     @app.get("/v1/tools", responses=ERROR_RESPONSES, dependencies=[_require("read")])
     async def list_tools() -> dict[str, Any]:
         """Every registered tool, its input schema and whether it writes."""
@@ -192,14 +239,12 @@ def create_app(
 
     @app.get("/v1/status", responses=ERROR_RESPONSES, dependencies=[_require("read")])
     async def status() -> dict[str, Any]:
-        """What ``toolq status --json`` shows."""
-        from toolq.monitor import status_snapshot
+        """What ``toolq status --json`` shows, and the console's overview adds
+        (``pending``, ``rates``, ``scheduler.lag_s``): read on the event loop, the
+        workers from their heartbeats."""
+        from toolq.monitor import overview
 
-        # Sync, with a Celery ping of the workers: in a thread of a small pool of its own.
-        snapshot: dict[str, Any] = await anyio.to_thread.run_sync(
-            status_snapshot, tq, limiter=status_threads
-        )
-        return snapshot
+        return await overview(tq.aio)
 
     @app.get("/v1/health", responses=ERROR_RESPONSES)
     async def health() -> dict[str, bool]:

@@ -4,6 +4,18 @@ between "queued" and "published" can lose or double a dispatch).
 
 The format is Celery's task protocol 2 as kombu's Redis transport stores it:
 what ``Producer.publish`` would ``LPUSH`` to the queue's list.
+
+**What Flower shows** (with task events on, ``toolq worker -E``). A task's
+arguments are ``('op_…', 1)``; the message's ``argsrepr`` names the tool
+instead, ``create_invoice('op_…', attempt=1)`` (:func:`args_repr`), when the
+builder is given the tool (:meth:`toolq.app.App.outbound_for`). A task's
+state is what its body ends with: a task whose attempt or check leaves the
+operation anything but succeeded raises :class:`OperationNotSucceeded` (a
+``throws`` exception: logged on one line, the message acknowledged, never
+retried by Celery), so Flower shows it FAILURE with the state and the code,
+``OperationNotSucceeded('escalated ATTEMPTS_EXHAUSTED')``; a succeeded one,
+or a copy of a delivery that had nothing to do, is SUCCESS with what happened
+as its result. The ledger, not Celery's result, remains the record.
 """
 
 from __future__ import annotations
@@ -36,20 +48,27 @@ class MessageFactory:
         self.origin = f"toolq@{socket.gethostname()}"
         self._templates: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def run(self, ref: str, attempt: int) -> tuple[str, str]:
-        return self.calls_queue, self.raw(RUN_TASK, [ref, attempt], self.calls_queue)
+    def run(self, ref: str, attempt: int, tool: str = "") -> tuple[str, str]:
+        args = [ref, attempt]
+        shown = args_repr(tool, args, ("attempt",))
+        return self.calls_queue, self.raw(RUN_TASK, args, self.calls_queue, shown)
 
-    def verify(self, ref: str, attempt: int, vcheck: int) -> tuple[str, str]:
-        return self.verify_queue, self.raw(VERIFY_TASK, [ref, attempt, vcheck], self.verify_queue)
+    def verify(self, ref: str, attempt: int, vcheck: int, tool: str = "") -> tuple[str, str]:
+        args = [ref, attempt, vcheck]
+        shown = args_repr(tool, args, ("attempt", "check"))
+        return self.verify_queue, self.raw(VERIFY_TASK, args, self.verify_queue, shown)
 
-    def raw(self, task: str, args: list[Any], queue: str) -> str:
+    def raw(self, task: str, args: list[Any], queue: str, shown: str | None = None) -> str:
+        """The message; ``shown`` is its ``argsrepr`` (what Flower and the worker's log
+        show as its arguments), ``repr(tuple(args))`` if not given."""
         template, embed = self._templates.get((task, queue)) or self._template(task, queue)
         body = base64.b64encode(f"[{_json_list(args)},{{}},{embed}]".encode()).decode()
+        shown = repr(tuple(args)) if shown is None else shown
         return (
             template.replace(_ID, uuid4_hex())
             .replace(_TAG, uuid4_hex())
             .replace(_BODY, body)
-            .replace(_REPR, encode_basestring_ascii(repr(tuple(args)))[1:-1])
+            .replace(_REPR, encode_basestring_ascii(shown)[1:-1])
         )
 
     def reference(self, task: str, args: list[Any], queue: str, task_id: str) -> dict[str, Any]:
@@ -86,7 +105,49 @@ class MessageFactory:
         return template, embed
 
 
+def args_repr(tool: str, args: list[Any], names: tuple[str, ...]) -> str:
+    """A task's arguments as Flower shows them: a call of the tool on the ref,
+    ``create_invoice('op_1', attempt=2)``. Without the tool: Celery's own repr."""
+    if not tool:
+        return repr(tuple(args))
+    named = ", ".join(f"{n}={v!r}" for n, v in zip(names, args[1:], strict=True))
+    return f"{tool}({args[0]!r}, {named})"
+
+
 _ID, _TAG, _BODY, _REPR = "@@toolq-id@@", "@@toolq-tag@@", "@@toolq-body@@", "@@toolq-repr@@"
+
+
+class OperationNotSucceeded(Exception):
+    """A task's attempt or check left its operation in another state than succeeded.
+
+    Raised by the task body after the ledger recorded it, only so that Celery's
+    events (Flower) report a failure: the task is declared to throw it.
+    """
+
+
+class Outcome(str):
+    """What a task body did (a state, or ``duplicate``, ``stale``, ...), with the
+    code of the transition it recorded. Equal to the plain string."""
+
+    code: str | None
+
+    def __new__(cls, value: str, code: str | None = None) -> Outcome:
+        out = super().__new__(cls, value)
+        out.code = code
+        return out
+
+
+#: Outcomes of a delivery that found nothing to do (a copy, an operation that moved
+#: on): the task did its job, and the operation is none of its business.
+NOTHING_TO_DO = frozenset({"duplicate", "stale", "missing", "held"})
+
+
+def task_result(outcome: str) -> str:
+    """The task's return value, or :class:`OperationNotSucceeded` (see the module docstring)."""
+    if outcome == "succeeded" or outcome in NOTHING_TO_DO or outcome.startswith("refused:"):
+        return str(outcome)
+    code = getattr(outcome, "code", None)
+    raise OperationNotSucceeded(f"{outcome} {code}" if code else str(outcome))
 
 
 def _json_list(args: list[Any]) -> str:

@@ -26,7 +26,8 @@ TOKENS_HELP = (
     "authentication, and only a loopback --host is allowed. Requests are answered only for "
     "Host localhost, 127.0.0.1, [::1], the --host address (unless 0.0.0.0 or ::) and the "
     "names in TOOLQ_API_ALLOWED_HOSTS=name,name (any port; else 421), and refused from a "
-    "browser Origin on any other host (403)."
+    "browser Origin on any other host (403). The console at /ui/ logs in with the same "
+    "tokens; without tokens it needs no login and, like the API, serves loopback only."
 )
 
 
@@ -42,6 +43,16 @@ def _settings() -> Any:
     except ValueError as exc:  # the token table; its messages never quote a token
         raise CliError(str(exc)) from None
     return settings
+
+
+def _check_console_settings() -> None:
+    from toolq.api.console.session import ConsoleSettings
+
+    try:
+        ConsoleSettings()
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
+        raise CliError(f"invalid TOOLQ_CONSOLE_* setting: {fields}") from None
 
 
 def _bind(host: str, settings: Any, what: str) -> None:
@@ -68,9 +79,11 @@ def api(
     port: int,
     loglevel: str,
 ) -> None:
-    """Serve the HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
+    """Serve the HTTP API (OpenAPI at /openapi.json, docs at /docs) and the operator's
+    console at /ui/ (log in with a token; TOOLQ_CONSOLE_* settings)."""
     install_redaction()
     settings = _settings()
+    _check_console_settings()
     _bind(host, settings, "api")
     from toolq.api.app import serve_api
 

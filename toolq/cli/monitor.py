@@ -1,10 +1,11 @@
-"""``toolq status`` and ``toolq schema``: what is pending, and the contract."""
+"""``toolq status``, ``toolq flower`` and ``toolq schema``: what is pending, Flower on
+the deployment, and the contract."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,18 @@ import click
 import redis
 
 from toolq.cli.common import (
+    CliError,
     app_option,
     echo_json,
     handle_errors,
     open_app,
     redis_option,
+    resolve_app_path,
+    resolve_url,
     state_dir_option,
 )
-from toolq.monitor import STATES, status_snapshot
+from toolq.monitor import STATES, read_status, settings_sources, status_snapshot
+from toolq.redact import redact_url
 
 
 @click.command()
@@ -45,14 +50,20 @@ from toolq.monitor import STATES, status_snapshot
     "--workers/--no-workers",
     default=True,
     show_default=True,
-    help="Ping Celery workers to count the live ones.",
+    help="Show the workers (from their heartbeats in Redis).",
+)
+@click.option(
+    "--ping",
+    is_flag=True,
+    help="Ask the workers with a Celery broadcast instead (loads the app; waits "
+    "--worker-timeout for answers).",
 )
 @click.option(
     "--worker-timeout",
     type=click.FloatRange(0.05, 30),
     default=0.5,
     show_default=True,
-    help="How long to wait for worker pings (seconds).",
+    help="How long --ping waits for answers (seconds).",
 )
 @handle_errors
 def status(
@@ -63,18 +74,25 @@ def status(
     watch: bool,
     interval: float,
     workers: bool,
+    ping: bool,
     worker_timeout: float,
 ) -> None:
     """Operations per tool and state, oldest pending recovery, queues, scheduler, workers.
 
-    Reads indexes only: fast whatever the size of the ledger.
+    Reads indexes and heartbeats only: fast whatever the size of the ledger. Without
+    --app (or TOOLQ_APP) the app is not imported: the settings come from TOOLQ_*.
     """
+    if app_path is None and not ping:
+        snapshot, source = _light(redis_url, state_dir, workers)
+    else:
+        tq = open_app(app_path, redis_url, state_dir)
+        source = tq.settings.safe_url
 
-    tq = open_app(app_path, redis_url, state_dir)
-    source = tq.settings.safe_url
+        def snapshot() -> dict[str, Any]:
+            return status_snapshot(tq, workers=workers, worker_timeout=worker_timeout, ping=ping)
 
     def show() -> None:
-        snap = status_snapshot(tq, workers=workers, worker_timeout=worker_timeout)
+        snap = snapshot()
         if as_json and watch:
             click.echo(json.dumps(snap, separators=(",", ":")))
         elif as_json:
@@ -102,6 +120,89 @@ def status(
 
 def _pause(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def _light(
+    redis_url: str | None, state_dir: Path, workers: bool
+) -> tuple[Callable[[], dict[str, Any]], str]:
+    """The snapshot read with the settings from the environment, on a plain client:
+    no app, no Celery imported (what keeps ``toolq status`` under 0.3 s)."""
+    from toolq.settings import ToolqSettings
+
+    settings = ToolqSettings()
+    url = resolve_url(redis_url, state_dir) or (settings.url if settings.redis_url else None)
+    if url is None:
+        raise CliError(
+            "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
+            "directory"
+        )
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
+    sources = settings_sources(settings)
+    seen: frozenset[str] = frozenset()
+
+    def snapshot() -> dict[str, Any]:
+        nonlocal seen
+        now = int(time.time() * 1000)
+        snap = read_status(client, sources, now_ms=now, tools_hint=seen, beats=workers)
+        seen = frozenset(snap["tools"])  # the next refresh needs one round trip
+        return snap
+
+    return snapshot, redact_url(url)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@app_option
+@redis_option
+@state_dir_option
+@click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Where Flower listens. It has no authentication of its own unless given one "
+    "(--basic-auth=user:password, ...): keep it on loopback otherwise.",
+)
+@click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
+@handle_errors
+def flower(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+    port: int,
+    address: str,
+    flower_args: tuple[str, ...],
+) -> None:
+    """Start Flower on this deployment (more arguments go to Flower).
+
+    \b
+    What it runs, on any machine with the app importable:
+      TOOLQ_APP=MODULE:ATTR TOOLQ_REDIS_URL=URL \\
+        celery -A toolq.celery_app:celery_app flower --address=127.0.0.1
+    Flower shows tasks only from workers that send events: `toolq worker -E`.
+    """
+    import importlib.util
+    import os
+    import sys
+
+    if importlib.util.find_spec("flower") is None:
+        raise CliError("Flower is not installed here: pip install flower")
+    env = dict(os.environ, TOOLQ_APP=resolve_app_path(app_path, state_dir))
+    url = resolve_url(redis_url, state_dir)
+    if url:
+        env["TOOLQ_REDIS_URL"] = url
+    argv = [sys.executable, "-m", "celery", "-A", CELERY_APP, "flower"]
+    argv += [f"--port={port}", f"--address={address}", *flower_args]
+    sys.stdout.flush()
+    # Flower becomes this process (its pid, its signals): no supervisor in between.
+    os.execve(sys.executable, argv, env)  # noqa: S606 - a fixed program, no shell
+
+
+#: The Celery app Flower and ``celery inspect`` are given (:mod:`toolq.celery_app`).
+CELERY_APP = "toolq.celery_app:celery_app"
 
 
 @click.command()
@@ -204,7 +305,12 @@ def _workers(w: dict[str, Any]) -> str:
         return f"unknown ({w.get('error', 'no answer')})"
     names = ", ".join(w.get("names", [])[:5])
     more = "" if len(w.get("names", [])) <= 5 else ", ..."
-    return f"live {w['live']}" + (f"  ({names}{more})" if names else "")
+    text = f"live {w['live']}" + (f"  ({names}{more})" if names else "")
+    silent = [n for n in w.get("nodes", ()) if not n["alive"]]
+    if silent:  # stopped beating without saying goodbye (killed, or cut off)
+        latest = min(n["age_s"] for n in silent)
+        text += f"  silent {len(silent)} (the latest beat {_age(latest)} ago)"
+    return text
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -217,4 +323,4 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-COMMANDS = [status, schema]
+COMMANDS = [status, schema, flower]

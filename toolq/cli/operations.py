@@ -1,7 +1,8 @@
-"""Operation commands: submit, show, approve, input, cancel."""
+"""Operation commands: submit, show, approve, input, cancel, retry, verify."""
 
 from __future__ import annotations
 
+import getpass
 import logging
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ def show(
 def approve(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
     """Approve an operation awaiting approval (bound to its current arguments)."""
     tq = open_app(app_path, redis_url, state_dir)
-    click.echo(tq.approve(ref))
+    click.echo(tq.approve(ref, by=_actor("approve")))
 
 
 @click.command(name="input")
@@ -173,7 +174,7 @@ def input_(
     """Give corrected arguments to an operation that needs input."""
     args = parse_json_args(args_json)
     tq = open_app(app_path, redis_url, state_dir)
-    click.echo(tq.provide_input(ref, args))
+    click.echo(tq.provide_input(ref, args, by=_actor("input")))
 
 
 @click.command()
@@ -183,7 +184,38 @@ def input_(
 def cancel(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
     """Cancel an operation that is queued or waiting (never one that may be writing)."""
     tq = open_app(app_path, redis_url, state_dir)
-    click.echo(tq.cancel(ref))
+    click.echo(tq.cancel(ref, by=_actor("cancel")))
 
 
-COMMANDS = [submit, show, approve, input_, cancel]
+@click.command()
+@click.argument("ref")
+@_common
+@handle_errors
+def retry(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
+    """Retry an operation waiting to retry now, not at its time (same operation_ref;
+    the attempt is counted, and one past the budget escalates instead)."""
+    tq = open_app(app_path, redis_url, state_dir)
+    click.echo(tq.retry_now(ref, by=_actor("retry")))
+
+
+@click.command()
+@click.argument("ref")
+@_common
+@handle_errors
+def verify(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
+    """Check an operation whose outcome is being verified now, not at its next check."""
+    tq = open_app(app_path, redis_url, state_dir)
+    click.echo(tq.verify_now(ref, by=_actor("verify")))
+
+
+def _actor(action: str) -> str:
+    """Who the history says acted: the operator's login name, from this terminal."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = ""
+    name = "".join(c for c in user if c.isalnum() or c in "._-")[:32]
+    return f"cli:{name}:{action}" if name else f"cli:{action}"
+
+
+COMMANDS = [submit, show, approve, input_, cancel, retry, verify]

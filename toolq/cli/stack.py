@@ -128,7 +128,12 @@ POOLS = ["prefork", "threads", "solo"]
     help="The scheduler serves Prometheus metrics here (0: any free port).",
 )
 @click.option("--no-metrics", is_flag=True, help="Serve no metrics endpoint.")
-@click.option("--api/--no-api", default=True, show_default=True, help="Run `toolq api` too.")
+@click.option(
+    "--api/--no-api",
+    default=True,
+    show_default=True,
+    help="Run `toolq api` too: the HTTP API, and the operator's console at /ui/.",
+)
 @click.option("--api-host", default="127.0.0.1", show_default=True)
 @click.option("--api-port", type=PORT, default=8000, show_default=True, help="0: any free port.")
 @click.option(
@@ -268,6 +273,7 @@ def _print_banner(
         lines.append(f"  metrics    {stack.metrics_url}")
     if stack.api_url:
         lines.append(f"  api        {stack.api_url}")
+        lines.append(f"  console    {stack.api_url}/ui/")
     if provider_url:
         lines.append(f"  provider   {provider_url} (example invoice service)")
     lines += [f"  {n}" for n in notes]

@@ -1,8 +1,25 @@
-"""What an operator's action means for the ledger (pure): approve, provide input, cancel.
+"""What an operator's action means for the ledger (pure): approve, provide input,
+cancel, retry now, verify now.
 
 The API, the CLI and the console all reach these through ``ToolQueue``; each
 returns the one compare-and-set that carries the action out, bound to the
-revision the operator read.
+revision the operator read, and recorded in the history with who did it (``by``).
+
+==============  ==================  ==========================================
+action          from                does
+==============  ==================  ==========================================
+approve         awaiting_approval   queues a new attempt (budget permitting)
+provide_input   needs_input         new arguments, a new attempt
+cancel          queued or waiting   cancelled (nothing of it is running)
+retry_now       waiting_retry       the scheduler's dispatch, now: a new attempt
+                                    counted, the same operation_ref
+verify_now      verifying           the next verification check, now (not while
+                                    one runs); "not found" still waits for the
+                                    tool's consistency window (invariant 2)
+==============  ==================  ==========================================
+
+An action that would start an attempt the budget does not allow escalates, as
+the scheduler would at the retry's time.
 """
 
 from __future__ import annotations
@@ -27,6 +44,9 @@ FIELDS = (
     "max_attempts",
     "rev",
     "deadline",
+    "vcheck",
+    "vholder",
+    "vlease_until",
 )
 
 #: States an operation can be cancelled in: nothing of it is running.
@@ -47,6 +67,10 @@ class View:
     max_attempts: int
     rev: str
     deadline_ms: int
+    #: Verification: the check last published, who holds it and until when.
+    vcheck: int = 0
+    vholder: str = ""
+    vlease_until_ms: int = 0
 
     @classmethod
     def from_fields(cls, ref: str, f: dict[str, str]) -> View:
@@ -63,6 +87,9 @@ class View:
             max_attempts=int(f.get("max_attempts") or 0),
             rev=f.get("rev", ""),
             deadline_ms=int(float(f.get("deadline") or 0)),
+            vcheck=int(f.get("vcheck") or 0),
+            vholder=f.get("vholder", ""),
+            vlease_until_ms=int(float(f.get("vlease_until") or 0)),
         )
 
     def budget(self) -> Budget:
@@ -132,6 +159,47 @@ def provide_input(
     return _requeue(v, r, now_ms, policy, messages)
 
 
+def retry_now(
+    v: View, now_ms: int, policy: Policy, messages: Messages, by: str = "operator:retry"
+) -> Transition:
+    """Dispatch a waiting retry now rather than at its time: what the scheduler's
+    dispatch does (a new attempt counted, the same operation_ref), earlier."""
+    v.require(State.WAITING_RETRY)
+    r = _Requeue(Path.DISPATCH, "RETRY_NOW", {}, None, by, ("dispatched", "retried_now"))
+    return _requeue(v, r, now_ms, policy, messages)
+
+
+def verify_now(
+    v: View, now_ms: int, policy: Policy, messages: Messages, by: str = "operator:verify"
+) -> Transition:
+    """Publish the next verification check now, instead of at its time.
+
+    The check it replaces is superseded (its message, if still queued, is stale
+    when a worker takes it: the claim wants the new ``vcheck``). Refused while a
+    verifier holds a check: its verdict is minutes away at most.
+    """
+    v.require(State.VERIFYING)
+    if v.vholder and v.vlease_until_ms > now_ms:
+        raise errors.InvalidState(
+            "a verification check of this operation is running now", state=str(v.state)
+        )
+    nxt = v.vcheck + 1
+    return Transition(
+        ref=v.ref,
+        states=(State.VERIFYING,),
+        to=State.VERIFYING,
+        by=by,
+        code="VERIFY_NOW",
+        # vholder: a check claimed since the read (a claim does not move rev) refuses this
+        expect={"*": {"rev": v.rev, "vcheck": str(v.vcheck), "vholder": v.vholder}},
+        push=messages.verify(v.ref, v.attempt, nxt),
+        set={"vcheck": str(nxt)},
+        delete=("vholder", "vlease_until"),
+        due_ms=now_ms + policy.unclaimed_after_ms,
+        stats=("verify_published", "verified_now"),
+    )
+
+
 @dataclass(frozen=True)
 class _Requeue:
     """What an operator action that starts a new attempt changes, and checks."""
@@ -140,13 +208,14 @@ class _Requeue:
     code: str
     set: dict[str, str]
     #: A field that must still hold this value: the arguments the operator saw.
-    guard: tuple[str, str]
+    guard: tuple[str, str] | None
     by: str
+    stats: tuple[str, ...] = ()
 
 
 def _requeue(v: View, r: _Requeue, now_ms: int, policy: Policy, messages: Messages) -> Transition:
     """Queue a new attempt, if the budget allows one now; escalate if it does not."""
-    guard = {"*": {"rev": v.rev, r.guard[0]: r.guard[1]}}
+    guard = {"*": {"rev": v.rev, **dict([r.guard] if r.guard else [])}}
     verdict = check(v.budget(), r.path, now_ms)
     if not verdict.ok:
         base = {"ref": v.ref, "states": (v.state,), "by": r.by, "code": verdict.value}
@@ -163,4 +232,5 @@ def _requeue(v: View, r: _Requeue, now_ms: int, policy: Policy, messages: Messag
         set={**r.set, "repubs": "0"},
         push=messages.run(v.ref, v.attempt + 1),
         due_ms=wake_by(v.budget(), now_ms + policy.unclaimed_after_ms),
+        stats=r.stats,
     )

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from toolq.broker.messages import Outcome
 from toolq.errors import NotDurable, ToolFailure
 from toolq.ledger.store import Claim, Ledger
 from toolq.notify import ProgressPublisher
@@ -48,10 +49,13 @@ class Runtime:
         clock: Callable[[], float] = time.time,
         *,
         renew_every: float,
+        messages_for: Callable[[str], outcome.Messages] | None = None,
     ) -> None:
         self.registry = registry
         self.ledger = ledger
         self.messages = messages
+        #: One tool's message builders (its messages name it, for Flower); else ``messages``.
+        self.messages_for = messages_for or (lambda _tool: messages)
         self.policy = policy
         self.lease_ms = lease_ms
         self.clock = clock
@@ -115,7 +119,7 @@ class Runtime:
             except Exception as exc:
                 _log_failure(tool.name, ref, attempt, exc)
                 t = outcome.after_failure(
-                    a, exc, self.now_ms(), self.policy, self.messages, self.rng
+                    a, exc, self.now_ms(), self.policy, self.messages_for(tool.name), self.rng
                 )
             return self._record(t)
 
@@ -142,7 +146,7 @@ class Runtime:
             expect={"running": {"attempt": str(attempt), "lease_holder": claim.holder}},
             by=f"{holder}:redelivery",
         )
-        t = outcome.lease_lost(lost, self.now_ms(), self.policy, self.messages)
+        t = outcome.lease_lost(lost, self.now_ms(), self.policy, self.messages_for(claim.tool))
         log.warning(
             "%s attempt %d: its worker died mid-call; %s",
             ref,
@@ -229,7 +233,8 @@ class Runtime:
                 t = outcome.verifier_failed(c, self.now_ms(), self.policy)
             else:
                 if found is None:
-                    t = outcome.verified_not_found(c, self.now_ms(), self.policy, self.messages)
+                    m = self.messages_for(tool.name)
+                    t = outcome.verified_not_found(c, self.now_ms(), self.policy, m)
                 else:
                     t = outcome.verified_found(c, found, self.now_ms(), self.policy)
             res = self._record(t)
@@ -249,7 +254,7 @@ class Runtime:
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
             return f"refused:{res}"
-        return str(t.to)
+        return Outcome(t.to, t.code)  # with its code, for what Flower shows
 
 
 def _log_failure(tool: str, ref: str, attempt: int, exc: Exception) -> None:
