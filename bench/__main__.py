@@ -1,8 +1,9 @@
 """``python -m bench``: run the benchmarks and write bench/RESULTS.md.
 
     python -m bench                      everything at full size (about 1.5 h on 2 CPUs)
-    python -m bench throughput --calls 20000 --repeats 5
+    python -m bench throughput --calls 20000 --repeats 5 [--pattern batch] [--events]
     python -m bench io | commands | latency | delay
+    python -m bench server [--server-calls 2000 --server-rounds 2]
     python -m bench scheduler [--sizes 1000,100000,1000000]
     python -m bench verify [--soak 600]
     python -m bench chaos [--ops 2000 --kills 30]
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -26,7 +28,7 @@ from bench.common import server
 
 PARTS = (
     "throughput", "io", "commands", "latency", "delay", "scheduler", "verify", "chaos", "api",
-    "aio",
+    "aio", "server",
 )  # fmt: skip
 
 
@@ -50,14 +52,18 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
         )
         report.update("nosched", text, res)
     elif part == "throughput":
+        # Defaults against defaults (closed loop) is "throughput"; the batch pattern and
+        # task events on both sides get sections of their own.
+        name = "throughput" + ("-batch" if a.pattern == "batch" else "")
+        name += "-events" if a.events else ""
         for pool in pools:
-            res = tp.throughput(url, a.calls, a.repeats, a.concurrency, [pool])
+            res = tp.throughput(url, a.calls, a.repeats, a.concurrency, [pool], pattern=a.pattern)
             # Keep the other pool's last results: each pool can be re-run on its own.
-            old = _load("throughput")
+            old = _load(name)
             if old and (old["calls"], old["repeats"]) == (a.calls, a.repeats):
                 res["pools"] = {**old["pools"], **res["pools"]}
-            report.update("throughput", tp.render_throughput(res), res)
-            if "prefork -c 2" in res["pools"]:
+            report.update(name, tp.render_throughput(res), res)
+            if name == "throughput" and "prefork -c 2" in res["pools"]:
                 report.update("commands", tp.render_commands(res, _load("roundtrips")))
     elif part == "commands":
         rt = tp.round_trips(url, min(a.calls, 5000))
@@ -68,7 +74,8 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
             res = tp.throughput(url, min(a.calls, 5000), 1, a.concurrency, pools[:1])
         report.update("commands", tp.render_commands(res, rt))
     elif part == "io":
-        res = tp.io_bound(url, a.io_calls, a.io_repeats)
+        io_pools = [(p, int(c)) for p, c in (x.split(":") for x in a.io_pools.split(","))]
+        res = tp.io_bound(url, a.io_calls, a.io_repeats, io_pools)
         report.update("io", tp.render_io(res), res)
     elif part == "latency":
         base = _load("throughput")
@@ -111,6 +118,11 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
 
         res = aio_bench.run(url, a.aio_calls, a.aio_worker_threads, a.aio_repeats)
         report.update("aio", aio_bench.render(res), res)
+    elif part == "server":
+        from bench import server_cost
+
+        res = server_cost.run(url, a.server_calls, a.server_rounds, pools)
+        report.update("server", server_cost.render(res), res)
     else:
         raise SystemExit(f"unknown part {part}")
 
@@ -124,6 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=32, help="client calls in flight")
     ap.add_argument("--threads", type=int, default=8, help="threads pool size for (a)")
     ap.add_argument("--pools", default="", help="throughput: only these pools (prefork,threads)")
+    ap.add_argument(
+        "--pattern",
+        default="closed",
+        choices=("closed", "batch"),
+        help="throughput: closed loop, or many submits then many waits",
+    )
+    ap.add_argument(
+        "--events", action="store_true", help="task events on, on both sides (BENCH_EVENTS=1)"
+    )
+    ap.add_argument(
+        "--io-pools",
+        default="threads:16,threads:64",
+        help="io: pool:concurrency list (threads, prefork, gevent)",
+    )
     ap.add_argument(
         "--no-scheduler", action="store_true", help="throughput what-if: no toolq scheduler"
     )
@@ -144,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aio-calls", type=int, default=1000, help="aio: concurrent calls")
     ap.add_argument("--aio-worker-threads", type=int, default=64, help="aio: worker threads")
     ap.add_argument("--aio-repeats", type=int, default=3, help="aio: waves per client")
+    ap.add_argument("--server-calls", type=int, default=2000, help="server: calls per run")
+    ap.add_argument("--server-rounds", type=int, default=2, help="server: rounds A B")
     ap.add_argument("--ops", type=int, default=2000, help="chaos: operations")
     ap.add_argument("--kills", type=int, default=30, help="chaos: worker/scheduler kills")
     a = ap.parse_args(argv)
+    if a.events:
+        os.environ["BENCH_EVENTS"] = "1"  # read by both sides' workers (bench.procs)
 
     if a.part == "chaos":
         from bench import chaos
@@ -157,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     parts = [p for p in PARTS if p != "chaos"] if a.part == "all" else [a.part]
     if a.part == "all":
-        parts = ["throughput", "commands", "io", "latency", "delay", "scheduler", "verify", "api"]
+        parts = ["throughput", "commands", "server", "io", "latency", "delay", "scheduler"]
+        parts += ["verify", "api"]
         parts.append("aio")
     with server(a.redis_url, appendonly=False) as srv:
         report.update("env", report.env_section(srv.url, srv.note))

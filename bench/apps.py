@@ -17,6 +17,13 @@ from pydantic import BaseModel
 from toolq import CallContext, ToolQueue, errors
 
 tq = ToolQueue(name="bench")
+#: For ``celery -A bench.apps:celery_app worker`` (pools the toolq CLI does not offer:
+#: gevent), with the server in ``TOOLQ_REDIS_URL``.
+celery_app = tq.celery
+if os.environ.get("BENCH_TOOLQ_PREFETCH"):
+    # What-if: toolq's worker reserving more than one message per pool slot (its
+    # default is 1; Celery's is 4).
+    celery_app.conf.worker_prefetch_multiplier = int(os.environ["BENCH_TOOLQ_PREFETCH"])
 
 COMMITTED = "bench:committed"
 

@@ -1,9 +1,17 @@
 """Bare Celery, for comparison: a no-op task awaited through the Redis result backend.
 
-The broker settings are toolq's own (``toolq.broker.app.celery_config``: late
-acks, reject on worker lost, prefetch 1, JSON, the same visibility timeout,
-task events on), so the two sides differ only in what toolq adds: the ledger
-instead of a result backend. kombu's own Redis transport, not toolq's
+Two configurations (``BENCH_BARE_CONFIG``):
+
+- ``defaults`` (the default): Celery as ``pip install celery`` ships it (early
+  acks, prefetch multiplier 4, task events off), plus the Redis result
+  backend it needs to be awaited. What a user comparing the two sees.
+- ``toolq``: toolq's own broker settings (``toolq.broker.app.celery_config``:
+  late acks, reject on worker lost, prefetch 1, JSON, the same visibility
+  timeout), so the two sides differ only in what toolq adds: the ledger
+  instead of a result backend.
+
+``BENCH_EVENTS=1`` turns task events on (on both sides: the bench's toolq
+workers read it too). kombu's own Redis transport, not toolq's
 one-client-per-channel subclass (``toolq.broker.transport``), unless
 ``BENCH_BARE_TRANSPORT=toolq`` (a what-if: bare Celery with that fix too).
 The URL comes from ``BENCH_REDIS_URL`` (``celery -A bench.bare_app:app
@@ -23,6 +31,7 @@ import redis
 from celery import Celery
 from kombu import Exchange, Queue
 
+from bench.procs import events_on
 from toolq.broker.app import celery_config
 from toolq.settings import QueueSettings, ToolqSettings
 
@@ -32,6 +41,8 @@ VISIBILITY = int(os.environ.get("BENCH_VISIBILITY_TIMEOUT", "3600"))
 
 
 def _config(url: str) -> dict[str, Any]:
+    if os.environ.get("BENCH_BARE_CONFIG", "defaults") == "defaults":
+        return _defaults(url)
     settings = ToolqSettings(queues=QueueSettings(visibility_timeout=max(10, VISIBILITY)))
     try:
         conf = celery_config(settings, url)  # type: ignore[call-arg]
@@ -56,8 +67,22 @@ def _config(url: str) -> dict[str, Any]:
         task_queues=(Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE),),
         task_default_queue=QUEUE,
         task_routes={"bare.*": {"queue": QUEUE}},
+        worker_send_task_events=events_on(),
     )
     return conf
+
+
+def _defaults(url: str) -> dict[str, Any]:
+    """Celery's defaults; only what a caller must set to send and await a task."""
+    return {
+        "broker_url": url,
+        "result_backend": url,
+        "task_queues": (Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE),),
+        "task_default_queue": QUEUE,
+        "task_routes": {"bare.*": {"queue": QUEUE}},
+        "worker_send_task_events": events_on(),
+        "worker_hijack_root_logger": False,
+    }
 
 
 _client: redis.Redis | None = None

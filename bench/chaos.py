@@ -563,8 +563,7 @@ class Chaos:
             states = self.states(r)
             pipe = r.pipeline(transaction=False)
             for ref in self.refs:
-                pipe.lrange(KEYS.history(ref), 0, -1)
-                pipe.hget(KEYS.op(ref), "envelope")
+                pipe.hgetall(KEYS.op(ref))  # the envelope and the history (h1 .. h<hn>)
             raw = pipe.execute()
             stats = {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items()}
         finally:
@@ -584,8 +583,9 @@ class Chaos:
         phantom: dict[str, str] = {}
         recovery: list[float] = []
         for i, ref in enumerate(self.refs):
-            hist = [json.loads(h) for h in raw[2 * i]]
-            env = json.loads(raw[2 * i + 1]) if raw[2 * i + 1] else {}
+            fields = {k.decode(): v.decode() for k, v in raw[i].items()}
+            hist = [json.loads(fields[f"h{n}"]) for n in range(1, int(fields.get("hn") or 0) + 1)]
+            env = json.loads(fields["envelope"]) if fields.get("envelope") else {}
             state = states[ref]
             if state == "succeeded":
                 if not effects[ref]:

@@ -2,14 +2,15 @@
 
 Both expose ``call(i)``: submit one call and block until its result is back
 (toolq: ``submit`` then ``wait``; Celery: ``send_task`` then
-``AsyncResult.get`` through the Redis result backend). The load generators
-in :mod:`bench.load` only ever see that.
+``AsyncResult.get`` through the Redis result backend), and the two halves
+apart (``submit(i)`` returns what ``wait`` takes), for the pattern of many
+submits then many waits (:func:`bench.load.batch`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 from celery import Celery
 
@@ -20,6 +21,10 @@ class Client(Protocol):
     name: str
 
     def call(self, i: int) -> None: ...
+
+    def submit(self, i: int) -> Any: ...
+
+    def wait(self, handle: Any) -> None: ...
 
     def close(self) -> None: ...
 
@@ -60,8 +65,14 @@ class BareClient:
         self.timeout = timeout
         self.failures = 0
 
+    def submit(self, i: int) -> Any:
+        return self.app.send_task(self.task, args=[i])
+
+    def wait(self, result: Any) -> None:
+        result.get(timeout=self.timeout)
+
     def call(self, i: int) -> None:
-        self.app.send_task(self.task, args=[i]).get(timeout=self.timeout)
+        self.wait(self.submit(i))
 
     def close(self) -> None:
         self.app.close()

@@ -1,4 +1,4 @@
-"""Load generators: closed loop (throughput) and paced open loop (latency)."""
+"""Load generators: closed loop (throughput), paced open loop (latency), batches."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -88,3 +89,50 @@ def open_loop(
                 time.sleep(delay)
             pool.submit(one, i, due)
     return LoadResult(n, time.perf_counter() - t0, lat, errors)
+
+
+def batch(
+    submit: Callable[[int], Any], wait: Callable[[Any], None], calls: int, concurrency: int
+) -> LoadResult:
+    """Many submits, then many waits: ``concurrency`` threads submit all ``calls``, then
+    wait for every one (the client pattern of an agent fanning out tool calls).
+
+    ``latencies_ms`` holds, per call, the time from the start of the run to the
+    return of its wait (a batch has no per-call latency worth more than that).
+    """
+    handles: list[Any] = [None] * calls
+    errors = [0]
+    lock = threading.Lock()
+    lat: list[float] = []
+
+    def run(work: Callable[[int], None]) -> None:
+        counter = itertools.count()
+
+        def loop() -> None:
+            while (i := next(counter)) < calls:
+                try:
+                    work(i)
+                except Exception:
+                    with lock:
+                        errors[0] += 1
+
+        threads = [threading.Thread(target=loop, daemon=True) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def put(i: int) -> None:
+        handles[i] = submit(i)
+
+    def take(i: int) -> None:
+        if handles[i] is None:
+            return
+        wait(handles[i])
+        with lock:
+            lat.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.perf_counter()
+    run(put)
+    run(take)
+    return LoadResult(calls, time.perf_counter() - t0, lat, errors[0])

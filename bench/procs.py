@@ -93,6 +93,15 @@ def python_child(name: str, args: Sequence[str], env: Mapping[str, str] | None =
     return Child(name, [sys.executable, *args], env)
 
 
+#: The pools ``toolq worker --pool`` takes.
+CLI_POOLS = ("prefork", "threads", "solo")
+
+
+def events_on() -> bool:
+    """``BENCH_EVENTS=1``: both sides' workers send Celery task events."""
+    return os.environ.get("BENCH_EVENTS", "") not in ("", "0")
+
+
 def _pool_args(pool: str, concurrency: int, queues: str, loglevel: str) -> list[str]:
     """The worker options both sides are started with, spelled once."""
     return ["--pool", pool, "--concurrency", str(concurrency), "-Q", queues, "--loglevel", loglevel]
@@ -111,7 +120,15 @@ def toolq_worker(
     hostname: str | None = None,
 ) -> Child:
     argv = ["-m", "toolq.cli", "worker", "--app", app, "--redis-url", url]
+    if pool not in CLI_POOLS:
+        # `toolq worker` offers prefork, threads and solo; Celery itself runs the rest
+        # (gevent) on the same app, the server named in the environment.
+        module = app.split(":")[0]
+        argv = ["-m", "celery", "-A", f"{module}:celery_app", "worker", "--without-mingle"]
+        env = {**(env or {}), "TOOLQ_REDIS_URL": url}
     argv += _pool_args(pool, concurrency, queues, loglevel)
+    if events_on():
+        argv.append("--events" if pool in CLI_POOLS else "-E")
     if hostname:
         argv += ["--hostname", hostname]
     return python_child(name, argv, env)

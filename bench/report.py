@@ -25,9 +25,13 @@ RAW = OUT / "results"
 ORDER = (
     "env",
     "throughput",
+    "throughput-batch",
+    "throughput-events",
+    "throughput-batch-events",
     "nosched",
     "io",
     "commands",
+    "server",
     "latency",
     "delay",
     "scheduler",

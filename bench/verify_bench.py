@@ -52,18 +52,17 @@ def worker(url: str, queues: str, tag: str) -> Iterator[procs.Child]:
 
 def _history_times(r: redis.Redis, refs: list[str]) -> list[dict[str, float]]:
     """Per ref: when it entered each state (first time), in ms, from the ledger history."""
-    import json
+    from toolq.ledger.store import entries_of
 
     out = []
     for i in range(0, len(refs), 1000):
         pipe = r.pipeline(transaction=False)
         for ref in refs[i : i + 1000]:
-            pipe.lrange(KEYS.history(ref), 0, -1)
-        for entries in pipe.execute():
+            pipe.hgetall(KEYS.op(ref))
+        for raw in pipe.execute():
             times: dict[str, float] = {}
-            for raw in entries:
-                e = json.loads(raw)
-                times.setdefault(e["to"], float(e["at"]))
+            for e in entries_of({k.decode(): v.decode() for k, v in raw.items()}):
+                times.setdefault(str(e.to), float(e.at))
             out.append(times)
     return out
 

@@ -49,7 +49,9 @@ class SchedulerSettings(BaseModel):
     batch: int = Field(default=500, ge=1, le=10000)
     #: The longest the scheduler sleeps when nothing is due (it is woken
     #: earlier when an earlier item is added).
-    max_sleep: float = Field(default=5.0, gt=0)
+    #: Capped at 10 s (``toolq.ledger.scripts.WAKE_HORIZON_MS``): the scripts wake a
+    #: scheduler only for what falls due within that horizon.
+    max_sleep: float = Field(default=5.0, gt=0, le=10)
     #: How long a batch the scheduler took stays hidden from other schedulers.
     hold: float = Field(default=30.0, gt=0)
 

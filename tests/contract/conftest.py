@@ -2,6 +2,9 @@
 
 fakeredis runs the Lua in lupa (Lua 5.1) and serves the unit tier; the real
 server is what production runs. One suite on both keeps the unit tier honest.
+Each ledger runs its scripts both ways: as functions of the loaded library
+(FCALL, where the server has functions) and as plain scripts (EVALSHA, the
+fallback for a server without them).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
         c.close()
 
 
-@pytest.fixture
-def ledger(client: redis.Redis) -> Ledger:
-    return Ledger(client, prefix="tq")
+@pytest.fixture(params=("functions", "scripts"))
+def ledger(client: redis.Redis, request: pytest.FixtureRequest) -> Ledger:
+    ledger = Ledger(client, prefix="tq")
+    if request.param == "scripts":
+        ledger.scripts.functions = False  # as on a server that refused FUNCTION LOAD
+    return ledger

@@ -60,8 +60,10 @@ def unchecked(ref: str, states: tuple[State, ...], to: State, *, quiet: bool = F
 
 
 def history(ledger: Ledger, ref: str) -> list[HistoryEntry]:
-    raw = ledger.redis.lrange(ledger.keys.history(ref), 0, -1)
-    return [HistoryEntry.model_validate_json(h) for h in raw]
+    """The entries the scripts wrote into the record (``h1`` .. ``h<hn>``), read raw."""
+    f = {k.decode(): v for k, v in ledger.redis.hgetall(ledger.keys.op(ref)).items()}
+    n = int(f.get("hn") or 0)
+    return [HistoryEntry.model_validate_json(f[f"h{i}"]) for i in range(1, n + 1)]
 
 
 def snapshot(ledger: Ledger) -> dict[bytes, bytes | None]:

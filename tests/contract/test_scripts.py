@@ -7,7 +7,7 @@ import contextlib
 from tests.contract.ops import LEASE, NOW, QUEUE, TOOL, history, put, snapshot, submit
 from toolq.fixed import escalation_envelope
 from toolq.ledger import Ledger, SubmitResult
-from toolq.ledger.scripts import DUE_FIELDS
+from toolq.ledger.scripts import DUE_FIELDS, WAKE_HORIZON_MS
 from toolq.recovery.transition import Transition
 from toolq.states import State
 
@@ -220,7 +220,7 @@ def test_apply_moves_the_record_and_everything_that_follows_it(ledger: Ledger) -
     )
     assert ledger.apply([cancel], NOW + 6000) == ["ok"]
     assert r.zscore(k.due, "p/1") is None
-    assert 0 < r.ttl(k.op("p/1")) <= 600 and 0 < r.ttl(k.history("p/1")) <= 600
+    assert 0 < r.ttl(k.op("p/1")) <= 600
     assert ledger.envelope("p/1") == env
     assert ledger.stats() == {
         f"{TOOL}|submitted": 1,
@@ -371,8 +371,10 @@ def test_the_drains_pipelined_calls_answer_as_the_plain_ones(ledger: Ledger) -> 
 
 def test_a_planned_sleep_is_cut_short_only_by_an_earlier_item(ledger: Ledger) -> None:
     k, r = ledger.keys, ledger.redis
-    assert ledger.plan_sleep(NOW, 60_000) == NOW + 60_000  # nothing due: the longest sleep
-    assert ms(r.get(k.sleep_until)) == NOW + 60_000
+    # nothing due: the longest sleep, never past the horizon however long max_sleep is
+    assert ledger.plan_sleep(NOW, 5_000) == NOW + 5_000
+    assert ledger.plan_sleep(NOW, 60_000) == NOW + WAKE_HORIZON_MS
+    assert ms(r.get(k.sleep_until)) == NOW + WAKE_HORIZON_MS
 
     submit(ledger, "s/1", due=NOW + 90_000)  # beyond the wake-up: nobody is woken
     assert r.llen(k.wake) == 0
@@ -387,4 +389,16 @@ def test_a_planned_sleep_is_cut_short_only_by_an_earlier_item(ledger: Ledger) ->
         ref="s/1", states=(S.QUEUED,), to=S.QUEUED, by="s", quiet=True, due_ms=NOW + 500
     )
     assert ledger.apply([move], NOW) == ["ok"]
+    assert r.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_an_item_past_the_horizon_never_looks_at_the_planned_sleep(ledger: Ledger) -> None:
+    # Given a planned wake-up further away than any scheduler plans (set by hand)
+    k, r = ledger.keys, ledger.redis
+    r.set(k.sleep_until, NOW + 10 * WAKE_HORIZON_MS)
+    # When an item is added at least the horizon past the caller's now: not read, no wake
+    submit(ledger, "h/1", due=NOW + WAKE_HORIZON_MS)
+    assert r.llen(k.wake) == 0
+    # and one just inside it is compared with the plan, and wakes the scheduler
+    submit(ledger, "h/2", due=NOW + WAKE_HORIZON_MS - 1)
     assert r.lrange(k.wake, 0, -1) == [b"1"]

@@ -77,7 +77,7 @@ def test_submit_creates_only_in_an_initial_state_and_moves_no_existing_one(
         else:
             with pytest.raises(redis.ResponseError, match="never created"):
                 submit(ledger, ref, state=s)
-            assert not ledger.redis.exists(ledger.keys.op(ref), ledger.keys.history(ref))
+            assert not ledger.redis.exists(ledger.keys.op(ref))
     for s in State:
         ref = f"old/{s}"
         put(ledger, ref, s, submit_fp="fp-1")

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
 from tests.integration.conftest import APP, seen
 from toolq import State, ToolQueue
+from toolq.ledger import scripts
 from toolq.recovery.transition import Transition
 from toolq.scheduler.service import Scheduler
 
@@ -62,16 +63,14 @@ def _dispatched(rt: ToolQueue) -> int:
 
 def _dispatches_per_ref(rt: ToolQueue, refs: list[str]) -> set[int]:
     """How many waiting_retry -> queued transitions each ref's history holds."""
-    pipe = rt.redis.pipeline(transaction=False)
-    for ref in refs:
-        pipe.lrange(rt.ledger.keys.history(ref), 0, -1)
     counts = set()
-    for entries in pipe.execute():
+    for ref in refs:
+        entries = rt.ledger.history(ref)
         counts.add(
             sum(
                 1
                 for e in entries
-                if b'"from":"waiting_retry","to":"queued"' in e
+                if (e.from_, e.to) == (State.WAITING_RETRY, State.QUEUED)
                 or (b'"to":"queued"' in e and b'"from":"waiting_retry"' in e)
             )
         )
@@ -150,18 +149,18 @@ def test_not_before_in_the_past_runs_at_once_and_absurd_one_escalates(
 
 
 def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:
-    # Given a scheduler with nothing due, sleeping up to 30 s
+    # Given a scheduler with nothing due, sleeping as long as it may (10 s)
     from toolq.scheduler.service import Scheduler
 
     sched = Scheduler(rt.app)
-    sched.max_sleep = 30.0
+    sched.max_sleep = 10.0
     worker = threading.Thread(target=sched.run, daemon=True)
     worker.start()
     try:
         assert wait_until(lambda: _blocked_in_blpop(rt), 10)
         # When an item falls due in 0.2 s
         ref = _park(rt, 1, "wake", due_in_ms=200)[0]
-        # Then it is dispatched then, not when the 30 s sleep ends
+        # Then it is dispatched then, not when the 10 s sleep ends
         assert wait_until(lambda: rt.get(ref).state is State.QUEUED, 5)  # type: ignore[union-attr]
     finally:
         sched.stop()
@@ -173,18 +172,17 @@ def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:
 def test_a_drain_that_finds_its_script_gone_recovers_without_doubling(
     rt: ToolQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given more items due than one batch, and a server that answers the drain's first
-    # raw APPLY with NOSCRIPT (as after SCRIPT FLUSH)
+    # Given more items due than one batch, and a server that loses the scripts just as
+    # the drain starts (as after FUNCTION FLUSH, or a restart without persistence)
     refs = _park(rt, 1200, "noscript")
     real = rt.ledger.load_scripts
     lost: list[str] = []
 
     def first_time_lost() -> None:
-        if lost:
-            real()
-        else:
+        real()
+        if not lost:
             lost.append("apply")
-            rt.ledger._apply.sha = "0" * 40
+            rt.redis.function_delete(scripts.LIBRARY)
 
     monkeypatch.setattr(rt.ledger, "load_scripts", first_time_lost)
     sched = Scheduler(rt.app)

@@ -9,6 +9,7 @@ The real server's side is tests/integration/test_durability.py.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import fakeredis
@@ -28,6 +29,43 @@ from toolq.ledger.durability import (
     check_ack,
     plan,
 )
+
+SET = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
+
+
+class OneScript:
+    """What Durability runs scripts through (toolq.ledger.store.Scripts), with one script."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.sha = client.script_load(SET)
+
+    def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        return self.client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        return ["EVALSHA", self.sha, len(keys), *keys, *args]
+
+    def load(self) -> None:
+        self.sha = self.client.script_load(SET)
+
+
+class AsyncOneScript:
+    """The same on redis.asyncio (toolq.ledger.aio.AsyncScripts)."""
+
+    def __init__(self, client: fakeredis.aioredis.FakeRedis) -> None:
+        self.client = client
+        self.script = client.register_script(SET)
+
+    async def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        return await self.script(keys=keys, args=args)
+
+    async def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        return ["EVALSHA", self.script.sha, len(keys), *keys, *args]
+
+    async def load(self) -> None:
+        self.script.sha = await self.client.script_load(SET)
+
 
 ALWAYS = Persistence(appendonly=True, appendfsync="always")
 EVERYSEC = Persistence(appendonly=True, appendfsync="everysec")
@@ -94,11 +132,11 @@ def test_a_server_without_config_or_waitaof_is_warned_about_once(
     # Given fakeredis: CONFIG and WAITAOF are both unknown commands
     client = fakeredis.FakeRedis()
     d = Durability(client, "fsync")
-    script = client.register_script("redis.call('SET', KEYS[1], ARGV[1]) return 1")
+    run = OneScript(client)
     # When two writes go through it
     with caplog.at_level("WARNING", logger="toolq.durability"):
-        assert d.call(script, ["k"], ["v1"]) == 1
-        assert d.call(script, ["k"], ["v2"]) == 1
+        assert d.call(run, "set", ["k"], ["v1"]) == 1
+        assert d.call(run, "set", ["k"], ["v2"]) == 1
     # Then both were written, WAITAOF is not sent again, and one warning says why
     assert client.get("k") == b"v2"
     assert d.current() == Plan(wait=False, warning=NO_WAITAOF)
@@ -110,10 +148,10 @@ def test_the_async_carrier_does_the_same(caplog: pytest.LogCaptureFixture) -> No
     # tq.aio's submits go through AsyncDurability: the same plan, the same warning
     client = fakeredis.aioredis.FakeRedis()
     d = AsyncDurability(client, "fsync")
-    script = client.register_script("redis.call('SET', KEYS[1], ARGV[1]) return 1")
+    run = AsyncOneScript(client)
 
     async def two_writes() -> list[Any]:
-        return [await d.call(script, ["k"], ["v1"]), await d.call(script, ["k"], ["v2"])]
+        return [await d.call(run, "set", ["k"], ["v1"]), await d.call(run, "set", ["k"], ["v2"])]
 
     with caplog.at_level("WARNING", logger="toolq.durability"):
         assert asyncio.run(two_writes()) == [1, 1]

@@ -7,7 +7,6 @@ tier does that with real workers).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,8 +183,7 @@ def test_history_records_every_transition(tq: ToolQueue) -> None:
     run(tq, ref)
     tq.provide_input(ref, {"to": "ok"})
     run(tq, ref, 2)
-    hist = tq.redis.lrange(tq.ledger.keys.history(ref), 0, -1)
-    moves = [(json.loads(h).get("from"), json.loads(h)["to"]) for h in hist]
+    moves = [(h.from_, h.to) for h in tq.ledger.history(ref)]
     assert moves == [
         (None, "queued"),
         ("queued", "running"),

@@ -103,7 +103,9 @@ def test_the_scripts_read_their_fixed_keys_in_the_order_they_are_passed(
     k = Keys("p")
     keys = scripts.fixed_keys(k)
     seen = fake_redis.eval(
-        scripts.PRELUDE + f"return {{{', '.join(scripts.FIXED)}}}", len(keys), *keys
+        scripts.PRELUDE + f"begin(KEYS, ARGV)\nreturn {{{', '.join(scripts.FIXED)}}}",
+        len(keys),
+        *keys,
     )
     assert dict(zip(scripts.FIXED, (v.decode() for v in seen), strict=True)) == {
         "DUE": k.due,
@@ -117,7 +119,7 @@ def test_the_scripts_read_their_fixed_keys_in_the_order_they_are_passed(
 
 def test_every_ledger_key_carries_the_prefix_as_its_hash_tag() -> None:
     k = Keys("toolq")
-    names = [k.op("r/1"), k.history("r/1"), k.due, k.wake, k.sleep_until, k.notify, k.tools]
+    names = [k.op("r/1"), k.due, k.wake, k.sleep_until, k.notify, k.tools]
     names += [k.stats, k.index("send", "queued"), k.schedulers, k.op_prefix, k.index_prefix]
     assert all(n.startswith("{toolq}:") for n in names)
     assert (k.op("r/1"), k.due, k.index("send", "queued")) == (

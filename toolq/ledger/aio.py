@@ -17,14 +17,17 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from toolq.ledger import scripts
-from toolq.ledger.durability import AsyncDurability
+from toolq.ledger.durability import AsyncDurability, lost_scripts
 from toolq.ledger.store import (
     Calls,
     SubmitResult,
     fields_of,
+    functions_refused,
     history_of,
     history_start,
     record_of,
@@ -33,6 +36,60 @@ from toolq.ledger.store import (
 )
 from toolq.record import HistoryEntry, OperationRecord
 from toolq.recovery.transition import Transition
+
+
+class AsyncScripts:
+    """:class:`toolq.ledger.store.Scripts` on ``redis.asyncio``: FCALL of the library,
+    or EVALSHA where the server has no functions; loaded on first use and after a loss."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self.functions: bool | None = None
+        self._evals: dict[str, AsyncScript] = {}
+
+    async def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        if self.functions is None:
+            await self.load()
+        if not self.functions:
+            return await self._eval(name)(keys=keys, args=args)
+        fn = scripts.function_name(name)
+        try:
+            return await self.client.fcall(fn, len(keys), *keys, *args)
+        except redis.ResponseError as exc:
+            if not lost_scripts(exc):
+                raise
+        await self.load()
+        return await self.client.fcall(fn, len(keys), *keys, *args)
+
+    async def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        if self.functions is None:
+            await self.load()
+        if self.functions:
+            return ["FCALL", scripts.function_name(name), len(keys), *keys, *args]
+        return ["EVALSHA", self._eval(name).sha, len(keys), *keys, *args]
+
+    async def load(self) -> None:
+        if self.functions is not False:
+            try:
+                await self.client.function_load(scripts.library())
+                self.functions = True
+                return
+            except redis.ResponseError as exc:
+                if "already exists" in str(exc):
+                    self.functions = True
+                    return
+                if not functions_refused(exc):
+                    raise
+                self.functions = False
+        for name in scripts.NAMES:
+            script = self._eval(name)
+            script.sha = await self.client.script_load(script.script)
+
+    def _eval(self, name: str) -> AsyncScript:
+        script = self._evals.get(name)
+        if script is None:
+            script = self._evals[name] = self.client.register_script(scripts.script(name))
+        return script
 
 
 class AsyncLedger:
@@ -45,8 +102,7 @@ class AsyncLedger:
         self.durable = AsyncDurability(client, durability)
         self.calls = Calls(prefix)
         self.keys = self.calls.keys
-        self._submit = client.register_script(scripts.SUBMIT)
-        self._apply = client.register_script(scripts.APPLY)
+        self.scripts = AsyncScripts(client)
 
     @contextlib.asynccontextmanager
     async def _command(self) -> AsyncIterator[None]:
@@ -64,7 +120,7 @@ class AsyncLedger:
         """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
         keys, args = self.calls.submit(**operation)
         async with self._command():
-            return submit_result(await self.durable.call(self._submit, keys, args))
+            return submit_result(await self.durable.call(self.scripts, "submit", keys, args))
 
     async def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
@@ -72,18 +128,15 @@ class AsyncLedger:
             return []
         keys, args = self.calls.apply(transitions, now_ms)
         async with self._command():
-            return strs(await self._apply(keys=keys, args=args))
+            return strs(await self.scripts("apply", keys, args))
 
     async def apply_one(self, transition: Transition, now_ms: int) -> str:
         return (await self.apply([transition], now_ms))[0]
 
     async def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
-        async with self._command(), self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.keys.op(ref))
-            if with_history:
-                pipe.lrange(self.keys.history(ref), 0, -1)
-            res = await pipe.execute()
-        return record_of(res[0], res[1] if with_history else None)
+        async with self._command():
+            raw = await self.redis.hgetall(self.keys.op(ref))
+        return record_of(raw, with_history)
 
     async def fields(self, ref: str, *names: str) -> dict[str, str]:
         async with self._command():
@@ -93,20 +146,17 @@ class AsyncLedger:
     async def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
         """The history entries after the first ``after``; OperationNotFound for no operation."""
         start = history_start(after)
-        async with self._command(), self.redis.pipeline(transaction=False) as pipe:
-            pipe.lrange(self.keys.history(ref), start, -1)
-            pipe.exists(self.keys.op(ref))
-            entries, exists = await pipe.execute()
-        return history_of(ref, entries, exists)
+        async with self._command():
+            raw = await self.redis.hgetall(self.keys.op(ref))
+        return history_of(ref, raw, start)
 
     async def state_of(self, ref: str) -> tuple[dict[str, str], int]:
         """The record's state, rev and envelope, and how many history entries it has."""
-        names = ("state", "rev", "envelope")
-        async with self._command(), self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(self.keys.op(ref), list(names))
-            pipe.llen(self.keys.history(ref))
-            values, length = await pipe.execute()
-        return fields_of(names, values), int(length)
+        names = ("state", "rev", "envelope", "hn")
+        async with self._command():
+            values = await self.redis.hmget(self.keys.op(ref), list(names))
+        fields = fields_of(names, values)
+        return fields, int(fields.pop("hn", None) or 0)
 
     async def ping(self) -> None:
         async with self._command():

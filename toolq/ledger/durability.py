@@ -45,13 +45,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript, Script
 
 from toolq import errors
 
@@ -198,6 +197,33 @@ class _Plans:
         return p
 
 
+class Runner(Protocol):
+    """Runs the ledger's scripts (:class:`toolq.ledger.store.Scripts`)."""
+
+    def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any: ...
+
+    def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]: ...
+
+    def load(self) -> None: ...
+
+
+class AsyncRunner(Protocol):
+    """The same on ``redis.asyncio`` (:class:`toolq.ledger.aio.AsyncScripts`)."""
+
+    def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Awaitable[Any]: ...
+
+    async def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]: ...
+
+    async def load(self) -> None: ...
+
+
+def lost_scripts(reply: object) -> bool:
+    """A reply that says the server lost the scripts (a restart, a flush): load them again."""
+    if isinstance(reply, redis.exceptions.NoScriptError):
+        return True
+    return isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower()
+
+
 class Durability:
     """Carries out :func:`plan` for one client. Thread-safe; one per ledger."""
 
@@ -213,18 +239,18 @@ class Durability:
             self.plans.probed(_persistence(self.client.config_get, "append*"))
         return self.plans.current()
 
-    def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run ``script``; with a waiting plan, WAITAOF in the same round trip."""
+    def call(self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run script ``name``; with a waiting plan, WAITAOF in the same round trip."""
         if not self.current().wait:
-            return script(keys=keys, args=args)
+            return run(name, keys, args)
         for _ in range(2):  # once more after NOSCRIPT (a restarted server lost its scripts)
             pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command(*run.command(name, keys, args))  # type: ignore[no-untyped-call]
             pipe.execute_command(*WAITAOF)  # type: ignore[no-untyped-call]
             reply, ack = pipe.execute(raise_on_error=False)
-            if not isinstance(reply, redis.exceptions.NoScriptError):
+            if not lost_scripts(reply):
                 break
-            script.sha = self.client.script_load(script.script)
+            run.load()
         if isinstance(reply, Exception):
             raise reply
         self.plans.learned(ack)
@@ -250,17 +276,19 @@ class AsyncDurability:
                 self.plans.probed(Persistence.from_config(reply))
         return self.plans.current()
 
-    async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    async def call(
+        self, run: AsyncRunner, name: str, keys: Sequence[Any], args: Sequence[Any]
+    ) -> Any:
         if not (await self.current()).wait:
-            return await script(keys=keys, args=args)
+            return await run(name, keys, args)
         for _ in range(2):
             pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command(*(await run.command(name, keys, args)))
             pipe.execute_command(*WAITAOF)
             reply, ack = await pipe.execute(raise_on_error=False)
-            if not isinstance(reply, redis.exceptions.NoScriptError):
+            if not lost_scripts(reply):
                 break
-            script.sha = await self.client.script_load(script.script)
+            await run.load()
         if isinstance(reply, Exception):
             raise reply
         self.plans.learned(ack)

@@ -1,4 +1,13 @@
-"""The ledger's Lua scripts: every transition is one atomic script call.
+"""The ledger's Lua: every transition is one atomic call of one of these scripts.
+
+**One library, loaded once.** The scripts are the functions of one Lua library
+(:func:`library`, named by a hash of its code so that two toolq versions never
+replace each other's). A server with functions (Redis >= 7, Valkey) loads it
+once (``FUNCTION LOAD``) and runs a call as ``FCALL``: the prelude below (the
+state tables, the helpers) is evaluated at load, not on every call. A server
+without functions runs the same code as a script (:func:`script`, ``EVALSHA``),
+where the prelude runs on every call. Measured on Valkey 9.1 (bench/RESULTS.md,
+"Server cost"): the prelude cost ~5-10 µs of server time per script call.
 
 **Keys.** Every script declares the keys it touches in KEYS, named by
 :class:`toolq.keys.Keys` and so all under one hash tag (one Cluster slot):
@@ -6,10 +15,15 @@
 - ``KEYS[1..6]`` of every script, in :func:`fixed_keys` order: the due set, the
   scheduler's wake list and ``sleep_until``, the stats hash, the tools set, and
   the state-index prefix;
-- then the script's own: SUBMIT and CLAIM the operation's record and history
-  (SUBMIT also the queue it pushes to), RENEW one record per lease, APPLY one
-  record and history per item and then the queues its items push to, CLAIM_DUE
-  the record prefix.
+- then the script's own: SUBMIT and CLAIM the operation's record (SUBMIT also
+  the queue it pushes to), RENEW one record per lease, APPLY one record per item
+  and then the queues its items push to, CLAIM_DUE the record prefix.
+
+**History.** An operation's transitions are fields of its record: ``h1``,
+``h2``, ... (JSON, :class:`toolq.record.HistoryEntry`), and ``hn``, how many.
+Appending one is two more fields in the write the transition makes anyway, and
+retention expires one key: as a list of its own the history cost every call
+four more commands (three RPUSH, one EXPIRE; bench/RESULTS.md, "Server cost").
 
 Two exceptions, on purpose:
 
@@ -33,10 +47,16 @@ prelude with ``SETTLED`` and ``INITIAL`` (one source, see :func:`lua_tables`):
 SUBMIT creates only in an initial state, CLAIM's queued -> running and every
 APPLY move go through ``allowed()``, and a quiet APPLY item (a field update)
 must stay in the state it finds.
+
+**Cheap on the server.** The server runs every call of every client, so the Lua
+does as little as it can: no JSON decoding of arguments (APPLY's items come as
+flat arguments, :data:`ITEM_HEAD`), history entries written as strings rather
+than through cjson, no table built that a call does not use.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 from toolq.keys import STEPS_SUFFIX, Keys
@@ -44,6 +64,14 @@ from toolq.states import ALLOWED, INITIAL, SETTLED, State
 
 #: The Lua names of KEYS[1..n], the keys every script receives first.
 FIXED = ("DUE", "WAKE", "SLEEP", "STATS", "TOOLS", "IDX")
+
+#: The longest a scheduler plans to sleep (ms), whatever ``max_sleep`` says: scripts
+#: adding an item due further than this from their ``now`` need not look whether it
+#: must wake the scheduler (see ``wake_for``).
+WAKE_HORIZON_MS = 10_000
+
+#: The scripts, by the name callers use (the function is ``<library>_<name>``).
+NAMES = ("submit", "claim", "renew", "apply", "claim_due", "plan_sleep")
 
 
 def fixed_keys(keys: Keys) -> list[str]:
@@ -69,13 +97,20 @@ def lua_tables() -> str:
 
 
 PRELUDE = (
-    "local NOTIFY = ARGV[1]\n"
-    + f"local STEPS_SUFFIX = '{STEPS_SUFFIX}'\n"
-    + f"local {', '.join(FIXED)} = "
-    + ", ".join(f"KEYS[{i}]" for i in range(1, len(FIXED) + 1))
-    + f"\nlocal NFIXED = {len(FIXED)}\n"
+    f"local STEPS_SUFFIX = '{STEPS_SUFFIX}'\n"
+    + f"local NFIXED = {len(FIXED)}\n"
+    + f"local HORIZON = {WAKE_HORIZON_MS}\n"
     + lua_tables()
-    + r"""
+    + f"local NOTIFY, {', '.join(FIXED)}\n"
+    + r"""local sleeping_until, B, DIRECT, NOW
+
+-- Every call starts here: what the previous call left in these is not this one's.
+local function begin(keys, args)
+  NOTIFY = args[1]
+  DUE, WAKE, SLEEP, STATS, TOOLS, IDX = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+  sleeping_until, B, DIRECT, NOW = nil, nil, false, nil
+end
+
 local function allowed(from, to) return ALLOWED[from] ~= nil and ALLOWED[from][to] == true end
 -- Every state entered is announced, one PUBLISH per transition (quiet updates: none).
 -- Settled states on NOTIFY, which waiters (tq.wait) hear; the others on the steps
@@ -91,10 +126,28 @@ end
 -- The one key name spelled here: the record's tool and state are known only once read.
 local function idxkey(tool, state) return IDX .. tool .. ':' .. state end
 
+-- A JSON string. Callers' words (a lease holder, an operator, a code) are plain in
+-- practice: quoted as they are, cjson only for the rare one that needs escapes.
+local function jstr(s)
+  if string.find(s, '[%c"\\]') then return cjson.encode(s) end
+  return '"' .. s .. '"'
+end
+-- A history entry (toolq.record.HistoryEntry), the value of field 'h' .. n of the
+-- record. Built as a string: at and attempt are whole numbers, the states are names.
+local function entry(at, from, to, attempt, by, code)
+  local head = '{"at":' .. at
+  if from then head = head .. ',"from":"' .. from .. '"' end
+  local tail = code and (',"code":' .. jstr(code) .. '}') or '}'
+  return head .. ',"to":"' .. to .. '","attempt":' .. attempt .. ',"by":' .. jstr(by) .. tail
+end
+
 -- Put ref in the due set; wake the sleeping scheduler only if it planned to sleep
--- past this item (most items, leases and unclaimed checks, lie beyond its wake-up).
-local sleeping_until = nil
+-- past this item. A scheduler never plans more than HORIZON ms ahead (PLAN_SLEEP),
+-- so an item at least that far past the caller's now (a submit's unclaimed check,
+-- a claim's lease: most items) cannot be earlier than its wake-up, and is added
+-- without reading SLEEP: two commands fewer per call (bench/RESULTS.md).
 local function wake_for(ms)
+  if NOW ~= nil and ms >= NOW + HORIZON then return end
   if sleeping_until == nil then sleeping_until = tonumber(redis.call('GET', SLEEP) or '0') end
   if sleeping_until > 0 and ms < sleeping_until then
     sleeping_until = ms
@@ -112,79 +165,99 @@ local function stat(tool, name, n)
   redis.call('HINCRBY', STATS, tool .. '|' .. name, n or 1)
 end
 
-local function history(hkey, entry)  -- the entry's 1-based index
-  return redis.call('RPUSH', hkey, cjson.encode(entry))
-end
-
 -- A script that walks many items (APPLY, CLAIM_DUE, RENEW) gathers its writes to
 -- shared keys (the due set, the state indexes, the stats hash, the queues) and makes
 -- them in flush(), one command per key: per item that is six fewer commands. Nothing
 -- reads these keys before the flush, and only each ref's last word counts, so the
--- result is the same. Scripts about one operation write directly (set_due, stat).
-local B = {due = {}, idx = {}, stats = {}, push = {}, refs = {}}
-local function touch(ref)
-  if B.due[ref] == nil and B.idx[ref] == nil then table.insert(B.refs, ref) end
+-- result is the same. A call about one operation (DIRECT: SUBMIT, CLAIM, and APPLY
+-- or RENEW of one item, the worker's calls) writes at once: for one item the buffer
+-- saved no command and cost ~15 µs of server time (bench/RESULTS.md, "Server cost").
+local function buffer()
+  if B == nil then B = {due = {}, idx = {}, stats = {}, push = {}, refs = {}} end
+  return B
+end
+local function touch(b, ref)
+  if b.due[ref] == nil and b.idx[ref] == nil then b.refs[#b.refs + 1] = ref end
 end
 local function bdue(ref, ms, wake)  -- ms false: remove; wake: as set_due does
-  touch(ref)
   if ms and wake then wake_for(ms) end
-  B.due[ref] = ms
+  if DIRECT then
+    if ms then redis.call('ZADD', DUE, ms, ref) else redis.call('ZREM', DUE, ref) end
+    return
+  end
+  local b = buffer()
+  touch(b, ref)
+  b.due[ref] = ms
 end
 local function bmove(ref, tool, from, to, score)  -- state index: the first from, the last to
-  touch(ref)
-  local m = B.idx[ref]
+  if DIRECT then
+    if from ~= to then redis.call('ZREM', idxkey(tool, from), ref) end
+    redis.call('ZADD', idxkey(tool, to), score, ref)
+    return
+  end
+  local b = buffer()
+  touch(b, ref)
+  local m = b.idx[ref]
   if m then
     m.to = to; m.score = score
   else
-    B.idx[ref] = {tool = tool, from = from, to = to, score = score}
+    b.idx[ref] = {tool = tool, from = from, to = to, score = score}
   end
 end
 local function bstat(tool, name, n)
+  if DIRECT then return stat(tool, name, n) end
+  local s = buffer().stats
   local f = tool .. '|' .. name
-  if not B.stats[f] then table.insert(B.stats, f); B.stats[f] = 0 end
-  B.stats[f] = B.stats[f] + (n or 1)
+  if not s[f] then s[#s + 1] = f; s[f] = 0 end
+  s[f] = s[f] + (n or 1)
 end
 local function bpush(queue, msg)
-  if not B.push[queue] then table.insert(B.push, queue); B.push[queue] = {} end
-  table.insert(B.push[queue], msg)
+  if DIRECT then return redis.call('LPUSH', queue, msg) end
+  local p = buffer().push
+  if not p[queue] then p[#p + 1] = queue; p[queue] = {} end
+  local q = p[queue]
+  q[#q + 1] = msg
 end
 local function many(cmd, key, args)
   for i = 1, #args, 1000 do redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args))) end
 end
+local function put(t, key, a, b)  -- t[key] gets a (and b): the arguments of one command
+  local l = t[key]
+  if not l then l = {}; t[key] = l; t[#t + 1] = key end
+  l[#l + 1] = a
+  if b ~= nil then l[#l + 1] = b end
+end
 local function flush()
+  local b = B
+  if b == nil then return end
   local add, rem = {}, {}
-  local function put(t, key, ...)
-    if not t[key] then t[key] = {} end
-    for _, v in ipairs({...}) do table.insert(t[key], v) end
-  end
-  for _, ref in ipairs(B.refs) do
-    local ms = B.due[ref]
+  for _, ref in ipairs(b.refs) do
+    local ms = b.due[ref]
     if ms then put(add, DUE, ms, ref) elseif ms == false then put(rem, DUE, ref) end
-    local m = B.idx[ref]
+    local m = b.idx[ref]
     if m then
       if m.from ~= m.to then put(rem, idxkey(m.tool, m.from), ref) end
       put(add, idxkey(m.tool, m.to), m.score, ref)
     end
   end
-  for key, args in pairs(rem) do if #args > 0 then many('ZREM', key, args) end end
-  for key, args in pairs(add) do if #args > 0 then many('ZADD', key, args) end end
-  for _, f in ipairs(B.stats) do redis.call('HINCRBY', STATS, f, B.stats[f]) end
-  for _, q in ipairs(B.push) do many('LPUSH', q, B.push[q]) end
+  for _, key in ipairs(rem) do many('ZREM', key, rem[key]) end
+  for _, key in ipairs(add) do many('ZADD', key, add[key]) end
+  for _, f in ipairs(b.stats) do redis.call('HINCRBY', STATS, f, b.stats[f]) end
+  for _, q in ipairs(b.push) do many('LPUSH', q, b.push[q]) end
 end
 """
 )
 
 
 # Create an operation, or answer for the one that holds its ref (writing nothing).
-# KEYS: fixed, op, history[, queue]  ARGV: notify ref tool args fp call_id now
-#   max_attempts deadline state due msg  (the queue is a key only when msg is not empty)
-SUBMIT = (
-    PRELUDE
-    + r"""
-local key, hkey, queue = KEYS[NFIXED + 1], KEYS[NFIXED + 2], KEYS[NFIXED + 3]
+# KEYS: fixed, op[, queue]  ARGV: notify ref tool args fp call_id now max_attempts
+#   deadline state due msg  (the queue is a key only when msg is not empty)
+SUBMIT = r"""
+local key, queue = KEYS[NFIXED + 1], KEYS[NFIXED + 2]
 local ref, tool, args, fp, call_id = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now, max_attempts, deadline = ARGV[7], ARGV[8], ARGV[9]
 local state, due, msg = ARGV[10], tonumber(ARGV[11]), ARGV[12]
+NOW = tonumber(now)
 if not INITIAL[state] then
   return redis.error_reply('toolq: an operation is never created ' .. state)
 end
@@ -198,75 +271,73 @@ if state == 'queued' then attempt = 1 end
 redis.call('HSET', key, 'ref', ref, 'tool', tool, 'args', args, 'fp', fp, 'submit_fp', fp,
   'call_id', call_id, 'state', state, 'attempt', attempt, 'max_attempts', max_attempts,
   'deadline', deadline, 'created', now, 'updated', now, 'entered', now, 'rev', 1,
-  'vcheck', 0, 'vfail', 0, 'repubs', 0, 'published', (msg ~= '' and now) or 0)
+  'vcheck', 0, 'vfail', 0, 'repubs', 0, 'published', (msg ~= '' and now) or 0,
+  'hn', 1, 'h1', entry(now, nil, state, attempt, 'submit'))
 if msg ~= '' then redis.call('LPUSH', queue, msg) end
-redis.call('SADD', TOOLS, tool)
 redis.call('ZADD', idxkey(tool, state), now, ref)
-local seq = history(hkey, {at = tonumber(now), to = state, attempt = attempt, by = 'submit'})
 set_due(ref, due)
-stat(tool, 'submitted')
+-- The tool joins the tools set with its first submit (its counter's first 1), not
+-- with every one: the set only ever grows, and nothing else removes from it.
+if redis.call('HINCRBY', STATS, tool .. '|submitted', 1) == 1 then
+  redis.call('SADD', TOOLS, tool)
+end
 if attempt > 0 then stat(tool, 'attempts') end
-notify(state, ref, 1, seq)
+notify(state, ref, 1, 1)
 return {'created', state}
 """
-)
 
 # Claim an attempt (kind=run: queued -> running) or a verification check (kind=verify).
-# KEYS: fixed, op, history  ARGV: notify ref attempt holder now lease_ms kind vcheck
-CLAIM = (
-    PRELUDE
-    + r"""
-local key, hkey = KEYS[NFIXED + 1], KEYS[NFIXED + 2]
+# KEYS: fixed, op  ARGV: notify ref attempt holder now lease_ms kind vcheck
+CLAIM = r"""
+local key = KEYS[NFIXED + 1]
 local ref, attempt, holder = ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local now, lease, kind, vcheck = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local at, lease, kind, vcheck = ARGV[5], tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local now = tonumber(at)
+NOW = now
 local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
   'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
-  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev')
+  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn')
 local state = f[1]
 if not state then return {'missing'} end
 local tool = f[5]
-local body = {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11], f[12],
-  f[13] or '0', f[14], f[17], f[2]}
 if kind == 'run' then
   if state == 'queued' and allowed(state, 'running') and tonumber(f[2]) == attempt then
-    local rev = (tonumber(f[18]) or 0) + 1
+    local rev, seq = (tonumber(f[18]) or 0) + 1, (tonumber(f[19]) or 0) + 1
     redis.call('HSET', key, 'state', 'running', 'lease_holder', holder,
-      'lease_until', now + lease, 'entered', now, 'updated', now, 'rev', rev)
+      'lease_until', now + lease, 'entered', at, 'updated', at, 'rev', rev,
+      'hn', seq, 'h' .. seq, entry(at, state, 'running', f[2], holder))
     redis.call('ZREM', idxkey(tool, state), ref)
-    redis.call('ZADD', idxkey(tool, 'running'), now, ref)
-    local seq = history(hkey, {at = now, from = state, to = 'running', attempt = attempt,
-      by = holder})
+    redis.call('ZADD', idxkey(tool, 'running'), at, ref)
     set_due(ref, now + lease)
     notify('running', ref, rev, seq)
-    return body
-  end
-  if state == 'running' and tonumber(f[2]) == attempt then
+  elseif state == 'running' and tonumber(f[2]) == attempt then
     -- Ours already (a retried call after a lost reply): the claim stands.
-    if f[3] == holder then return body end
+    if f[3] ~= holder then
+      stat(tool, 'duplicates_prevented')
+      return {'held', f[3] or '', f[4] or '0', tool, f[10], f[11], f[7] or ''}
+    end
+  else
     stat(tool, 'duplicates_prevented')
-    return {'held', f[3] or '', f[4] or '0', tool, f[10], f[11], f[7] or ''}
+    return {'stale', state}
   end
-  stat(tool, 'duplicates_prevented')
-  return {'stale', state}
-end
-if state == 'verifying' and tonumber(f[2]) == attempt and tonumber(f[10]) == vcheck then
+elseif state == 'verifying' and tonumber(f[2]) == attempt and tonumber(f[10]) == vcheck then
   if f[15] and f[15] ~= '' and f[15] ~= holder and tonumber(f[16] or '0') > now then
     return {'held', f[15], f[16]}
   end
-  redis.call('HSET', key, 'vholder', holder, 'vlease_until', now + lease, 'vclaimed', now)
+  redis.call('HSET', key, 'vholder', holder, 'vlease_until', now + lease, 'vclaimed', at)
   set_due(ref, now + lease)
-  return body
+else
+  return {'stale', state}
 end
-return {'stale', state}
+return {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11], f[12],
+  f[13] or '0', f[14], f[17], f[2]}
 """
-)
 
 # Renew leases (no state change). KEYS: fixed, then one op per lease, in order.
 # ARGV: notify now lease_ms [ref attempt kind holder]...
-RENEW = (
-    PRELUDE
-    + r"""
+RENEW = r"""
 local now, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
+NOW, DIRECT = now, #ARGV == 7
 local lost = {}
 local n = 0
 for i = 4, #ARGV, 4 do
@@ -288,51 +359,63 @@ end
 flush()
 return lost
 """
-)
+
+#: An APPLY item's fixed part, in this order (then its lists, see :data:`APPLY`).
+ITEM_HEAD = (
+    "ref", "to", "by", "code", "quiet", "attempt_incr", "envelope", "due", "push_queue",
+    "push_message", "ttl",
+)  # fmt: skip
 
 # Apply a batch of compare-and-set transitions.
-# KEYS: fixed, then op and history of item 1, of item 2, ..., then the queues pushed to.
-# ARGV: notify now items_json blob...
-# item: {ref, states=[..], expect={state_or_*: {field: value}}, to, by, code,
-#        attempt_incr, set={}, del=[], envelope=ARGV index, due (ms, <0 removes),
-#        push=[KEYS index of the queue, ARGV index of the message], stats=[..], ttl, quiet}
+# KEYS: fixed, then the op of item 1, of item 2, ..., then the queues pushed to.
+# ARGV: notify now items blob...  where items is one flat JSON array: the number of
+# items, then each item's ITEM_HEAD fields (code and ttl false for none; quiet a
+# boolean; attempt_incr 0 for none; envelope and push_message blob numbers, 0 for
+# none, blob k being ARGV[3 + k]; push_queue a KEYS index; due false for none, -1 to
+# remove), then its four counted lists: states [n, s...], expect [n, (state_or_*,
+# field, value)...], set [n, (field, value)...], del [n, field...], stats [n, name...].
+# Flat, not nested objects: cjson built a table per object in the server, and
+# one argument, not one per field: redis-py packs every argument in Python (~0.75 µs
+# each), which cost the worker more than cjson cost the server (bench/RESULTS.md).
 # An item is refused (its answer is the current state) unless the record is in one of
 # its states, its expected fields hold, and it moves as ALLOWED says (a quiet item: it
 # stays in the state it finds).
-APPLY = (
-    PRELUDE
-    + r"""
-local now = tonumber(ARGV[2])
-local items = cjson.decode(ARGV[3])
+APPLY = r"""
+local now = ARGV[2]
+NOW = tonumber(now)
+local A = cjson.decode(ARGV[3])
 local out = {}
-for i, it in ipairs(items) do
-  local ref = it.ref
-  local key, hkey = KEYS[NFIXED + 2 * i - 1], KEYS[NFIXED + 2 * i]
+local p = 2
+DIRECT = A[1] == 1
+for i = 1, A[1] do
+  local ref, to, by, code, quiet = A[p], A[p + 1], A[p + 2], A[p + 3], A[p + 4]
+  local incr, envi, due, pushq, pushm, ttl = A[p + 5], A[p + 6], A[p + 7], A[p + 8], A[p + 9],
+    A[p + 10]
+  p = p + 11
+  local nstates = A[p]; local states = p + 1; p = states + nstates
+  local nexpect = A[p]; local expect = p + 1; p = expect + 3 * nexpect
+  local nset = A[p]; local set = p + 1; p = set + 2 * nset
+  local ndel = A[p]; local del = p + 1; p = del + ndel
+  local nstats = A[p]; local stats = p + 1; p = stats + nstats
+  local key = KEYS[NFIXED + i]
   -- one read: the fields every transition needs, then those its guards name
-  local names = {'state', 'tool', 'attempt', 'rev'}
-  local wants = {}
-  if it.expect then
-    for which, want in pairs(it.expect) do
-      for field, val in pairs(want) do
-        table.insert(names, field)
-        table.insert(wants, {which, val})
-      end
-    end
-  end
+  local names = {'state', 'tool', 'attempt', 'rev', 'hn'}
+  for j = 0, nexpect - 1 do names[6 + j] = A[expect + 3 * j + 1] end
   local cur = redis.call('HMGET', key, unpack(names))
   local state = cur[1]
   if not state then
     out[i] = 'missing'
   else
     local ok = false
-    for _, s in ipairs(it.states) do if s == state then ok = true end end
-    if it.quiet then
-      if it.to ~= state then ok = false end
-    elseif not allowed(state, it.to) then
+    for j = states, states + nstates - 1 do if A[j] == state then ok = true end end
+    if quiet then
+      if to ~= state then ok = false end
+    elseif not allowed(state, to) then
       ok = false
     end
-    for j, w in ipairs(wants) do
-      if (w[1] == '*' or w[1] == state) and tostring(cur[4 + j] or '') ~= tostring(w[2]) then
+    for j = 0, nexpect - 1 do
+      local which = A[expect + 3 * j]
+      if (which == '*' or which == state) and (cur[6 + j] or '') ~= A[expect + 3 * j + 2] then
         ok = false
       end
     end
@@ -341,44 +424,37 @@ for i, it in ipairs(items) do
     else
       local tool = cur[2]
       local attempt = tonumber(cur[3])
-      if it.attempt_incr and it.attempt_incr > 0 then
-        attempt = attempt + it.attempt_incr
-        bstat(tool, 'attempts', it.attempt_incr)
+      if incr > 0 then
+        attempt = attempt + incr
+        bstat(tool, 'attempts', incr)
       end
       local rev = (tonumber(cur[4]) or 0) + 1
       local fields = {'updated', now, 'attempt', attempt, 'rev', rev}
-      if not it.quiet then
-        table.insert(fields, 'state'); table.insert(fields, it.to)
-        if it.to ~= state then
-          table.insert(fields, 'entered'); table.insert(fields, now)
-          bmove(ref, tool, state, it.to, now)
+      local seq
+      if not quiet then
+        seq = (tonumber(cur[5]) or 0) + 1
+        fields[7] = 'state'; fields[8] = to; fields[9] = 'hn'; fields[10] = seq
+        fields[11] = 'h' .. seq; fields[12] = entry(now, state, to, attempt, by, code or nil)
+        if to ~= state then
+          fields[13] = 'entered'; fields[14] = now
+          bmove(ref, tool, state, to, now)
         end
       end
-      if it.set then
-        for k, v in pairs(it.set) do table.insert(fields, k); table.insert(fields, v) end
-      end
-      local envelope = it.envelope and ARGV[it.envelope]
-      if envelope then table.insert(fields, 'envelope'); table.insert(fields, envelope) end
-      if it.push then
-        bpush(KEYS[it.push[1]], ARGV[it.push[2]])
-        table.insert(fields, 'published'); table.insert(fields, now)
+      for j = set, set + 2 * nset - 1 do fields[#fields + 1] = A[j] end
+      local envelope = envi > 0 and ARGV[3 + envi] or nil
+      if envelope then fields[#fields + 1] = 'envelope'; fields[#fields + 1] = envelope end
+      if pushq > 0 then
+        bpush(KEYS[pushq], ARGV[3 + pushm])
+        fields[#fields + 1] = 'published'; fields[#fields + 1] = now
       end
       redis.call('HSET', key, unpack(fields))
-      if it.del and #it.del > 0 then redis.call('HDEL', key, unpack(it.del)) end
-      local seq = nil
-      if not it.quiet then
-        seq = history(hkey, {at = now, from = state, to = it.to, attempt = attempt, by = it.by,
-          code = it.code})
+      if ndel > 0 then redis.call('HDEL', key, unpack(A, del, del + ndel - 1)) end
+      if due then
+        if due < 0 then bdue(ref, false) else bdue(ref, due, true) end
       end
-      if it.due then
-        if it.due < 0 then bdue(ref, false) else bdue(ref, it.due, true) end
-      end
-      if it.stats then for _, name in ipairs(it.stats) do bstat(tool, name) end end
-      if it.ttl then
-        redis.call('EXPIRE', key, it.ttl)
-        redis.call('EXPIRE', hkey, it.ttl)
-      end
-      if seq then notify(it.to, ref, rev, seq, envelope) end
+      for j = stats, stats + nstats - 1 do bstat(tool, A[j]) end
+      if ttl then redis.call('EXPIRE', key, ttl) end
+      if seq then notify(to, ref, rev, seq, envelope) end
       out[i] = 'ok'
     end
   end
@@ -386,7 +462,6 @@ end
 flush()
 return out
 """
-)
 
 #: Fields the scheduler reads to decide what a due operation needs.
 DUE_FIELDS = (
@@ -417,8 +492,7 @@ DUE_FIELDS = (
 # ARGV: notify now limit hold_ms  ->  JSON [[ref, due_score, f1..fn], ...]
 # (one string: parsing thousands of reply elements costs more than the script)
 CLAIM_DUE = (
-    PRELUDE
-    + r"""
+    r"""
 local OPS = KEYS[NFIXED + 1]
 local now, limit, hold = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
@@ -445,12 +519,11 @@ return cjson.encode(out)
 )
 
 # The scheduler is about to sleep: plan the wake-up at the earliest due item (at
-# most max_ms away) and record it, so that scripts adding an earlier item wake it.
+# most max_ms away, and never past HORIZON) and record it, so that scripts adding
+# an earlier item wake it.
 # KEYS: fixed  ARGV: notify now max_ms  ->  the planned wake-up (ms)
-PLAN_SLEEP = (
-    PRELUDE
-    + r"""
-local now, max_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+PLAN_SLEEP = r"""
+local now, max_ms = tonumber(ARGV[2]), math.min(tonumber(ARGV[3]), HORIZON)
 redis.call('DEL', WAKE)
 local wake_at = now + max_ms
 local first = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
@@ -458,4 +531,44 @@ if first[2] ~= nil and tonumber(first[2]) < wake_at then wake_at = tonumber(firs
 redis.call('SET', SLEEP, wake_at)
 return wake_at
 """
+
+_BODIES = {
+    "submit": SUBMIT,
+    "claim": CLAIM,
+    "renew": RENEW,
+    "apply": APPLY,
+    "claim_due": CLAIM_DUE,
+    "plan_sleep": PLAN_SLEEP,
+}
+
+
+def _function(name: str) -> str:
+    """A script as a Lua function of (KEYS, ARGV) that starts from :func:`begin`."""
+    return f"local function {name}(KEYS, ARGV)\nbegin(KEYS, ARGV)\n{_BODIES[name]}end\n"
+
+
+#: The library's name: its code's hash, so that servers shared by two toolq versions
+#: hold both libraries instead of one replacing the other's functions mid-deployment.
+LIBRARY = (
+    "toolq_"
+    + hashlib.sha256((PRELUDE + "".join(_function(n) for n in NAMES)).encode()).hexdigest()[:12]
 )
+
+
+def function_name(name: str) -> str:
+    """What ``FCALL`` names: the library's function for script ``name``."""
+    return f"{LIBRARY}_{name}"
+
+
+def library() -> str:
+    """The code ``FUNCTION LOAD`` takes: the prelude once, then every script as a function."""
+    parts = [f"#!lua name={LIBRARY}\n", PRELUDE]
+    for name in NAMES:
+        parts.append(_function(name))
+        parts.append(f"redis.register_function('{function_name(name)}', {name})\n")
+    return "".join(parts)
+
+
+def script(name: str) -> str:
+    """Script ``name`` for ``EVAL``/``EVALSHA``, on a server without functions."""
+    return PRELUDE + _function(name) + f"return {name}(KEYS, ARGV)\n"

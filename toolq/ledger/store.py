@@ -16,19 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 from redis.connection import Connection
 
 from toolq import errors
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.keys import Keys
 from toolq.ledger import scripts
-from toolq.ledger.durability import Durability
+from toolq.ledger.durability import Durability, lost_scripts
 from toolq.record import HistoryEntry, OperationRecord, load_envelope
 from toolq.recovery.transition import Transition
 from toolq.states import State
-
-#: APPLY's arguments before the blobs: notify channel, now, items.
-APPLY_FIXED_ARGS = 3
 
 
 @dataclass(frozen=True)
@@ -60,49 +58,102 @@ class Claim:
 
 
 def to_wire(
-    t: Transition, blobs: list[str], queues: dict[str, int], first_queue: int
-) -> dict[str, Any]:
-    """The script's view of this transition. Long strings (the envelope, the
-    Celery message) go to ``blobs``, passed as script arguments of their own,
-    and the item names their ARGV index: JSON inside JSON would be escaped
-    here and unescaped by the script, the largest cost of a batch. A queue it
-    pushes to goes to ``queues`` (name -> KEYS index, from ``first_queue`` on):
-    the script declares every key it writes."""
-    item: dict[str, Any] = {
-        "ref": t.ref,
-        "states": [str(s) for s in t.states],
-        "to": str(t.to),
-        "by": t.by,
-    }
-    if t.code:
-        item["code"] = t.code
-    if t.expect:
-        item["expect"] = t.expect
-    if t.attempt_incr:
-        item["attempt_incr"] = t.attempt_incr
-    if t.set:
-        item["set"] = t.set
-    if t.delete:
-        item["del"] = list(t.delete)
+    t: Transition, out: list[Any], blobs: list[str], queues: dict[str, int], first_queue: int
+) -> None:
+    """Append the script's view of this transition to ``out``, APPLY's flat item
+    (:data:`toolq.ledger.scripts.ITEM_HEAD`, then its counted lists). Long strings
+    (the envelope, the Celery message) go to ``blobs``, passed as script arguments
+    of their own, and the item names their number: JSON inside JSON would be
+    escaped here and unescaped by the script. A queue it pushes to goes to
+    ``queues`` (name -> KEYS index, from ``first_queue`` on): the script declares
+    every key it writes."""
+    envelope = push_queue = push_message = 0
     if t.envelope is not None:
         blobs.append(t.envelope.model_dump_json(exclude_none=True))
-        item["envelope"] = APPLY_FIXED_ARGS + len(blobs)
-    if t.remove_due:
-        item["due"] = -1
-    elif t.due_ms is not None:
-        item["due"] = t.due_ms
+        envelope = len(blobs)
     if t.push is not None:
         queue, message = t.push
         blobs.append(message)
-        index = queues.setdefault(queue, first_queue + len(queues))
-        item["push"] = [index, APPLY_FIXED_ARGS + len(blobs)]
-    if t.stats:
-        item["stats"] = list(t.stats)
-    if t.ttl is not None:
-        item["ttl"] = t.ttl
-    if t.quiet:
-        item["quiet"] = True
-    return item
+        push_queue = queues.setdefault(queue, first_queue + len(queues))
+        push_message = len(blobs)
+    due: int | bool = -1 if t.remove_due else (False if t.due_ms is None else t.due_ms)
+    ttl: int | bool = False if t.ttl is None else t.ttl
+    out += (t.ref, t.to, t.by, t.code or False, t.quiet, t.attempt_incr, envelope, due)
+    out += (push_queue, push_message, ttl, len(t.states), *t.states)
+    out.append(sum(len(fields) for fields in t.expect.values()))
+    for which, fields in t.expect.items():
+        for name, value in fields.items():
+            out += (which, name, value)
+    out.append(len(t.set))
+    for name, value in t.set.items():
+        out += (name, value)
+    out += (len(t.delete), *t.delete, len(t.stats), *t.stats)
+
+
+def functions_refused(exc: redis.ResponseError) -> bool:
+    """FUNCTION LOAD's error on a server that has no functions (or will not let us load)."""
+    text = str(exc).lower()
+    return "unknown command" in text or "unknown subcommand" in text or "noperm" in text
+
+
+class Scripts:
+    """Runs the ledger's scripts on one client: ``FCALL`` of the library
+    (:func:`toolq.ledger.scripts.library`) where the server has functions, else
+    ``EVALSHA`` of each script. Loads what it needs on first use, and again when
+    the server lost it (a restart without persistence, a flush). Thread-safe:
+    loading twice is harmless."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        #: None until the first load says whether the server has functions.
+        self.functions: bool | None = None
+        self._evals: dict[str, Script] = {}
+
+    def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        if self.functions is None:
+            self.load()
+        if not self.functions:
+            return self._eval(name)(keys=keys, args=args)
+        fn = scripts.function_name(name)
+        try:
+            return self.client.fcall(fn, len(keys), *keys, *args)
+        except redis.ResponseError as exc:
+            if not lost_scripts(exc):
+                raise
+        self.load()
+        return self.client.fcall(fn, len(keys), *keys, *args)
+
+    def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        """The raw command that runs script ``name`` (for a pipeline or a connection)."""
+        if self.functions is None:
+            self.load()
+        if self.functions:
+            return ["FCALL", scripts.function_name(name), len(keys), *keys, *args]
+        return ["EVALSHA", self._eval(name).sha, len(keys), *keys, *args]
+
+    def load(self) -> None:
+        """Load the library (or, without functions, every script) into the server."""
+        if self.functions is not False:
+            try:
+                self.client.function_load(scripts.library())
+                self.functions = True
+                return
+            except redis.ResponseError as exc:
+                if "already exists" in str(exc):
+                    self.functions = True
+                    return
+                if not functions_refused(exc):
+                    raise
+                self.functions = False
+        for name in scripts.NAMES:
+            script = self._eval(name)
+            script.sha = self.client.script_load(script.script)
+
+    def _eval(self, name: str) -> Script:
+        script = self._evals.get(name)
+        if script is None:
+            script = self._evals[name] = self.client.register_script(scripts.script(name))
+        return script
 
 
 class Calls:
@@ -132,22 +183,22 @@ class Calls:
         queue: str,
         message: str,
     ) -> tuple[list[str], list[Any]]:
-        keys = [*self.fixed, self.keys.op(ref), self.keys.history(ref)]
+        keys = [*self.fixed, self.keys.op(ref)]
         if message:
             keys.append(queue)
         args = [self.notify, ref, tool, args_json, fp, call_id, now_ms, max_attempts]
         return keys, [*args, deadline_ms, str(state), due_ms, message]
 
     def apply(self, transitions: Sequence[Transition], now_ms: int) -> tuple[list[str], list[Any]]:
-        """APPLY's KEYS (fixed, op and history per item, the queues) and ARGV."""
+        """APPLY's KEYS (fixed, the op of each item, the queues) and ARGV."""
         keys = list(self.fixed)
-        for t in transitions:
-            keys.append(self.keys.op(t.ref))
-            keys.append(self.keys.history(t.ref))
+        keys.extend(self.keys.op(t.ref) for t in transitions)
         blobs: list[str] = []
         queues: dict[str, int] = {}
         first_queue = len(keys) + 1  # KEYS is 1-based
-        items = [to_wire(t, blobs, queues, first_queue) for t in transitions]
+        items: list[Any] = [len(transitions)]
+        for t in transitions:
+            to_wire(t, items, blobs, queues, first_queue)
         keys.extend(queues)  # in index order: dicts keep insertion order
         return keys, [self.notify, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
 
@@ -164,19 +215,14 @@ class Ledger:
         self.durable = Durability(client, durability)
         self.calls = Calls(prefix)
         self.keys = self.calls.keys
-        self._submit = client.register_script(scripts.SUBMIT)
-        self._claim = client.register_script(scripts.CLAIM)
-        self._renew = client.register_script(scripts.RENEW)
-        self._apply = client.register_script(scripts.APPLY)
-        self._claim_due = client.register_script(scripts.CLAIM_DUE)
-        self._plan_sleep = client.register_script(scripts.PLAN_SLEEP)
+        self.scripts = Scripts(client)
 
     # ------------------------------------------------------------------ writes
 
     def submit(self, **operation: Any) -> SubmitResult:
         """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
         keys, args = self.calls.submit(**operation)
-        return submit_result(self.durable.call(self._submit, keys, args))
+        return submit_result(self.durable.call(self.scripts, "submit", keys, args))
 
     def claim(
         self,
@@ -188,11 +234,11 @@ class Ledger:
         kind: str = "run",
         vcheck: int = 0,
     ) -> Claim:
-        keys = [*self.calls.fixed, self.keys.op(ref), self.keys.history(ref)]
+        keys = [*self.calls.fixed, self.keys.op(ref)]
         args: list[Any] = [self.calls.notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
         if kind == "run":  # a claim a power loss undid would run the tool again
-            return claim_result(self.durable.call(self._claim, keys, args))
-        return claim_result(self._claim(keys=keys, args=args))
+            return claim_result(self.durable.call(self.scripts, "claim", keys, args))
+        return claim_result(self.scripts("claim", keys, args))
 
     def renew(
         self, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str, str]]
@@ -205,72 +251,63 @@ class Ledger:
         for ref, attempt, kind, holder in held:
             keys.append(self.keys.op(ref))
             args.extend((ref, attempt, kind, holder))
-        return strs(self._renew(keys=keys, args=args))
+        return strs(self.scripts("renew", keys, args))
 
     def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
         if not transitions:
             return []
         keys, args = self.calls.apply(transitions, now_ms)
-        return strs(self._apply(keys=keys, args=args))
+        return strs(self.scripts("apply", keys, args))
 
     def apply_one(self, transition: Transition, now_ms: int) -> str:
         return self.apply([transition], now_ms)[0]
 
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
         keys, args = self._claim_due_call(now_ms, limit, hold_ms)
-        return _due_rows(self._claim_due(keys=keys, args=args))
+        return _due_rows(self.scripts("claim_due", keys, args))
 
     def _claim_due_call(self, now_ms: int, limit: int, hold_ms: int) -> tuple[list[str], list[Any]]:
         return [*self.calls.fixed, self.keys.op_prefix], [self.calls.notify, now_ms, limit, hold_ms]
 
     # The same two calls split into send and read, for a caller that keeps them in
     # flight on connections of its own (the scheduler's drain). The scripts must be
-    # loaded (load_scripts); a server that lost them answers NOSCRIPT (ResponseError).
+    # loaded (load_scripts); a server that lost them answers NOSCRIPT (NoScriptError).
 
     def load_scripts(self) -> None:
-        for script in (self._apply, self._claim_due):
-            script.sha = self.redis.script_load(script.script)
+        self.scripts.load()
 
     def send_apply(self, conn: Connection, transitions: Sequence[Transition], now_ms: int) -> None:
         keys, args = self.calls.apply(transitions, now_ms)
-        _send_evalsha(conn, self._apply.sha, keys, args)
+        conn.send_command(*self.scripts.command("apply", keys, args))  # type: ignore[no-untyped-call]
 
     def read_apply(self, conn: Connection) -> list[str]:
-        return strs(conn.read_response())
+        return strs(_read_script_reply(conn))
 
     def send_claim_due(self, conn: Connection, now_ms: int, limit: int, hold_ms: int) -> None:
         keys, args = self._claim_due_call(now_ms, limit, hold_ms)
-        _send_evalsha(conn, self._claim_due.sha, keys, args)
+        conn.send_command(*self.scripts.command("claim_due", keys, args))  # type: ignore[no-untyped-call]
 
     def read_claim_due(self, conn: Connection) -> list[dict[str, str]]:
-        return _due_rows(conn.read_response())
+        return _due_rows(_read_script_reply(conn))
 
     def plan_sleep(self, now_ms: int, max_ms: int) -> int:
         """Record when the scheduler will wake (the earliest due item, at most max_ms away)."""
         args: list[Any] = [self.calls.notify, now_ms, max_ms]
-        return int(float(self._plan_sleep(keys=self.calls.fixed, args=args)))
+        return int(float(self.scripts("plan_sleep", self.calls.fixed, args)))
 
     # ------------------------------------------------------------------ reads
 
     def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.op(ref))
-        if with_history:
-            pipe.lrange(self.keys.history(ref), 0, -1)
-        res = pipe.execute()
-        return record_of(res[0], res[1] if with_history else None)
+        return record_of(self.redis.hgetall(self.keys.op(ref)), with_history)
 
     def fields(self, ref: str, *names: str) -> dict[str, str]:
         return fields_of(names, self.redis.hmget(self.keys.op(ref), list(names)))
 
     def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
         """The history entries after the first ``after``; OperationNotFound for no operation."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.lrange(self.keys.history(ref), history_start(after), -1)
-        pipe.exists(self.keys.op(ref))
-        entries, exists = pipe.execute()
-        return history_of(ref, entries, exists)
+        start = history_start(after)
+        return history_of(ref, self.redis.hgetall(self.keys.op(ref)), start)
 
     def envelope(self, ref: str) -> ToolSuccess | ToolError | None:
         raw = self.redis.hget(self.keys.op(ref), "envelope")
@@ -324,12 +361,20 @@ def claim_result(raw: Any) -> Claim:
     return Claim(outcome)
 
 
-def record_of(raw: dict[bytes, bytes], history: list[bytes] | None) -> OperationRecord | None:
+def record_of(raw: dict[Any, Any], with_history: bool = True) -> OperationRecord | None:
+    """The record from its hash (HGETALL); its history from the ``h<n>`` fields."""
     if not raw:
         return None
     fields = {_s(k): _s(v) for k, v in raw.items()}
-    entries = [HistoryEntry.model_validate_json(h) for h in history or ()]
-    return OperationRecord.from_fields(fields, entries)
+    return OperationRecord.from_fields(fields, entries_of(fields) if with_history else [])
+
+
+def entries_of(fields: dict[str, str], after: int = 0) -> list[HistoryEntry]:
+    """The history entries a record's fields hold (``h1`` .. ``h<hn>``), after the first
+    ``after``."""
+    n = int(fields.get("hn") or 0)
+    names = (f"h{i}" for i in range(after + 1, n + 1))
+    return [HistoryEntry.model_validate_json(fields[h]) for h in names if h in fields]
 
 
 def fields_of(names: Sequence[str], values: Sequence[Any]) -> dict[str, str]:
@@ -342,19 +387,25 @@ def history_start(after: int) -> int:
     return after
 
 
-def history_of(ref: str, entries: list[bytes], exists: int) -> list[HistoryEntry]:
-    # An operation always has its first entry: none at all and no record means no operation.
-    if not entries and not exists:
+def history_of(ref: str, raw: dict[Any, Any], after: int) -> list[HistoryEntry]:
+    """The entries after the first ``after`` of the record read (HGETALL); none: no operation."""
+    if not raw:
         raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
-    return [HistoryEntry.model_validate_json(h) for h in entries]
+    return entries_of({_s(k): _s(v) for k, v in raw.items()}, after)
 
 
 def strs(raw: Any) -> list[str]:
     return [_s(x) for x in raw]
 
 
-def _send_evalsha(conn: Connection, sha: str, keys: list[str], args: list[Any]) -> None:
-    conn.send_command("EVALSHA", sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+def _read_script_reply(conn: Connection) -> Any:
+    """A raw script call's reply; a lost library reads as NOSCRIPT, as a lost script does."""
+    try:
+        return conn.read_response()
+    except redis.ResponseError as exc:
+        if lost_scripts(exc) and not isinstance(exc, redis.exceptions.NoScriptError):
+            raise redis.exceptions.NoScriptError(str(exc)) from exc
+        raise
 
 
 def _due_rows(raw: Any) -> list[dict[str, str]]:

@@ -5,6 +5,7 @@ operation needs. Functions of data and an injected clock/random source; no Redis
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -116,16 +117,67 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class Queues:
-    """When the oldest message still waiting in each queue was published (None: empty).
+    """What the scheduler saw at the head of each queue (:func:`oldest_waiting`).
 
-    Queues are first in, first out: a message published before the oldest one
-    still waiting has left the queue. If its operation is still unclaimed, the
-    message was lost (or sits with a dead worker) and is published again; if it
-    was published later, it may simply be waiting its turn behind a backlog.
+    ``oldest_*_ms``: no message still waiting in the queue was published before
+    this (ms); None when the queue is empty; 0 when the head says nothing (every
+    message may still be waiting). Queues are first in, first out: a message
+    published earlier has left the queue. If its operation is still unclaimed,
+    the message was lost (or sits with a dead worker) and is published again; if
+    it was published later, it may simply be waiting its turn behind a backlog.
+    ``waiting_*``: refs with a message seen at the head, waiting for sure.
     """
 
     oldest_call_ms: int | None = None
     oldest_verify_ms: int | None = None
+    waiting_calls: frozenset[str] = frozenset()
+    waiting_verify: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One message at the head of a queue, and the record of its operation.
+
+    ``seq`` is what the message carries that the record moves on with each
+    message it publishes: the attempt (calls queue) or the check (verify queue);
+    ``record_seq`` the record's (None: no record). ``republished``: the record has
+    published this attempt more than once (``repubs``), so ``published_ms`` is the
+    time of its latest copy, which may not be this one.
+    """
+
+    ref: str | None
+    seq: int = 0
+    redelivered: bool = False
+    record_seq: int | None = None
+    republished: bool = False
+    published_ms: int = 0
+
+
+def oldest_waiting(head: Sequence[Waiting]) -> tuple[int | None, frozenset[str]]:
+    """From the oldest messages of a queue (front first): a lower bound for when the
+    oldest one still waiting was published, and the refs seen waiting.
+
+    The bound is read from the first message that kombu did not push back
+    (a redelivery is put at the front, ahead of older messages) and whose record
+    names it as its latest: then the record's ``published`` is when it was
+    pushed, or earlier for a copy pushed later (which only makes the bound lower).
+    A message of an older attempt, of an attempt published more than once, or
+    without a record, may be a copy of any age: the bound is unknown (0) until it
+    has left. Reading the record of whatever message came first instead (before
+    issue 14) took a copy's record, republished since, for the queue's age, and
+    republished every operation behind it: 1,354 republishes in 2,000 operations
+    of the chaos run (bench/RESULTS.md, "Republishing under backlog").
+    """
+    if not head:
+        return None, frozenset()
+    seen = frozenset(w.ref for w in head if w.ref)
+    for w in head:
+        if w.redelivered:
+            continue
+        if w.ref and w.record_seq == w.seq and not w.republished:
+            return w.published_ms, seen
+        return 0, seen
+    return 0, seen
 
 
 def may_still_be_waiting(published_ms: int, oldest_waiting_ms: int | None) -> bool:
@@ -149,7 +201,7 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decis
         verdict = check(s.budget(), Path.REPUBLISH, now_ms)
         if not verdict.ok:
             return Decision(Action.ESCALATE, code=verdict.value)
-        if may_still_be_waiting(s.published_ms, q.oldest_call_ms):
+        if s.ref in q.waiting_calls or may_still_be_waiting(s.published_ms, q.oldest_call_ms):
             at = wake_by(s.budget(), now_ms + t.unclaimed_after_ms)
             return Decision(Action.RESCHEDULE, at_ms=at)
         return Decision(Action.REPUBLISH)
@@ -161,7 +213,8 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decis
         if s.vholder and s.vlease_until_ms > now_ms:
             return Decision(Action.RESCHEDULE, at_ms=s.vlease_until_ms)
         outstanding = s.published_ms > s.vclaimed_ms  # a check published, not yet taken
-        if outstanding and may_still_be_waiting(s.published_ms, q.oldest_verify_ms):
+        waiting = s.ref in q.waiting_verify
+        if outstanding and (waiting or may_still_be_waiting(s.published_ms, q.oldest_verify_ms)):
             return Decision(Action.RESCHEDULE, at_ms=now_ms + t.unclaimed_after_ms)
         return Decision(Action.VERIFY)
     if s.state is State.AWAITING_APPROVAL:

@@ -14,7 +14,9 @@ the record's revision, so a race ends in one dispatch.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -23,17 +25,26 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 from redis.exceptions import NoScriptError
 
-from toolq.broker.messages import message_ref
 from toolq.ledger import Ledger
 from toolq.recovery import outcome
 from toolq.recovery.actions import for_decision
-from toolq.recovery.policy import Action, Queues, Snapshot, Timeouts, decide, sleep_seconds
+from toolq.recovery.policy import (
+    Action,
+    Queues,
+    Snapshot,
+    Timeouts,
+    Waiting,
+    decide,
+    oldest_waiting,
+    sleep_seconds,
+)
 from toolq.recovery.transition import Transition
+from toolq.scheduler.series import Sampler
 from toolq.settings import ToolqSettings
 from toolq.states import PENDING_RECOVERY, TERMINAL
 from toolq.tools import Registry
@@ -58,6 +69,8 @@ class Parts(Protocol):
     @property
     def outbound(self) -> outcome.Messages: ...
 
+    def outbound_for(self, tool: str) -> outcome.Messages: ...
+
     @property
     def policy(self) -> outcome.Policy: ...
 
@@ -65,6 +78,9 @@ class Parts(Protocol):
 log = logging.getLogger("toolq.scheduler")
 
 MAINTENANCE_EVERY_S = 60.0
+#: Messages read at the front of each queue to tell how old its backlog is: past the
+#: redeliveries kombu puts there, to the first message it can date.
+QUEUE_HEAD = 8
 #: Sleeps shorter than this are taken locally rather than in a blocking BLPOP.
 SHORT_SLEEP_S = 0.1
 
@@ -110,6 +126,8 @@ class Scheduler:
         self.on_tick = on_tick
         self._stop = threading.Event()
         self._last_maintenance = 0.0
+        # The chart's samples (toolq.scheduler.series), one per interval across schedulers.
+        self._series = Sampler(lambda: app.redis, app.ledger.keys, self.clock)
         # Blocking waits get their own connection, with a read timeout past the longest sleep.
         self._blocking: redis.Redis | None = None
 
@@ -139,7 +157,6 @@ class Scheduler:
         if not rows:
             return batch
         stats = batch.stats
-        messages = app.outbound
         policy = app.policy
         timeouts = self.timeouts
         queues = self._queue_ages(rows)
@@ -149,6 +166,8 @@ class Scheduler:
             d = decide(snap, now, timeouts, queues)
             stats.actions[d.action] = stats.actions.get(d.action, 0) + 1
             tool = app.registry.get(snap.tool) if snap.tool in app.registry else None
+            # the tool's own builders: its messages name it where Flower shows them
+            messages = app.outbound_for(snap.tool)
             t = for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
             if t is None:
                 if d.action is Action.DROP:
@@ -186,31 +205,42 @@ class Scheduler:
         return stats
 
     def _queue_ages(self, rows: list[dict[str, str]]) -> Queues:
-        """Publish times of the oldest message waiting in each queue, read only when a
-        queued or verifying operation is due (two round trips)."""
+        """What the head of each queue says of its backlog (:func:`oldest_waiting`), read
+        only when a queued or verifying operation is due (two round trips)."""
         if not any(r.get("state") in ("queued", "verifying") for r in rows):
             return Queues()
         q = self.app.settings.queues
-        oldest = self.app.redis.pipeline(transaction=False)
-        oldest.lindex(q.calls, -1)
-        oldest.lindex(q.verify, -1)
-        raw_call, raw_verify = oldest.execute()
-        refs = [message_ref(raw_call), message_ref(raw_verify)]
+        heads = self.app.redis.pipeline(transaction=False)
+        heads.lrange(q.calls, -QUEUE_HEAD, -1)
+        heads.lrange(q.verify, -QUEUE_HEAD, -1)
+        # kombu pushes on the left and takes from the right: the front is the list's end
+        calls, verify = ([_message_head(m) for m in reversed(raw)] for raw in heads.execute())
+        refs = list(dict.fromkeys(h[0] for h in calls + verify if h[0]))
         pipe = self.app.redis.pipeline(transaction=False)
         for ref in refs:
-            pipe.hget(self.app.ledger.keys.op(ref or "-"), "published")
-        published = pipe.execute()
+            pipe.hmget(self.app.ledger.keys.op(ref), ["attempt", "vcheck", "repubs", "published"])
+        records = dict(zip(refs, pipe.execute(), strict=True))
 
-        def age(raw: bytes | None, ref: str | None, value: bytes | None) -> int | None:
-            if raw is None:
-                return None  # the queue is empty
-            # unknown publish time: assume it may still be waiting (never double a backlog)
-            return int(float(value)) if ref and value else 0
+        def waiting(head: list[tuple[str | None, int, bool]], verify: bool) -> list[Waiting]:
+            out = []
+            for ref, seq, redelivered in head:
+                attempt, vcheck, repubs, published = records.get(ref or "", [None] * 4)
+                mine = vcheck if verify else attempt
+                out.append(
+                    Waiting(
+                        ref=ref,
+                        seq=seq,
+                        redelivered=redelivered,
+                        record_seq=None if mine is None else _int(mine),
+                        republished=not verify and _int(repubs) > 0,
+                        published_ms=_int(published),
+                    )
+                )
+            return out
 
-        return Queues(
-            oldest_call_ms=age(raw_call, refs[0], published[0]),
-            oldest_verify_ms=age(raw_verify, refs[1], published[1]),
-        )
+        oldest_call, waiting_calls = oldest_waiting(waiting(calls, verify=False))
+        oldest_verify, waiting_verify = oldest_waiting(waiting(verify, verify=True))
+        return Queues(oldest_call, oldest_verify, waiting_calls, waiting_verify)
 
     # ------------------------------------------------------------------ the loop
 
@@ -225,6 +255,7 @@ class Scheduler:
                 else:
                     self._commit(batch)
                     self._heartbeat()
+                    self._series.maybe()
                     self._maintain()
                     self._sleep()
             except (
@@ -339,3 +370,23 @@ class Scheduler:
         self.app.redis.hdel(self.app.ledger.keys.schedulers, self.id)
         if self._blocking is not None:
             self._blocking.close()
+
+
+def _message_head(raw: bytes) -> tuple[str | None, int, bool]:
+    """(ref, attempt or check, redelivered) of a raw toolq message; (None, 0, False) for
+    anything else. The attempt of a run, the check of a verification: its last argument."""
+    try:
+        msg = json.loads(raw)
+        args = json.loads(base64.b64decode(msg["body"]))[0]
+        ref, seq = args[0], int(args[-1])
+        redelivered = bool((msg.get("headers") or {}).get("redelivered"))
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None, 0, False
+    return (ref if isinstance(ref, str) else None), seq, redelivered
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(float(value or 0))
+    except (TypeError, ValueError):
+        return 0

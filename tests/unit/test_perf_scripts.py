@@ -1,0 +1,61 @@
+"""How the ledger runs its Lua (issue 14): functions of one library, loaded once;
+plain scripts on a server without functions; loaded again after a loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+import redis
+
+from tests.contract.ops import NOW, QUEUE, history, submit
+from toolq.ledger import Ledger, scripts
+from toolq.ledger.store import Scripts
+from toolq.states import State
+
+
+class NoFunctions(fakeredis.FakeRedis):
+    """A server that answers FUNCTION as Redis 6 does."""
+
+    def function_load(self, *args: Any, **kwargs: Any) -> Any:
+        raise redis.ResponseError("unknown command 'FUNCTION', with args beginning with: 'LOAD'")
+
+    def fcall(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never reached
+        raise AssertionError("FCALL on a server without functions")
+
+
+def test_the_scripts_are_one_library_loaded_once_and_called_by_name(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    ledger = Ledger(fake_redis, prefix="p")
+    assert submit(ledger, "a/1").outcome == "created"
+    assert ledger.scripts.functions is True
+    listed = repr(fake_redis.function_list(library=scripts.LIBRARY))
+    assert all(scripts.function_name(n) in listed for n in scripts.NAMES), listed
+    # the library's name is its code's: another toolq version loads beside it
+    assert scripts.LIBRARY.startswith("toolq_") and scripts.LIBRARY in scripts.library()
+
+
+def test_a_server_without_functions_runs_the_same_code_as_scripts() -> None:
+    client = NoFunctions(server=fakeredis.FakeServer())
+    ledger = Ledger(client, prefix="p")
+    assert submit(ledger, "a/1").outcome == "created"
+    assert ledger.scripts.functions is False
+    assert ledger.claim("a/1", 1, "w1", NOW, 1000).outcome == "claimed"
+    assert [h.to for h in history(ledger, "a/1")] == [State.QUEUED, State.RUNNING]
+    assert client.lrange(QUEUE, 0, -1) == [b"run a/1"]
+
+
+def test_a_server_that_lost_the_library_gets_it_again_on_the_next_call(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    ledger = Ledger(fake_redis, prefix="p")
+    submit(ledger, "a/1")
+    # Given a server that forgot the library (a restart without persistence, a flush)
+    fake_redis.function_delete(scripts.LIBRARY)
+    # When the ledger is used again, by the same process and by a new one
+    assert ledger.claim("a/1", 1, "w1", NOW, 1000).outcome == "claimed"
+    fake_redis.function_delete(scripts.LIBRARY)
+    assert Scripts(fake_redis)("plan_sleep", ledger.calls.fixed, ["n", NOW, 5000]) == NOW + 1000
+    # Then it was loaded again, and each call did what it says
+    assert ledger.fields("a/1", "state") == {"state": "running"}
