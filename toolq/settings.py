@@ -73,8 +73,8 @@ class ClientSettings(BaseModel):
     #: On its first use in a process, ``tq.aio`` takes the objects alive then (the
     #: imported Celery, kombu, pydantic and the app: ~75k objects that live as long as
     #: the process) out of the garbage collector's full walks (``gc.freeze``). Such a
-    #: walk held a 1,000-call event loop 26-63 ms; after the freeze the longest was
-    #: 12 ms (bench/RESULTS.md, "Async client"). Off: the collector is left alone.
+    #: walk held a 1,000-call event loop 26-63 ms; after it, gen-2 collections
+    #: took 0-13 ms (bench/RESULTS.md, "Async client"). Off: the collector is left alone.
     freeze_heap: bool = True
 
 
