@@ -148,7 +148,7 @@ def read_status(
     replies = iter(pipe.execute())
     common = _parse_common(replies, sources)
     per_tool = {tool: _parse_tool(replies) for tool in guess}
-    ledger_tools = common["tools"] | {name.partition("|")[0] for name in common["stats"]}
+    ledger_tools = _ledger_tools(common)
     missing = sorted(ledger_tools - set(guess))
     if missing:
         pipe = client.pipeline(transaction=False)
@@ -156,7 +156,31 @@ def read_status(
             _queue_tool(pipe, sources.keys, tool)
         more = iter(pipe.execute())
         per_tool.update({tool: _parse_tool(more) for tool in missing})
-    snap = shape(
+    snap = _shape_read(common, per_tool, ledger_tools, sources, now_ms)
+    if probe is not None:
+        snap["workers"] = probe.result()
+    elif beats:
+        snap["workers"] = shape_workers(common["nodes"], now_ms)
+    else:
+        snap["workers"] = {"checked": False}
+    return snap
+
+
+def _ledger_tools(common: dict[str, Any]) -> set[str]:
+    """Every tool the ledger knows: its set of tools, and those its counters name."""
+    tools: set[str] = common["tools"] | {name.partition("|")[0] for name in common["stats"]}
+    return tools
+
+
+def _shape_read(
+    common: dict[str, Any],
+    per_tool: dict[str, Any],
+    ledger_tools: set[str],
+    sources: Sources,
+    now_ms: int,
+) -> dict[str, Any]:
+    """The snapshot (:func:`shape`) from what one status read found."""
+    return shape(
         now_ms=now_ms,
         prefix=sources.keys.prefix,
         tools={t: per_tool[t] for t in sorted(ledger_tools)},
@@ -167,13 +191,6 @@ def read_status(
         schedulers=common["schedulers"],
         worker_beats=common["worker_beats"],
     )
-    if probe is not None:
-        snap["workers"] = probe.result()
-    elif beats:
-        snap["workers"] = shape_workers(common["nodes"], now_ms)
-    else:
-        snap["workers"] = {"checked": False}
-    return snap
 
 
 # --------------------------------------------------------------------------- the reads
@@ -381,7 +398,7 @@ async def aread_status(
     for tool in guess:
         per_tool[tool] = _parse_tool(replies)
         escalated[tool] = next(replies)
-    ledger_tools = common["tools"] | {name.partition("|")[0] for name in common["stats"]}
+    ledger_tools = _ledger_tools(common)
     missing = sorted(ledger_tools - set(guess))
     if missing:
         async with client.pipeline(transaction=False) as pipe:
@@ -392,17 +409,7 @@ async def aread_status(
         for tool in missing:
             per_tool[tool] = _parse_tool(more)
             escalated[tool] = next(more)
-    snap = shape(
-        now_ms=now_ms,
-        prefix=sources.keys.prefix,
-        tools={t: per_tool[t] for t in sorted(ledger_tools)},
-        stats=common["stats"],
-        queues=common["queues"],
-        unacked=common["unacked"],
-        due=common["due"],
-        schedulers=common["schedulers"],
-        worker_beats=common["worker_beats"],
-    )
+    snap = _shape_read(common, per_tool, ledger_tools, sources, now_ms)
     snap["workers"] = shape_workers(common["nodes"], now_ms)
     oldest_escalated = {
         t: (_s(first[0][0]), int(first[0][1])) for t, first in escalated.items() if first

@@ -13,12 +13,16 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from tests.helpers import run_aio, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import run_aio, serving, wait_until
 from tests.integration.apps import operator_app
-from toolq import ToolQueue, errors
+from toolq import ToolQueue, calls, errors
 from toolq.api import ApiSettings, create_app
+from toolq.api.auth import token_id
 from toolq.cli import main
 from toolq.record import HistoryEntry
+from toolq.recovery import actions, operator
+from toolq.recovery.policy import Action, Decision, Snapshot
+from toolq.recovery.transition import Transition
 from toolq.states import State
 
 APP = "tests.integration.apps.operator_app:tq"
@@ -29,18 +33,8 @@ TOKENS = f"{READER}=read;{OPERATOR}=approve,read"
 
 @pytest.fixture(scope="module")
 def tq(module_redis_url: str) -> Iterator[ToolQueue]:
-    q = operator_app.tq
-    q.configure(redis_url=module_redis_url)
-    procs = [
-        start_worker(APP, module_redis_url, pool="threads", concurrency=4),
-        start_scheduler(APP, module_redis_url),
-    ]
-    try:
+    with serving(operator_app.tq, APP, module_redis_url) as q:
         yield q
-    finally:
-        for p in procs:
-            stop_process(p, timeout=5)
-        q.close()
 
 
 def state_of(tq: ToolQueue, ref: str) -> State | None:
@@ -96,6 +90,42 @@ def test_retry_now_runs_the_next_attempt_now_with_the_same_ref(tq: ToolQueue) ->
         "operator:alice",
     )
     assert tq.ledger.stats()["charge|retried_now"] >= 1
+
+
+def test_retry_now_and_the_schedulers_dispatch_of_one_revision_move_it_once(
+    tq: ToolQueue,
+) -> None:
+    """An operator's retry and the scheduler's dispatch read the same revision: the
+    ledger's compare-and-set lets exactly one of them queue the attempt."""
+    for first in ("scheduler", "operator"):
+        ref = f"retry/race-{first}"
+        waiting_retry(tq, ref)
+        by_operator, by_scheduler = _both_dispatches(tq, ref)
+        winner, loser = (
+            (by_scheduler, by_operator) if first == "scheduler" else (by_operator, by_scheduler)
+        )
+        assert calls.applied(winner, tq.ledger.apply_one(winner, tq.app.now_ms())) is State.QUEUED
+        with pytest.raises(errors.InvalidState, match="changed meanwhile"):
+            calls.applied(loser, tq.ledger.apply_one(loser, tq.app.now_ms()))
+        assert tq.wait(ref, timeout=30).ok
+        rec = tq.get(ref)
+        assert rec is not None and rec.attempt == 2 and seen(tq, ref) == [1, 2]
+        moves = [h for h in rec.history if h.from_ is State.WAITING_RETRY]
+        assert [(h.to, h.by) for h in moves] == [(State.QUEUED, winner.by)]
+
+
+def _both_dispatches(tq: ToolQueue, ref: str) -> tuple[Transition, Transition]:
+    """The operator's retry now and the scheduler's dispatch, from one read of ``ref``."""
+    view = operator.View.from_fields(ref, tq.ledger.fields(ref, *operator.FIELDS))
+    row = tq.ledger.fields(ref, "state", "tool", "attempt", "max_attempts", "deadline", "rev")
+    snap = Snapshot.from_row({"ref": ref, **row})
+    now = tq.app.now_ms()
+    messages = tq.app.outbound_for(view.tool)
+    dispatch = actions.for_decision(
+        Decision(Action.DISPATCH), snap, None, view.call_id, now, tq.app.policy, messages
+    )
+    assert dispatch is not None and snap.rev == int(view.rev)
+    return tq.app.retry_now(view, "operator:dave"), dispatch
 
 
 def test_retry_now_only_from_waiting_retry(tq: ToolQueue) -> None:
@@ -157,6 +187,12 @@ def test_the_cli_retries_and_verifies_and_records_who(tq: ToolQueue) -> None:
     code, out = cli(tq, "retry", "cli/verify")  # succeeded now: refused, one line
     assert code == 2 and "INVALID_STATE" in out and "Traceback" not in out
 
+    waiting_retry(tq, "cli/cancel")
+    assert cli(tq, "cancel", "cli/cancel") == (0, "cancelled\n")
+    assert entry(tq, "cli/cancel", "CANCELLED").by.endswith(":cancel")
+    code, out = cli(tq, "approve", "cli/cancel")
+    assert code == 2 and "INVALID_STATE" in out
+
 
 # --------------------------------------------------------------------------- the HTTP API
 
@@ -188,6 +224,8 @@ def test_the_api_lists_retries_and_verifies(tq: ToolQueue, api: tuple[TestClient
     moved = operator.post("/v1/operations/api/retry:retry")
     assert moved.status_code == 200 and moved.json()["state"] in ("queued", "running", "succeeded")
     assert tq.wait("api/retry", timeout=30).ok
+    # The history names the token that acted, by its fingerprint (never the token)
+    assert entry(tq, "api/retry", "RETRY_NOW").by == f"api:token-{token_id(OPERATOR.encode())[:8]}"
     # A second retry of it is a conflict
     again = operator.post("/v1/operations/api/retry:retry")
     assert again.status_code == 409 and again.json()["code"] == "INVALID_STATE"

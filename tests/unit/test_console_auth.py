@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from toolq import ToolQueue
 from toolq.api import ApiSettings, Tokens, create_app
-from toolq.api.auth import SCOPES
+from toolq.api.auth import SCOPES, token_id
 from toolq.api.console.session import (
     COOKIE,
     Session,
@@ -20,7 +20,6 @@ from toolq.api.console.session import (
     cross_site_refusal,
     scopes_of,
     signing_key,
-    token_id,
 )
 
 OPERATOR = "operator-token-0123456789"
@@ -270,3 +269,27 @@ def test_without_tokens_only_loopback_clients_are_served() -> None:
         # no login, but still no action without the CSRF token of the session
         r = c.post("/ui/actions/cancel", data={"ref": "r1"})
         assert r.status_code == 403
+
+
+def test_a_non_ascii_cookie_or_csrf_token_is_refused_not_a_crash(client: TestClient) -> None:
+    # hmac.compare_digest raises TypeError on a str that is not ASCII: a junk cookie (any
+    # page of this host may set one for /ui) must not make every page a 500.
+    junk = {"cookie": f"{COOKIE}=v1.abc.\xe9".encode("latin-1")}
+    r = client.get("/ui/login", headers=junk)  # type: ignore[arg-type]
+    assert r.status_code == 200 and "Log in" in r.text
+    assert signer().read("v1.abc.\xe9", NOW) is None
+    page = client.get("/ui/login")
+    r = client.post("/ui/login", data={"csrf": "\xe9" * 43, "token": OPERATOR})
+    assert r.status_code == 403 and "out of date" in r.text
+    assert _csrf(page.text)  # the session of the page is still there
+
+
+def test_a_form_that_cannot_be_parsed_is_a_400_not_an_internal_error(client: TestClient) -> None:
+    _login(client, OPERATOR)
+    broken = {"content-type": "multipart/form-data"}  # no boundary
+    r = client.post("/ui/actions/cancel", content=b"--x\r\n", headers=broken)
+    assert r.status_code == 400 and "Something went wrong" not in r.text
+    r = client.post(
+        "/ui/actions/cancel", content=b"--x\r\n", headers={**broken, "X-Requested-With": "fetch"}
+    )
+    assert r.status_code == 400 and r.json()["ok"] is False

@@ -65,7 +65,7 @@ def test_a_field_per_property_of_the_kind_its_schema_says() -> None:
         "currency": "select",
         "color": "select",
         "express": "boolean",
-        "memo": "secret",  # a value the redactor would hide is never written into the page
+        "memo": "text",  # a value the redactor would hide: not shown, but still text
         "password": "secret",
         "tags": "json",
         "address": "json",
@@ -82,6 +82,47 @@ def test_a_field_per_property_of_the_kind_its_schema_says() -> None:
     assert f["memo"].value == "" and f["memo"].keeps_current
     assert f["password"].value == "" and f["password"].keeps_current
     assert all(f.input_name == f"arg.{f.name}" for f in f.values())
+
+
+class Login(BaseModel):
+    user: str
+    api_key: str
+    db_password: int
+    credentials: dict[str, str] = {}
+    extra: dict[str, str] = {}
+
+
+LOGIN = {
+    "user": "ada",
+    "api_key": "plain",
+    "db_password": 1234,
+    "credentials": {"user": "ada", "pass": "swordfish"},
+    "extra": {"note": "password: swordfish"},
+}
+
+
+def test_a_property_named_like_a_secret_is_never_written_into_the_form() -> None:
+    # The page's arguments hide these by name (present.redact_args); the form must too,
+    # though the values themselves look harmless.
+    f = {x.name: x for x in forms.form_fields(Login.model_json_schema(), LOGIN)}
+    for name in ("api_key", "db_password", "credentials", "extra"):
+        assert f[name].value == "" and f[name].keeps_current, name
+    assert f["user"].value == "ada" and not f["user"].keeps_current
+    shown = present.redact_args(LOGIN, Login.model_json_schema())
+    assert shown["api_key"] == shown["db_password"] == shown["credentials"] == REDACTED
+
+
+def test_a_withheld_field_keeps_its_kind_for_a_new_value() -> None:
+    fields = forms.form_fields(Login.model_json_schema(), LOGIN)
+    kinds = {x.name: x.kind for x in fields}
+    assert kinds["extra"] == kinds["credentials"] == "json"
+    assert kinds["db_password"] == "integer"
+    form = {"arg.user": "ada", "arg.extra": '{"note": "new"}', "arg.db_password": "99"}
+    args, problems = forms.parse_form(fields, form, LOGIN)
+    assert problems == {}
+    assert args["extra"] == {"note": "new"} and args["db_password"] == 99
+    # left empty: the current values stay
+    assert args["api_key"] == "plain" and args["credentials"] == LOGIN["credentials"]
 
 
 def _form(**values: str) -> dict[str, str]:

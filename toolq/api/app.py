@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from toolq import errors
-from toolq.api.auth import ApiSettings, Tokens, check_bind
+from toolq.api.auth import ApiSettings, Tokens, actor_of, check_bind
 from toolq.api.console import install_console
 from toolq.api.docs import install_docs
 from toolq.api.events import EventStream, open_stream
@@ -51,6 +51,13 @@ def _require(scope: str) -> Any:
     return Depends(authorize)
 
 
+async def _actor(request: Request) -> str:
+    # The history's "by" for an operator action: the token, by its fingerprint.
+    tokens: Tokens = request.app.state.tokens
+    return actor_of(tokens, request.headers.get("authorization"), "api")
+
+
+By = Annotated[str, Depends(_actor)]
 RefPath = Annotated[str, Path(description="The operation_ref; it may contain '/'.")]
 Arguments = Annotated[dict[str, Any], Body(description="The tool's arguments, a JSON object.")]
 
@@ -164,37 +171,37 @@ def create_app(
         return await view(ref)
 
     @app.post("/v1/operations/{ref:path}:approve", **route, dependencies=[_require("approve")])
-    async def approve(ref: RefPath) -> JSONResponse:
+    async def approve(ref: RefPath, by: By) -> JSONResponse:
         """Approve an operation awaiting approval; it runs with its current arguments."""
-        await tq.aio.approve(ref)
+        await tq.aio.approve(ref, by=by)
         return await view(ref)
 
     @app.post("/v1/operations/{ref:path}:input", **route, dependencies=[_require("input")])
-    async def provide_input(ref: RefPath, args: Arguments) -> JSONResponse:
+    async def provide_input(ref: RefPath, args: Arguments, by: By) -> JSONResponse:
         """Give an operation that needs input changed arguments; identical ones are refused."""
-        await tq.aio.provide_input(ref, args)
+        await tq.aio.provide_input(ref, args, by=by)
         return await view(ref)
 
     @app.post("/v1/operations/{ref:path}:cancel", **route, dependencies=[_require("cancel")])
-    async def cancel(ref: RefPath) -> JSONResponse:
+    async def cancel(ref: RefPath, by: By) -> JSONResponse:
         """Cancel an operation that has not started a write."""
-        await tq.aio.cancel(ref)
+        await tq.aio.cancel(ref, by=by)
         return await view(ref)
 
     # Retry now and verify now hasten work a person decides on, as approving does:
     # they take the approve scope (so do the console's buttons), not a scope of their own.
     @app.post("/v1/operations/{ref:path}:retry", **route, dependencies=[_require("approve")])
-    async def retry_now(ref: RefPath) -> JSONResponse:
+    async def retry_now(ref: RefPath, by: By) -> JSONResponse:
         """Dispatch an operation waiting to retry now: the same operation_ref, one more
         attempt counted (escalated if its budget is spent). 409 in any other state."""
-        await tq.aio.retry_now(ref)
+        await tq.aio.retry_now(ref, by=by)
         return await view(ref)
 
     @app.post("/v1/operations/{ref:path}:verify", **route, dependencies=[_require("approve")])
-    async def verify_now(ref: RefPath) -> JSONResponse:
+    async def verify_now(ref: RefPath, by: By) -> JSONResponse:
         """Check an operation in verifying now, not at its next check. 409 in any other
         state, or while a check of it runs."""
-        await tq.aio.verify_now(ref)
+        await tq.aio.verify_now(ref, by=by)
         return await view(ref)
 
     @app.get(

@@ -5,6 +5,7 @@ Shared by the HTTP API and the MCP server's HTTP transport; needs no FastAPI.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import sys
@@ -115,6 +116,24 @@ class Tokens:
         if scope not in scopes:
             return 403, "FORBIDDEN_SCOPE", f"this token does not have the {scope} scope"
         return None
+
+
+def token_id(token: bytes) -> str:
+    """A token's public fingerprint: names its sessions and actions, reveals nothing of it.
+
+    (The prefix is the console's, where it was first used: changing it would rename
+    every operator in the histories already written.)
+    """
+    return hashlib.sha256(b"toolq-console-token:" + token).hexdigest()[:16]
+
+
+def actor_of(tokens: Tokens, authorization: str | None, interface: str) -> str:
+    """Who the history says acted, for a request its token was checked for:
+    ``<interface>:token-<first 8 hex of token_id>``, or ``<interface>:local`` without tokens."""
+    if not tokens:
+        return f"{interface}:local"
+    _kind, _sep, value = (authorization or "").partition(" ")
+    return f"{interface}:token-{token_id(value.strip().encode())[:8]}"
 
 
 def is_loopback(host: str) -> bool:

@@ -51,6 +51,12 @@ def host_name(value: str) -> str | None:
     Names are lowercased without a trailing dot; IPv6 addresses lose their
     brackets and are compressed (``[0:0::1]`` is ``::1``).
     """
+    found = host_and_port(value)
+    return None if found is None else found[0]
+
+
+def host_and_port(value: str) -> tuple[str, str] | None:
+    """A ``Host`` header's host (as :func:`host_name` has it) and port ("" when none); or None."""
     value = value.strip().lower()
     if value.startswith("["):
         end = value.find("]")
@@ -67,18 +73,25 @@ def host_name(value: str) -> str | None:
     name = name.removesuffix(".")
     if not name or not all(c.isascii() and (c.isalnum() or c in "-._:") for c in name):
         return None
-    return name
+    return name, rest[1:]
 
 
-def origin_host(origin: str) -> str | None:
-    """The host of an ``Origin`` header (``scheme://host[:port]``); None for ``null`` or junk."""
+def origin_netloc(origin: str) -> str | None:
+    """The ``host[:port]`` of an ``Origin`` header (``scheme://host[:port]``); None for
+    ``null`` or junk."""
     try:
         parts = urlsplit(origin.strip())
     except ValueError:
         return None
     if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
         return None
-    return host_name(parts.netloc)
+    return parts.netloc
+
+
+def origin_host(origin: str) -> str | None:
+    """The host of an ``Origin`` header (``scheme://host[:port]``); None for ``null`` or junk."""
+    netloc = origin_netloc(origin)
+    return None if netloc is None else host_name(netloc)
 
 
 def _configured(raw: str) -> str | None:

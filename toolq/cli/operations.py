@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import getpass
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +21,9 @@ from toolq.cli.common import (
 )
 from toolq.errors import OperationNotFound
 from toolq.states import SETTLED, State
+
+if TYPE_CHECKING:
+    from toolq.queue import ToolQueue
 
 
 def _common(f: Any) -> Any:
@@ -147,16 +151,6 @@ def show(
         )
 
 
-@click.command()
-@click.argument("ref")
-@_common
-@handle_errors
-def approve(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
-    """Approve an operation awaiting approval (bound to its current arguments)."""
-    tq = open_app(app_path, redis_url, state_dir)
-    click.echo(tq.approve(ref, by=_actor("approve")))
-
-
 @click.command(name="input")
 @click.argument("ref")
 @click.option(
@@ -177,35 +171,42 @@ def input_(
     click.echo(tq.provide_input(ref, args, by=_actor("input")))
 
 
-@click.command()
-@click.argument("ref")
-@_common
-@handle_errors
-def cancel(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
-    """Cancel an operation that is queued or waiting (never one that may be writing)."""
-    tq = open_app(app_path, redis_url, state_dir)
-    click.echo(tq.cancel(ref, by=_actor("cancel")))
+def _operator_action(name: str, act: Callable[[ToolQueue], Callable[..., State]], doc: str) -> Any:
+    """``toolq <name> REF``: ``act`` done to REF as this terminal's operator; prints the
+    state it leaves the operation in."""
+
+    @click.command(name=name, help=doc)
+    @click.argument("ref")
+    @_common
+    @handle_errors
+    def command(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
+        tq = open_app(app_path, redis_url, state_dir)
+        click.echo(act(tq)(ref, by=_actor(name)))
+
+    return command
 
 
-@click.command()
-@click.argument("ref")
-@_common
-@handle_errors
-def retry(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
-    """Retry an operation waiting to retry now, not at its time (same operation_ref;
-    the attempt is counted, and one past the budget escalates instead)."""
-    tq = open_app(app_path, redis_url, state_dir)
-    click.echo(tq.retry_now(ref, by=_actor("retry")))
-
-
-@click.command()
-@click.argument("ref")
-@_common
-@handle_errors
-def verify(ref: str, app_path: str | None, redis_url: str | None, state_dir: Path) -> None:
-    """Check an operation whose outcome is being verified now, not at its next check."""
-    tq = open_app(app_path, redis_url, state_dir)
-    click.echo(tq.verify_now(ref, by=_actor("verify")))
+approve = _operator_action(
+    "approve",
+    lambda tq: tq.approve,
+    "Approve an operation awaiting approval (bound to its current arguments).",
+)
+cancel = _operator_action(
+    "cancel",
+    lambda tq: tq.cancel,
+    "Cancel an operation that is queued or waiting (never one that may be writing).",
+)
+retry = _operator_action(
+    "retry",
+    lambda tq: tq.retry_now,
+    "Retry an operation waiting to retry now, not at its time (same operation_ref; "
+    "the attempt is counted, and one past the budget escalates instead).",
+)
+verify = _operator_action(
+    "verify",
+    lambda tq: tq.verify_now,
+    "Check an operation whose outcome is being verified now, not at its next check.",
+)
 
 
 def _actor(action: str) -> str:

@@ -11,14 +11,17 @@ Kinds of field: ``text``, ``integer``, ``number``, ``boolean`` (a yes/no
 select, so "not set" stays possible), ``select`` (an ``enum`` or ``Literal``),
 ``secret`` (``SecretStr``: shown empty; left empty keeps the current value) and
 ``json`` (anything nested: objects, lists, unions, as JSON in a text area).
-A current value the redactor would hide is treated like a secret: never
-written into the page, kept when left empty.
+A current value the redactor would hide, or one of a property whose name says
+it holds a secret (:data:`SECRET_NAME`, as the page's redacted arguments hide
+it), is never written into the page and is kept when left empty; its field
+keeps its kind, so that a new value is read as the schema says.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +32,11 @@ Kind = Literal["text", "integer", "number", "boolean", "select", "secret", "json
 
 #: Field names are form names: kept to what a schema property name usually is.
 _MAX_FIELDS = 100
+#: A property name that says its value is a secret: shown nowhere, whatever the value.
+SECRET_NAME = re.compile(
+    r"(?i)(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|credential|authorization|cookie|session[_-]?id)"
+)
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,8 @@ def form_fields(schema: Mapping[str, Any], current: Mapping[str, Any]) -> list[F
         kind, choices = _kind(prop)
         has = name in current
         value, hidden = _shown(kind, current.get(name)) if has else (_default(prop, kind), False)
-        if hidden:
-            kind = "secret"
+        if has and SECRET_NAME.search(str(name)):
+            value, hidden = "", True
         out.append(
             FormField(
                 name=str(name),

@@ -16,16 +16,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from toolq.api.console.forms import unwrap_schema
+from toolq.api.console.forms import SECRET_NAME, unwrap_schema
 from toolq.envelope import ToolError, ToolSuccess, to_dict
 from toolq.record import HistoryEntry, OperationRecord
 from toolq.redact import REDACTED, scrub
 from toolq.states import PENDING_RECOVERY, SETTLED, TERMINAL, State
 
-_SECRET_NAME = re.compile(
-    r"(?i)(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
-    r"|credential|authorization|cookie|session[_-]?id)"
-)
 #: Longest string shown in the arguments; the rest is cut (the ledger has it all).
 MAX_SHOWN = 2000
 #: Items of one list or object shown.
@@ -83,7 +79,7 @@ def _redact(value: Any, schema: Mapping[str, Any], defs: Mapping[str, Any], dept
                 out["…"] = f"{len(value) - MAX_ITEMS} more"
                 break
             name = scrub(str(key))[:200]
-            if _SECRET_NAME.search(str(key)):
+            if SECRET_NAME.search(str(key)):
                 out[name] = REDACTED
             else:
                 out[name] = _redact(item, _mapping(props.get(key)), defs, depth + 1)

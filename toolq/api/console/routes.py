@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from toolq import errors, monitor
-from toolq.api.auth import ApiSettings, Tokens
+from toolq.api.auth import ApiSettings, Tokens, token_id
 from toolq.api.console import forms, present
 from toolq.api.console.session import (
     COOKIE,
@@ -31,7 +31,6 @@ from toolq.api.console.session import (
     Signer,
     cross_site_refusal,
     signing_key,
-    token_id,
 )
 from toolq.api.console.web import (
     STATIC,
@@ -170,6 +169,12 @@ class Console:
                 if quiet:
                     return json_answer(False, exc.message, exc.status)
                 return self._error(request, exc.status, exc.title, exc.message)
+            except HTTPException as exc:
+                # Starlette's own refusals from inside a handler (a form it cannot
+                # parse: 400), not a failure of ours.
+                if quiet:
+                    return json_answer(False, "the request could not be read", exc.status_code)
+                return await self._http_error(request, exc)
             except (errors.ServerUnavailable, redis.RedisError) as exc:
                 log.warning("console: queue server unavailable: %s", type(exc).__name__)
                 message = "The queue's server did not answer. The page tries again by itself."
@@ -625,6 +630,6 @@ def _refilled(f: forms.FormField, values: dict[str, str]) -> forms.FormField:
     """``f`` showing what was posted (never a secret: a secret field stays empty)."""
     from dataclasses import replace
 
-    if f.kind == "secret":
+    if f.kind == "secret" or f.keeps_current:
         return f
     return replace(f, value=values.get(f.input_name, ""))

@@ -12,7 +12,7 @@ token table on each request, never from the cookie).
 
 The cookie holds no token: ``v1.<payload>.<mac>`` where the payload is
 ``{"n": nonce, "t": token_id, "e": expiry}``; ``token_id`` is a fingerprint of
-the token (:func:`token_id`), which also names the operator in the history
+the token (:func:`toolq.api.auth.token_id`), which also names the operator in the history
 (``console:token-<first 8 hex>``). The key is ``TOOLQ_CONSOLE_SESSION_SECRET``
 when set, else derived from every configured token together, so replicas
 sharing ``TOOLQ_API_TOKENS`` share it and no one holding only some of the tokens
@@ -43,12 +43,12 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from toolq.api.auth import SCOPES, Tokens
+from toolq.api.auth import SCOPES, Tokens, token_id
+from toolq.api.hosts import host_and_port, origin_netloc
 
 COOKIE = "toolq_console"
 FLASH_COOKIE = "toolq_console_flash"
@@ -87,11 +87,6 @@ class Session:
     @property
     def anonymous(self) -> bool:
         return not self.token_id
-
-
-def token_id(token: bytes) -> str:
-    """A token's public fingerprint: names its sessions and actions, reveals nothing of it."""
-    return hashlib.sha256(b"toolq-console-token:" + token).hexdigest()[:16]
 
 
 def actor(session: Session | None) -> str:
@@ -148,7 +143,9 @@ class Signer:
         body, _, mac = rest.partition(".")
         if version != _VERSION or not body or not mac:
             return None
-        if not hmac.compare_digest(mac, self._mac(purpose, body.encode())):
+        # As bytes: compare_digest raises TypeError on a str that is not ASCII.
+        expected = self._mac(purpose, body.encode()).encode()
+        if not hmac.compare_digest(mac.encode(errors="replace"), expected):
             return None
         try:
             data = json.loads(_unb64(body))
@@ -185,7 +182,7 @@ class Signer:
     def csrf_ok(self, session: Session | None, given: str | None) -> bool:
         if session is None or not given or len(given) > 128:
             return False
-        return hmac.compare_digest(given, self.csrf(session))
+        return hmac.compare_digest(given.encode(errors="replace"), self.csrf(session).encode())
 
     # ------------------------------------------------------------------ flash messages
 
@@ -219,42 +216,23 @@ def cross_site_refusal(headers: Mapping[str, str], host: str | None) -> str | No
         return f"a request from another page ({site}) cannot change anything here"
     origin = headers.get("origin")
     if origin is not None:
-        own = _netloc_of_host(host)
-        theirs = _netloc_of_origin(origin)
+        own = _site(host)
+        theirs = _site(origin_netloc(origin))
         if own is None or theirs is None or theirs != own:
             return "the request comes from another origin"
     return None
 
 
-def _netloc_of_origin(origin: str) -> str | None:
-    try:
-        parts = urlsplit(origin.strip())
-    except ValueError:
+def _site(netloc: str | None) -> tuple[str, str] | None:
+    """``(host, port)`` of a ``Host`` or an ``Origin``'s netloc, without a default port:
+    browsers leave the default port out of both, and a TLS proxy in front changes the
+    scheme the server sees, so the scheme is not compared."""
+    found = host_and_port(netloc) if netloc else None
+    if found is None:
         return None
-    if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
-        return None
-    return _netloc_of_host(parts.netloc)
-
-
-def _netloc_of_host(host: str | None) -> str | None:
-    """``name[:port]`` lower-cased, without a default port: browsers leave the default
-    port out of both ``Host`` and ``Origin``, and a TLS proxy in front changes the scheme
-    the server sees, so the scheme is not compared."""
-    value = (host or "").strip().lower()
-    if value.startswith("["):
-        end = value.find("]")
-        if end < 0:
-            return None
-        name, rest = value[: end + 1], value[end + 1 :]
-    else:
-        name, colon, port = value.partition(":")
-        rest = colon + port
-    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
-        return None
-    port = rest[1:].lstrip("0") if rest else ""
-    if not name:
-        return None
-    return name if port in ("", "80", "443") else f"{name}:{port}"
+    name, port = found
+    port = port.lstrip("0")
+    return name, ("" if port in ("80", "443") else port)
 
 
 def _b64(raw: bytes) -> str:
