@@ -14,7 +14,7 @@ import os
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,6 +54,28 @@ def invoice_stack() -> Iterator[InvoiceProvider]:
             provider.stop()
 
 
+#: The invoices the examples' scripted models ask for, each meeting one of the
+#: provider's failures (see :mod:`toolq.examples.provider`).
+LOST_REPLY = {"customer": "cust_lostreply", "amount": 120.0, "currency": "EUR"}  # commits, no reply
+BAD_AMOUNT = {"customer": "acme", "amount": -5.0, "currency": "EUR"}  # the model must fix amount
+FIXED_AMOUNT = {"customer": "acme", "amount": 5.0, "currency": "EUR"}
+RATE_LIMITED = {"customer": "cust_ratelimit", "amount": 30.0, "currency": "EUR"}  # a 429 first
+NEEDS_APPROVAL = {"customer": "initech", "amount": 250_000.0, "currency": "EUR"}  # over the limit
+
+#: The whole scenario, as (call id, arguments) per model turn: a lost reply, an
+#: amount to fix, a rate limit, an approval, then the first call replayed.
+SCENARIO = [
+    ("call_lost", LOST_REPLY),
+    ("call_bad", BAD_AMOUNT),
+    ("call_fixed", FIXED_AMOUNT),
+    ("call_limited", RATE_LIMITED),
+    ("call_big", NEEDS_APPROVAL),
+    ("call_lost", LOST_REPLY),  # a replayed step: the same call id
+]
+#: The side effects each call id of :data:`SCENARIO` should leave at the provider.
+EXPECTED = {"call_lost": 1, "call_bad": 0, "call_fixed": 1, "call_limited": 1, "call_big": 1}
+
+
 def new_scope() -> str:
     """A fresh run, thread or conversation id to scope the refs by."""
     return f"example-{uuid.uuid4().hex[:8]}"
@@ -64,3 +86,26 @@ def side_effects(provider: InvoiceProvider, scope: str) -> Counter[str]:
     prefix = f"{scope}/"
     refs = (e["operation_ref"] for e in provider.effects()["effects"])
     return Counter(ref.removeprefix(prefix) for ref in refs if ref.startswith(prefix))
+
+
+def report(provider: InvoiceProvider, scope: str, call_ids: Iterable[str]) -> dict[str, int]:
+    """Print and return the invoices the provider created for each call id, once each."""
+    effects = side_effects(provider, scope)
+    counts = {call_id: effects[call_id] for call_id in dict.fromkeys(call_ids)}
+    for call_id, n in counts.items():
+        print(f"{call_id}: side effects: {n}")
+    return counts
+
+
+def scenario_verdict(counts: dict[str, int], read: dict[str, str], fix_status: str) -> int:
+    """The exit code of a :data:`SCENARIO` run: 0 when each call left the side effects
+    :data:`EXPECTED`, the bad amount was answered ``[fix_status]`` naming ``amount``,
+    and the replayed call read what the first one did."""
+    ok = (
+        counts == EXPECTED
+        and read["call_bad"].startswith(f"[{fix_status}]")
+        and "amount (" in read["call_bad"]
+        and read["call_lost (replay)"] == read["call_lost"]
+    )
+    print("one side effect per invoice: " + ("yes" if ok else "NO"))
+    return 0 if ok else 1

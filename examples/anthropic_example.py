@@ -31,7 +31,15 @@ import uuid
 from typing import Any
 
 import httpx2
-from _stack import invoice_stack, new_scope, side_effects
+from _stack import (
+    BAD_AMOUNT,
+    FIXED_AMOUNT,
+    LOST_REPLY,
+    NEEDS_APPROVAL,
+    invoice_stack,
+    new_scope,
+    report,
+)
 from anthropic import AsyncAnthropic
 
 from toolq.examples import invoices
@@ -39,10 +47,10 @@ from toolq.integrations import anthropic as toolq_anthropic
 from toolq.integrations.common import FOLLOW_TOOL
 
 CALLS = [
-    ("toolu_lost", {"customer": "cust_lostreply", "amount": 120.0, "currency": "EUR"}),
-    ("toolu_bad", {"customer": "acme", "amount": -5.0, "currency": "EUR"}),
-    ("toolu_fixed", {"customer": "acme", "amount": 5.0, "currency": "EUR"}),
-    ("toolu_big", {"customer": "bigco", "amount": 250_000.0, "currency": "EUR"}),
+    ("toolu_lost", LOST_REPLY),
+    ("toolu_bad", BAD_AMOUNT),
+    ("toolu_fixed", FIXED_AMOUNT),
+    ("toolu_big", NEEDS_APPROVAL),
 ]
 
 
@@ -123,9 +131,7 @@ def run() -> int:
     with invoice_stack() as provider:
         run_id = new_scope()
         code = asyncio.run(main(run_id))
-        effects = side_effects(provider, run_id)
-    for tool_use_id, _ in CALLS:
-        print(f"{tool_use_id}: side effects: {effects[tool_use_id]}")
+        effects = report(provider, run_id, (i for i, _ in CALLS))
     return code if effects["toolu_lost"] == effects["toolu_big"] == 1 else 1
 
 

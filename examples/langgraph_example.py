@@ -32,7 +32,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from _stack import invoice_stack, new_scope, side_effects
+from _stack import SCENARIO, invoice_stack, new_scope, report, scenario_verdict
 from langchain.agents import create_agent
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -42,17 +42,6 @@ from langgraph.types import Command
 
 from toolq.examples import invoices
 from toolq.integrations import langchain as toolq_langchain
-
-#: Side effects each call id should have left at the provider.
-EXPECTED = {"call_lost": 1, "call_bad": 0, "call_fixed": 1, "call_limited": 1, "call_big": 1}
-CALLS = [
-    ("call_lost", {"customer": "cust_lostreply", "amount": 120.0, "currency": "EUR"}),
-    ("call_bad", {"customer": "acme", "amount": -5.0, "currency": "EUR"}),
-    ("call_fixed", {"customer": "acme", "amount": 5.0, "currency": "EUR"}),
-    ("call_limited", {"customer": "cust_ratelimit", "amount": 30.0, "currency": "EUR"}),
-    ("call_big", {"customer": "initech", "amount": 250_000.0, "currency": "EUR"}),
-    ("call_lost", {"customer": "cust_lostreply", "amount": 120.0, "currency": "EUR"}),
-]
 
 
 class ScriptedChat(BaseChatModel):
@@ -81,7 +70,7 @@ def script() -> ScriptedChat:
             content="",
             tool_calls=[{"type": "tool_call", "name": "create_invoice", "args": a, "id": i}],
         )
-        for i, a in CALLS
+        for i, a in SCENARIO
     ]
     return ScriptedChat(script=iter([*turns, AIMessage(content="Invoices created.")]), seen=[])
 
@@ -128,18 +117,8 @@ def run() -> int:
     with invoice_stack() as provider:
         thread = new_scope()
         read = asyncio.run(main(thread))
-        effects = side_effects(provider, thread)
-    counts = {i: effects[i] for i, _ in CALLS}
-    for call_id, n in counts.items():
-        print(f"{call_id}: side effects: {n}")
-    ok = (
-        counts == EXPECTED
-        and read["call_bad"].startswith("[error]")
-        and "amount (" in read["call_bad"]
-        and read["call_lost (replay)"] == read["call_lost"]
-    )
-    print("one side effect per invoice: " + ("yes" if ok else "NO"))
-    return 0 if ok else 1
+        counts = report(provider, thread, (i for i, _ in SCENARIO))
+    return scenario_verdict(counts, read, "error")
 
 
 if __name__ == "__main__":

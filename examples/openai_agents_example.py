@@ -26,7 +26,15 @@ import asyncio
 import sys
 from typing import Any
 
-from _stack import invoice_stack, new_scope, side_effects
+from _stack import (
+    BAD_AMOUNT,
+    FIXED_AMOUNT,
+    LOST_REPLY,
+    RATE_LIMITED,
+    invoice_stack,
+    new_scope,
+    report,
+)
 from agents import Agent, RunConfig, Runner
 from agents.testing import ScriptedModel, assistant_message, function_call
 
@@ -34,10 +42,10 @@ from toolq.examples import invoices
 from toolq.integrations import openai_agents
 
 CALLS = [
-    ("call_lost", {"customer": "cust_lostreply", "amount": 120.0, "currency": "EUR"}),
-    ("call_bad", {"customer": "acme", "amount": -5.0, "currency": "EUR"}),
-    ("call_fixed", {"customer": "acme", "amount": 5.0, "currency": "EUR"}),
-    ("call_limited", {"customer": "cust_ratelimit", "amount": 30.0, "currency": "EUR"}),
+    ("call_lost", LOST_REPLY),
+    ("call_bad", BAD_AMOUNT),
+    ("call_fixed", FIXED_AMOUNT),
+    ("call_limited", RATE_LIMITED),
 ]
 
 
@@ -79,9 +87,7 @@ def run() -> int:
     with invoice_stack() as provider:
         run_id = new_scope()
         code = asyncio.run(main(run_id))
-        effects = side_effects(provider, run_id)
-    for call_id, _ in CALLS:
-        print(f"{call_id}: side effects: {effects[call_id]}")
+        effects = report(provider, run_id, (i for i, _ in CALLS))
     return code if effects["call_lost"] == 1 else 1
 
 

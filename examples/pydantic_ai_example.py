@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from _stack import invoice_stack, new_scope, side_effects
+from _stack import SCENARIO, invoice_stack, new_scope, report, scenario_verdict
 from pydantic_ai import Agent, ToolReturnPart
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -39,24 +39,13 @@ from pydantic_ai.tools import DeferredToolRequests
 from toolq.examples import invoices
 from toolq.integrations import pydantic_ai as toolq_pydantic_ai
 
-#: Side effects each call id should have left at the provider.
-EXPECTED = {"call_lost": 1, "call_bad": 0, "call_fixed": 1, "call_limited": 1, "call_big": 1}
-CALLS = [
-    ("call_lost", {"customer": "cust_lostreply", "amount": 120.0, "currency": "EUR"}),
-    ("call_bad", {"customer": "acme", "amount": -5.0, "currency": "EUR"}),
-    ("call_fixed", {"customer": "acme", "amount": 5.0, "currency": "EUR"}),
-    ("call_limited", {"customer": "cust_ratelimit", "amount": 30.0, "currency": "EUR"}),
-    ("call_big", {"customer": "initech", "amount": 250_000.0, "currency": "EUR"}),
-    ("call_lost", {"customer": "cust_lostreply", "amount": 120.0, "currency": "EUR"}),
-]
-
 
 class Script:
     """The model: one tool call per turn, then a closing message; it records what it
     was given, which is what a real model would read."""
 
     def __init__(self) -> None:
-        turns = [ModelResponse(parts=[ToolCallPart("create_invoice", a, i)]) for i, a in CALLS]
+        turns = [ModelResponse(parts=[ToolCallPart("create_invoice", a, i)]) for i, a in SCENARIO]
         self.turns = iter([*turns, ModelResponse(parts=[TextPart("Invoices created.")])])
         self.seen: list[list[ModelMessage]] = []
 
@@ -114,18 +103,8 @@ def run() -> int:
     with invoice_stack() as provider:
         conversation = new_scope()
         read = asyncio.run(main(conversation))
-        effects = side_effects(provider, conversation)
-    counts = {i: effects[i] for i, _ in CALLS}
-    for call_id, n in counts.items():
-        print(f"{call_id}: side effects: {n}")
-    ok = (
-        counts == EXPECTED
-        and read["call_bad"].startswith("[retried]")
-        and "amount (" in read["call_bad"]
-        and read["call_lost (replay)"] == read["call_lost"]
-    )
-    print("one side effect per invoice: " + ("yes" if ok else "NO"))
-    return 0 if ok else 1
+        counts = report(provider, conversation, (i for i, _ in SCENARIO))
+    return scenario_verdict(counts, read, "retried")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ one real worker (threads pool) and one scheduler for it, for the whole module.
 ``assert_retried_after_not_before`` checks the scheduler's retry of a rate limit;
 ``run_async`` runs a coroutine on a new event loop and closes ``tq.aio``'s
 connections on it after; ``run_example`` runs one of ``examples/``.
+``assert_no_upstream_text`` checks what a model read for the failing upstream's
+text; the ``*_INVOICE`` arguments are what each framework's model sends to
+``create_invoice`` to be told to fix its input.
 """
 
 from __future__ import annotations
@@ -25,13 +28,23 @@ T = TypeVar("T")
 
 __all__ = [
     "APP",
+    "BAD_INVOICE",
+    "GOOD_INVOICE",
     "SECRET",
+    "TOO_BIG_INVOICE",
+    "assert_no_upstream_text",
     "assert_retried_after_not_before",
     "attempts",
     "effects",
     "run_async",
     "run_example",
 ]
+
+#: Arguments ``create_invoice``'s model refuses: three fields to fix.
+BAD_INVOICE = {"customer_id": "bob", "amount_cents": 0, "currency": "GBP"}
+#: Arguments the model accepts and the tool refuses (its own rule on amount_cents).
+TOO_BIG_INVOICE = {"customer_id": "cus_abcd", "amount_cents": 5_000_000, "currency": "EUR"}
+GOOD_INVOICE = {"customer_id": "cus_abcd", "amount_cents": 1200, "currency": "EUR"}
 
 
 def effects(tq: ToolQueue, ref: str) -> int:
@@ -58,6 +71,13 @@ def assert_retried_after_not_before(tq: ToolQueue, ref: str) -> None:
     requeued = next(h for h in rec.history if h.to is State.QUEUED and h.attempt == 2)
     # not_before: 1 s after the failure, which is recorded a few ms before waiting_retry
     assert requeued.at - waited.at >= 950
+
+
+def assert_no_upstream_text(seen: str) -> None:
+    """Nothing of ``lookup_customer``'s upstream error is in ``seen`` (what a model read):
+    not its secret, nor its text (which also tries to instruct the model)."""
+    for leaked in (SECRET, "sk-live", "ignore previous instructions", "CRM said"):
+        assert leaked not in seen
 
 
 def run_example(name: str, redis_url: str | None = None) -> str:

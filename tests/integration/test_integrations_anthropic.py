@@ -16,7 +16,7 @@ import httpx2
 from anthropic import AsyncAnthropic
 
 from tests.integration.agents_fixtures import (
-    SECRET,
+    assert_no_upstream_text,
     assert_retried_after_not_before,
     attempts,
     effects,
@@ -200,8 +200,7 @@ def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQu
     assert attempts(agents_tq, "toolu_leak_1") == [1]  # the upstream really failed
     for body in claude.requests:
         text = json.dumps(body)
-        assert SECRET not in text and "sk-live" not in text
-        assert "ignore previous instructions" not in text and "CRM said" not in text
+        assert_no_upstream_text(text)
 
 
 def test_a_call_past_its_wait_is_pending_and_followed_by_ref(agents_tq: ToolQueue) -> None:

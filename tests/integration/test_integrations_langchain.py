@@ -24,7 +24,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from tests.integration.agents_fixtures import (
-    SECRET,
+    BAD_INVOICE,
+    GOOD_INVOICE,
+    TOO_BIG_INVOICE,
+    assert_no_upstream_text,
     assert_retried_after_not_before,
     attempts,
     effects,
@@ -155,15 +158,12 @@ def test_a_rate_limited_call_comes_back_after_not_before_with_one_model_call(
 def test_invalid_arguments_come_back_as_an_error_tool_message_naming_the_fields(
     agents_tq: ToolQueue,
 ) -> None:
-    bad = {"customer_id": "bob", "amount_cents": 0, "currency": "GBP"}
-    too_big = {"customer_id": "cus_abcd", "amount_cents": 5_000_000, "currency": "EUR"}
-    good = {"customer_id": "cus_abcd", "amount_cents": 1200, "currency": "EUR"}
     c = Conversation(
         agents_tq,
         [
-            call("create_invoice", bad, "call_inv_1"),
-            call("create_invoice", too_big, "call_inv_2"),
-            call("create_invoice", good, "call_inv_3"),
+            call("create_invoice", BAD_INVOICE, "call_inv_1"),
+            call("create_invoice", TOO_BIG_INVOICE, "call_inv_2"),
+            call("create_invoice", GOOD_INVOICE, "call_inv_3"),
             AIMessage(content="invoiced"),
         ],
     )
@@ -247,6 +247,29 @@ def test_a_rejected_approval_cancels_the_operation_and_tells_the_model(
     assert effects(agents_tq, ref) == 0 and attempts(agents_tq, ref) == []
 
 
+def test_a_graph_run_without_a_thread_tells_the_model_instead_of_pausing(
+    agents_tq: ToolQueue,
+) -> None:
+    # Given a graph with no checkpointer, run without a thread: a pause could never resume
+    args = {"to_account": "acct_ann", "amount_cents": 300}
+    model = ScriptedChat(
+        messages=iter([call("transfer", args, "call_nothread"), AIMessage(content="asked")]),
+        received=[],
+    )
+    agent = create_agent(model, tools=toolq_langchain.tools(agents_tq))
+    given = {"messages": [{"role": "user", "content": "go"}]}
+    # When it calls a tool that needs approval
+    state = run_async(agents_tq, lambda: agent.ainvoke(given))
+    # Then the run goes on: the model is told approval is requested, by the call's ref
+    assert "__interrupt__" not in state
+    (answer,) = [m for m in model.received[-1] if isinstance(m, ToolMessage)]
+    assert answer.status == "error" and answer.artifact["code"] == "MISSING_APPROVAL"
+    assert answer.artifact["operation_ref"] == "call_nothread" and FOLLOW_TOOL in answer.text
+    rec = agents_tq.get("call_nothread")
+    assert rec is not None and rec.state is State.AWAITING_APPROVAL
+    assert effects(agents_tq, "call_nothread") == 0
+
+
 def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQueue) -> None:
     c = Conversation(
         agents_tq,
@@ -258,9 +281,7 @@ def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQu
     assert answer.artifact["next_action"] == "escalate"
     assert attempts(agents_tq, c.ref("call_crm")) == [1]  # the upstream was really called
     seen = "\n".join(repr(m) for m in c.model.received[-1])
-    assert SECRET not in seen
-    assert "sk-live" not in seen and "ignore previous instructions" not in seen
-    assert "CRM said" not in seen
+    assert_no_upstream_text(seen)
 
 
 def test_a_sync_graph_run_works_and_a_sync_call_under_a_running_loop_is_refused(

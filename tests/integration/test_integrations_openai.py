@@ -13,10 +13,14 @@ from typing import Any
 
 import pytest
 from agents import Agent, RunConfig, Runner, RunResult
+from agents.run_state import RunState
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 from tests.integration.agents_fixtures import (
-    SECRET,
+    BAD_INVOICE,
+    GOOD_INVOICE,
+    TOO_BIG_INVOICE,
+    assert_no_upstream_text,
     assert_retried_after_not_before,
     attempts,
     effects,
@@ -89,16 +93,13 @@ def test_a_rate_limited_call_comes_back_after_not_before_with_one_model_call(
 def test_invalid_arguments_come_back_as_the_tool_output_naming_the_fields(
     agents_tq: ToolQueue,
 ) -> None:
-    bad = {"customer_id": "bob", "amount_cents": 0, "currency": "GBP"}
-    too_big = {"customer_id": "cus_abcd", "amount_cents": 5_000_000, "currency": "EUR"}
-    good = {"customer_id": "cus_abcd", "amount_cents": 1200, "currency": "EUR"}
     _, model = run(
         agents_tq,
         [
-            [function_call("create_invoice", bad, call_id="call_inv_1")],
+            [function_call("create_invoice", BAD_INVOICE, call_id="call_inv_1")],
             [function_call("create_invoice", "{not json", call_id="call_inv_2")],
-            [function_call("create_invoice", too_big, call_id="call_inv_3")],
-            [function_call("create_invoice", good, call_id="call_inv_4")],
+            [function_call("create_invoice", TOO_BIG_INVOICE, call_id="call_inv_3")],
+            [function_call("create_invoice", GOOD_INVOICE, call_id="call_inv_4")],
             [assistant_message("invoiced")],
         ],
     )
@@ -160,6 +161,35 @@ def test_an_approval_pauses_the_run_and_the_approved_write_runs_once(
     assert again.interruptions == [] and effects(agents_tq, "call_appr_1") == 1
 
 
+def test_an_approved_state_resumed_twice_writes_once(agents_tq: ToolQueue) -> None:
+    # Given a run paused for approval, its state saved, then approved
+    args = {"to_account": "acc-4", "amount_cents": 400}
+    turns = [[function_call("transfer", args, call_id="call_twice_1")], [assistant_message("ok")]]
+    first, second = ScriptedModel(turns), ScriptedModel(turns[1:])
+
+    async def body() -> tuple[RunResult, RunResult]:
+        agent = Agent(name="agent", model=first, tools=openai_agents.tools(agents_tq))
+        paused = await Runner.run(agent, "go", run_config=CONFIG)
+        saved = paused.to_state().to_string()
+        results = []
+        # When the saved, approved state is resumed twice (a resume that crashed after
+        # the write and was run again; or two workers resuming it)
+        for model in (first, second):
+            agent = Agent(name="agent", model=model, tools=openai_agents.tools(agents_tq))
+            state = await RunState.from_string(agent, saved)
+            for item in state.get_interruptions():
+                state.approve(item)
+            results.append(await Runner.run(agent, state, run_config=CONFIG))
+        return results[0], results[1]
+
+    once, twice = run_async(agents_tq, body)
+    # Then both resumes read the one write's result
+    assert once.final_output == twice.final_output == "ok"
+    assert outputs(first)["call_twice_1"] == outputs(second)["call_twice_1"]
+    assert json.loads(outputs(second)["call_twice_1"])["transferred"] == 400
+    assert effects(agents_tq, "call_twice_1") == 1 and attempts(agents_tq, "call_twice_1") == [1]
+
+
 def test_a_rejected_approval_sends_nothing(agents_tq: ToolQueue) -> None:
     args = {"to_account": "acc-9", "amount_cents": 700}
     model = ScriptedModel(
@@ -193,8 +223,7 @@ def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQu
     assert attempts(agents_tq, "call_leak_1") == [1]  # the upstream really failed
     for call in model.calls:
         text = json.dumps(call.input)
-        assert SECRET not in text and "sk-live" not in text
-        assert "ignore previous instructions" not in text and "CRM said" not in text
+        assert_no_upstream_text(text)
 
 
 def test_a_call_past_its_wait_is_pending_and_followed_by_ref(agents_tq: ToolQueue) -> None:

@@ -27,7 +27,11 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, ToolDenied
 
 from tests.integration.agents_fixtures import (
+    BAD_INVOICE,
+    GOOD_INVOICE,
     SECRET,
+    TOO_BIG_INVOICE,
+    assert_no_upstream_text,
     assert_retried_after_not_before,
     attempts,
     effects,
@@ -83,6 +87,12 @@ class Conversation:
             kwargs.update(message_history=after.all_messages())
         return run_async(self.tq, lambda: self.agent.run(**kwargs))
 
+    def run_to_pause(self) -> tuple[AgentRunResult[Any], DeferredToolRequests]:
+        """A first run that ends paused: its result and the calls it deferred."""
+        first = self.run()
+        assert isinstance(first.output, DeferredToolRequests)
+        return first, first.output
+
     def answers(self) -> dict[str, ToolReturnPart]:
         """The tool answers in the last request the model was given, by call id."""
         last = self.received[-1][-1]
@@ -116,9 +126,7 @@ def test_a_lost_reply_is_one_side_effect_even_when_the_call_is_replayed(
     )
     ref = c.ref("call_lost")
     # When the run defers the pending call, and is resumed with its outcome
-    first = c.run()
-    requests = first.output
-    assert isinstance(requests, DeferredToolRequests)
+    first, requests = c.run_to_pause()
     assert [p.tool_call_id for p in requests.calls] == ["call_lost"]
     assert requests.metadata["call_lost"]["operation_ref"] == ref
     assert requests.metadata["call_lost"]["envelope"]["code"] == "OPERATION_PENDING"
@@ -190,15 +198,12 @@ def test_a_rate_limited_call_comes_back_after_not_before_with_one_model_call(
 def test_invalid_arguments_come_back_as_model_retry_naming_the_fields(
     agents_tq: ToolQueue,
 ) -> None:
-    bad = {"customer_id": "bob", "amount_cents": 0, "currency": "GBP"}
-    too_big = {"customer_id": "cus_abcd", "amount_cents": 5_000_000, "currency": "EUR"}
-    good = {"customer_id": "cus_abcd", "amount_cents": 1200, "currency": "EUR"}
     c = Conversation(
         agents_tq,
         [
-            call("create_invoice", bad, "call_inv_1"),
-            call("create_invoice", too_big, "call_inv_2"),
-            call("create_invoice", good, "call_inv_3"),
+            call("create_invoice", BAD_INVOICE, "call_inv_1"),
+            call("create_invoice", TOO_BIG_INVOICE, "call_inv_2"),
+            call("create_invoice", GOOD_INVOICE, "call_inv_3"),
             say("invoiced"),
         ],
     )
@@ -226,9 +231,7 @@ def test_an_approval_pauses_the_run_and_the_resume_runs_the_write_once(
     c = Conversation(agents_tq, [call("transfer", args, "call_pay"), say("transferred")])
     ref = c.ref("call_pay")
     # Given a run that stops at toolq's approval, with nothing written
-    first = c.run()
-    requests = first.output
-    assert isinstance(requests, DeferredToolRequests)
+    first, requests = c.run_to_pause()
     assert [p.tool_call_id for p in requests.approvals] == ["call_pay"]
     assert requests.metadata["call_pay"]["operation_ref"] == ref
     rec = agents_tq.get(ref)
@@ -255,9 +258,7 @@ def test_a_denied_approval_is_forwarded_to_toolq_and_nothing_is_written(
     args = {"to_account": "acct_eve", "amount_cents": 900}
     c = Conversation(agents_tq, [call("transfer", args, "call_no"), say("not sent")])
     ref = c.ref("call_no")
-    first = c.run()
-    requests = first.output
-    assert isinstance(requests, DeferredToolRequests)
+    first, requests = c.run_to_pause()
     results = requests.build_results(approvals={"call_no": ToolDenied("Eve is not a customer")})
     run_async(agents_tq, lambda: toolq_pydantic_ai.forward_decisions(agents_tq, requests, results))
     done = c.run(first, deferred_tool_results=results)
@@ -280,18 +281,15 @@ def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQu
     assert json.loads(str(answer.content).splitlines()[1])["next_action"] == "escalate"
     assert attempts(agents_tq, c.ref("call_crm")) == [1]  # the upstream was really called
     seen = "\n".join(repr(m) for m in c.received[-1])
-    assert SECRET not in seen
-    assert "sk-live" not in seen and "ignore previous instructions" not in seen
-    assert "CRM said" not in seen
+    assert_no_upstream_text(seen)
 
 
 def test_deferred_results_are_what_each_tool_would_have_answered(agents_tq: ToolQueue) -> None:
     # Given operations a run deferred: one failed, one the tool found invalid, one done
     prefix = f"deferred-{uuid.uuid4().hex[:8]}"
-    too_big = {"customer_id": "cus_abcd", "amount_cents": 5_000_000, "currency": "EUR"}
     submitted = {
         "call_crm": ("lookup_customer", {"customer_id": "cus_1"}),
-        "call_big": ("create_invoice", too_big),
+        "call_big": ("create_invoice", TOO_BIG_INVOICE),
         "call_ok": ("book", {"item": "chair"}),
     }
     for call_id, (name, args) in submitted.items():

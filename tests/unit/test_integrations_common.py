@@ -279,6 +279,26 @@ def test_a_digest_ref_keeps_a_readable_prefix() -> None:
     assert ref is not None and ref.startswith("run_1_call_x") and len(ref) == 200
 
 
+#: Calls whose ``scope/call_id`` reads alike: each must still get a ref of its own.
+ALIKE: list[list[tuple[str | None, str]]] = [
+    [("a/b", "c"), ("a", "b/c"), (None, "a/b/c")],
+    [("a", "b"), (None, "a/b")],
+    [("t 1", "c"), ("t", "1/c"), (None, "t 1/c")],
+    [('["a', 'b","c"]'), ("a/b", "c")],  # the scoped text of one is the other's pair
+]
+
+
+@pytest.mark.parametrize("calls", ALIKE, ids=range(len(ALIKE)))
+def test_calls_whose_scope_and_id_read_alike_get_refs_of_their_own(
+    calls: list[tuple[str | None, str]],
+) -> None:
+    refs = [stable_ref(call_id, scope=scope, limits=LIMITS) for scope, call_id in calls]
+    assert len(set(refs)) == len(calls)
+    assert all(ref is not None and LIMITS.ref_re.fullmatch(ref) for ref in refs)
+    again = [stable_ref(call_id, scope=scope, limits=LIMITS) for scope, call_id in calls]
+    assert again == refs
+
+
 def test_a_valid_ref_never_collides_with_the_digest_of_another() -> None:
     odd = stable_ref("call 1", limits=LIMITS)
     assert odd is not None and stable_ref(odd, limits=LIMITS) == odd  # a valid ref stays itself

@@ -38,7 +38,9 @@ The tool runner passes a tool only the call's input (anthropic 2.14:
 that caller's frame and keeps it only when its ``input`` is the very object it
 was given (:func:`calling_tool_use`). Called any other way, it refuses (an
 ``INTERNAL_ERROR`` result and a log line) rather than mint a fresh ref: in a
-loop of your own, answer each ``tool_use`` block with :func:`answer`.
+loop of your own, answer each ``tool_use`` block with :func:`answer`. The
+managed-agents ``SessionToolRunner`` is such a caller (it passes a copy of the
+input): there too the tool refuses.
 
 **Approval.** The runner has no pause of its own: a tool that requires approval
 answers ``MISSING_APPROVAL`` (``is_error``, with its ref) and the operation

@@ -97,19 +97,23 @@ def stable_ref(
 
     ``scope`` is the run, conversation or thread id where the framework has a
     stable one. A result that would not be a valid ref (too long for
-    ``limits.max_ref_length``, or characters outside the ref alphabet) becomes
-    ``<readable prefix>#<32 hex digits of its SHA-256>``: the same call id
-    always maps to the same ref. None when there is no call id: the caller
+    ``limits.max_ref_length``, or characters outside the ref alphabet), and
+    one whose scope or call id holds a ``/`` (``a/b`` + ``c`` and ``a`` +
+    ``b/c`` would read alike), becomes ``<readable prefix>#<32 hex digits>``,
+    the SHA-256 of the pair: the same call always maps to the same ref, two
+    different calls never to one. None when there is no call id: the caller
     must then pass a ref of its own (a fresh one per call would make every
     replay a new write).
     """
     if not call_id:
         return None
     limits = limits or LimitSettings()
+    scope = scope or None
     raw = f"{scope}/{call_id}" if scope else call_id
-    if limits.ref_re.fullmatch(raw):
+    if limits.ref_re.fullmatch(raw) and "/" not in call_id and "/" not in (scope or ""):
         return raw
-    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_LEN]
+    pair = json.dumps([scope, call_id], ensure_ascii=True)  # one encoding per pair
+    digest = hashlib.sha256(pair.encode()).hexdigest()[:_DIGEST_LEN]
     room = limits.max_ref_length - _DIGEST_LEN - 1
     prefix = _NOT_REF.sub("_", raw)[:room]
     return f"{prefix}#{digest}"

@@ -36,8 +36,9 @@ with ``create_agent``); a plain ``tool.ainvoke(tool_call)`` works too.
   repeats a write: toolq's scheduler retries, its verifier settles unknowns.
 - **A call that outlasts** ``wait`` answers OPERATION_PENDING with its ref; the
   model follows it with the ``toolq_get_operation`` tool that :func:`tools` adds.
-- **Approval**: inside a LangGraph run, a call toolq holds for approval pauses
-  the graph with :func:`langgraph.types.interrupt` (a checkpointer is needed).
+- **Approval**: inside a LangGraph run on a thread (``thread_id``; a
+  checkpointer is needed to resume), a call toolq holds for approval pauses
+  the graph with :func:`langgraph.types.interrupt`.
   The interrupt's value has the shape of the human-in-the-loop middleware's
   per-call request (``type="tool_approval"``, ``tool_call_id``, ``name``,
   ``args``, ``description``) plus ``operation_ref``; resume with
@@ -46,8 +47,9 @@ with ``create_agent``); a plain ``tool.ainvoke(tool_call)`` works too.
   validated: a bad one can be given again). The decision is forwarded to toolq
   (``approve`` / ``cancel``) and the write runs once, under the same ref. The
   operation waits in toolq meanwhile, so an operator may decide first (console,
-  CLI, API): the resumed call then answers with what happened. Outside a graph
-  the model is told approval is requested, and an operator decides.
+  CLI, API): the resumed call then answers with what happened. Outside a graph,
+  or in one run without a thread (it could never be resumed), the model is told
+  approval is requested, and an operator decides.
 - **Sync** ``invoke`` runs the async path on a private event loop when none is
   running in the calling thread (LangGraph's sync executor threads); under a
   running loop it refuses (``RuntimeError``) rather than block it: use
@@ -68,6 +70,7 @@ from typing import Any, Literal, NotRequired
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
 from pydantic import PrivateAttr
 from typing_extensions import TypedDict
@@ -97,11 +100,6 @@ __all__ = ["Decision", "ToolqTool", "follow_tool", "tool", "tools"]
 DECIDED_BY = "langgraph"
 #: The longest reviewer's note passed on to the model.
 NOTE_MAX = 200
-
-#: The config key ``interrupt()`` reads its task's state from
-#: (``langgraph._internal._constants.CONFIG_KEY_SCRATCHPAD``): present only inside a
-#: graph run, where a tool can pause.
-_SCRATCHPAD = "__pregel_scratchpad"
 
 
 class Decision(TypedDict):
@@ -213,8 +211,7 @@ class ToolqTool(_ToolqBase):
                 "'id': ..., 'name': ..., 'args': {...}}): its id keys the operation"
             )
         env = await run(tq, self.name, args, ref=ref, call_id=call.tool_call_id, wait=self.wait)
-        in_graph = _SCRATCHPAD in call.config.get("configurable", {})
-        if kind_of(env) is not Kind.APPROVAL or not in_graph or not isinstance(env, ToolError):
+        if kind_of(env) is not Kind.APPROVAL or not _can_pause() or not isinstance(env, ToolError):
             return self._answer(env, call)
         request = {
             "type": "tool_approval",
@@ -275,6 +272,18 @@ def tools(tq: ToolQueue, *, wait: float = DEFAULT_WAIT, **options: Any) -> list[
     """Every registered toolq tool, then :func:`follow_tool`; ``options`` as :func:`tool`."""
     made: list[BaseTool] = [tool(tq, n, wait=wait, **options) for n in tool_names(tq)]
     return [*made, follow_tool(tq, wait=wait, **options)]
+
+
+def _can_pause() -> bool:
+    """Whether this call runs in a LangGraph run that can be resumed: a graph's task
+    (its runtime is set) on a thread. Without a thread there is no checkpointer (one
+    refuses to run without a thread), so an interrupt could never be answered."""
+    try:
+        runtime = get_runtime()
+    except RuntimeError:  # not even in a runnable's context
+        return False
+    info = runtime.execution_info if runtime is not None else None
+    return info is not None and info.thread_id is not None
 
 
 def _thread_id(config: RunnableConfig) -> str | None:
