@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
+import redis
+
 from tests.contract.ops import LEASE, NOW, QUEUE, TOOL, history, put, snapshot, submit
 from toolq.fixed import escalation_envelope
 from toolq.ledger import Ledger, SubmitResult
-from toolq.ledger.scripts import DUE_FIELDS, WAKE_HORIZON_MS
+from toolq.ledger.scripts import DUE_FIELDS, LIBRARY, WAKE_HORIZON_MS
 from toolq.recovery.transition import Transition
 from toolq.states import State
 
@@ -260,6 +263,49 @@ def test_apply_refuses_a_failed_compare_and_set_and_writes_nothing(ledger: Ledge
     assert snapshot(ledger) == before
 
 
+def test_a_transition_whose_record_write_fails_leaves_nothing_else_written(
+    ledger: Ledger,
+) -> None:
+    submit(ledger, "e/1")
+    before = snapshot(ledger)
+    # Given a dispatch of one operation (written at once, not buffered) whose field
+    # value the server's HSET refuses (a JSON true, as a caller's bug could send)
+    t = Transition(
+        ref="e/1",
+        states=(S.QUEUED,),
+        to=S.CANCELLED,
+        by="t",
+        set={"x": "@@bad@@"},
+        push=("tq.other", "m"),
+        due_ms=NOW + 5000,
+        stats=("cancelled",),
+    )
+    keys, args = ledger.calls.apply([t], NOW + 1)
+    args[2] = args[2].replace('"@@bad@@"', "true")
+    # When the script runs, it fails
+    with pytest.raises(redis.ResponseError):
+        ledger.scripts("apply", keys, args)
+    # Then no message, index move or counter was written for the record that never moved
+    assert snapshot(ledger) == before
+
+
+def test_guards_and_fields_are_compared_and_written_as_strings(ledger: Ledger) -> None:
+    submit(ledger, "n/1")
+    # A guard or a field given as a number (not what the types say, but what an old
+    # caller or a plugin may pass) means its text, as the ledger always read it
+    t = Transition(
+        ref="n/1",
+        states=(S.QUEUED,),
+        to=S.QUEUED,
+        by="t",
+        quiet=True,
+        expect={"*": {"rev": 1}},  # type: ignore[dict-item]
+        set={"repubs": 2},  # type: ignore[dict-item]
+    )
+    assert ledger.apply([t], NOW + 1) == ["ok"]
+    assert ledger.fields("n/1", "rev", "repubs") == {"rev": "2", "repubs": "2"}
+
+
 def test_a_batch_decides_each_item_alone_and_keeps_each_refs_last_word(ledger: Ledger) -> None:
     k, r = ledger.keys, ledger.redis
     for ref in ("b/1", "b/2", "b/3"):
@@ -402,3 +448,25 @@ def test_an_item_past_the_horizon_never_looks_at_the_planned_sleep(ledger: Ledge
     # and one just inside it is compared with the plan, and wakes the scheduler
     submit(ledger, "h/2", due=NOW + WAKE_HORIZON_MS - 1)
     assert r.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_a_durable_call_after_the_server_lost_the_scripts_loads_them_again(
+    ledger: Ledger,
+) -> None:
+    # A ledger whose submits and claims wait for the fsync (on the real server: the
+    # script call and WAITAOF in one pipeline, not the plain call that reloads itself)
+    durable = Ledger(ledger.redis, prefix="tq", durability="fsync")
+    durable.scripts.functions = ledger.scripts.functions
+    assert submit(durable, "l/1").outcome == "created"
+    # Given a server that lost them (FUNCTION FLUSH, SCRIPT FLUSH, a restart without
+    # persistence); this library only, as other tests share the server
+    if durable.scripts.functions:
+        ledger.redis.function_delete(LIBRARY)
+    else:
+        ledger.redis.script_flush()
+    # When the next submit and claim come
+    assert submit(durable, "l/2").outcome == "created"
+    assert durable.claim("l/1", 1, "w1", NOW, LEASE).outcome == "claimed"
+    # Then they were loaded again and each call did its work once
+    assert [h.to for h in history(durable, "l/1")] == [S.QUEUED, S.RUNNING]
+    assert ledger.redis.llen(QUEUE) == 2

@@ -57,9 +57,9 @@ def test_behind_a_backlog_only_the_lost_message_is_published_again(tq: ToolQueue
     calls = tq.settings.queues.calls
     r = tq.redis
     t0 = int(time.time() * 1000) - 60_000
-    # Given a backlog, front first: A's first message (A was published again at t0+1000,
-    # and its record dates that copy), D, A's second copy, B; R, whose message a worker
-    # holds; and C, whose message was lost
+    # Given a backlog, front first: R's message, which kombu pushed back at the front
+    # (its worker died); A's first message (A was published again at t0+1000, and its
+    # record dates that copy); D; A's second copy; B. And C, whose message was lost
     for ref, at in (("r", t0 - 50), ("a", t0), ("c", t0 + 100), ("d", t0 + 300)):
         _queued(tq, ref, at)
     held = r.rpop(calls)
@@ -78,23 +78,23 @@ def test_behind_a_backlog_only_the_lost_message_is_published_again(tq: ToolQueue
     )
     assert tq.ledger.apply([again], t0 + 1000) == ["ok"]
     _queued(tq, "b", t0 + 2000)
+    msg = json.loads(held)
+    msg["headers"]["redelivered"] = True
+    r.rpush(calls, json.dumps(msg))
     refs = ["r", "a", "c", "d", "b"]
     clock = [(t0 + 2000 + tq.app.policy.unclaimed_after_ms + 1000) / 1000]
     sched = Scheduler(tq.app, clock=lambda: clock[0])
 
-    # When the scheduler looks while A's first copy is at the front (a copy of any age)
+    # When the scheduler looks
     sched.tick()
-    # Then nothing is published again (dated by A's record, R, C and D would have been)
-    assert _republished(tq, refs) == {"r": 0, "a": 1, "c": 0, "d": 0, "b": 0}
+    # Then only C is published again: published before D, the first message dated.
+    # R's message and A's first copy date nothing (dated by A's record, R, C and D
+    # would have been published again) but are seen waiting; A's second copy and B
+    # wait behind D. Stopping at A's copy instead held C back until it had left.
+    assert _republished(tq, refs) == {"r": 0, "a": 1, "c": 1, "d": 0, "b": 0}
 
-    # When a worker takes A's first copy, R's worker dies and kombu pushes R's message
-    # back at the front, and the scheduler looks again
-    assert message_ref(r.rpop(calls)) == "a"
-    msg = json.loads(held)
-    msg["headers"]["redelivered"] = True
-    r.rpush(calls, json.dumps(msg))
+    # When the scheduler looks again, later, with C's new copy at the back
     clock[0] += 2 * tq.app.policy.unclaimed_after_ms / 1000
     sched.tick()
-    # Then only C is published again: published before D, the first message dated; R's
-    # message is back in the queue, A's second copy waits behind D
+    # Then nothing more: every message is still waiting its turn
     assert _republished(tq, refs) == {"r": 0, "a": 1, "c": 1, "d": 0, "b": 0}

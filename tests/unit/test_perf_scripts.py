@@ -3,13 +3,17 @@ plain scripts on a server without functions; loaded again after a loss."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import fakeredis
+import fakeredis.aioredis
+import pytest
 import redis
 
 from tests.contract.ops import NOW, QUEUE, history, submit
 from toolq.ledger import Ledger, scripts
+from toolq.ledger.aio import AsyncLedger
 from toolq.ledger.store import Scripts
 from toolq.states import State
 
@@ -59,3 +63,36 @@ def test_a_server_that_lost_the_library_gets_it_again_on_the_next_call(
     assert Scripts(fake_redis)("plan_sleep", ledger.calls.fixed, ["n", NOW, 5000]) == NOW + 1000
     # Then it was loaded again, and each call did what it says
     assert ledger.fields("a/1", "state") == {"state": "running"}
+
+
+@pytest.mark.parametrize("functions", [True, False])
+def test_the_async_ledger_runs_the_same_way_and_loads_again_after_a_loss(
+    functions: bool,
+) -> None:
+    server = fakeredis.FakeServer()
+    sync = fakeredis.FakeRedis(server=server)
+    client = fakeredis.aioredis.FakeRedis(server=server)
+    if not functions:  # as Redis 6 answers
+        client.function_load = NoFunctions.function_load.__get__(client)  # type: ignore[method-assign]
+
+    def operation(ref: str) -> dict[str, Any]:
+        return dict(
+            ref=ref, tool="t", args_json="{}", fp="f", call_id="", now_ms=NOW, max_attempts=3,
+            deadline_ms=NOW + 60_000, state=State.QUEUED, due_ms=NOW + 1000, queue=QUEUE,
+            message=f"run {ref}",
+        )  # fmt: skip
+
+    async def two_submits_around_a_loss() -> list[str]:
+        ledger = AsyncLedger(client, prefix="p")
+        first = await ledger.submit(**operation("a/1"))
+        # Given a server that lost what the first call loaded (a flush, a restart)
+        if functions:
+            sync.function_delete(scripts.LIBRARY)
+        else:
+            sync.script_flush()
+        second = await ledger.submit(**operation("a/2"))
+        assert ledger.scripts.functions is functions
+        return [first.outcome, second.outcome]
+
+    assert asyncio.run(two_submits_around_a_loss()) == ["created", "created"]
+    assert sync.lrange(QUEUE, 0, -1) == [b"run a/2", b"run a/1"]

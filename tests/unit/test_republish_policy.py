@@ -5,26 +5,20 @@ the queue (:func:`toolq.recovery.policy.decide`); it learns that from the
 oldest messages still waiting (:func:`oldest_waiting`). kombu pushes a
 redelivered message back at the front, and copies of old messages (a
 republish, a redelivery) carry no date of their own: a bound read from one of
-them made the chaos run republish 1,354 times in 2,000 operations.
+them made the chaos run republish 1,354 times in 2,000 operations; stopping at
+one held back the republish of a message that really was lost.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from toolq.recovery.policy import (
-    Action,
-    Queues,
-    Snapshot,
-    Timeouts,
-    Waiting,
-    decide,
-    oldest_waiting,
-)
+from toolq.recovery import policy
+from toolq.recovery.policy import Action, Queues, Waiting, oldest_waiting
 from toolq.states import State
 
 NOW = 1_000_000
-T = Timeouts(unclaimed_after_ms=5_000, approval_timeout_ms=10_000, input_timeout_ms=20_000)
+T = policy.Timeouts(unclaimed_after_ms=5_000, approval_timeout_ms=10_000, input_timeout_ms=20_000)
 
 
 def fresh(ref: str, published: int, seq: int = 1) -> Waiting:
@@ -32,27 +26,42 @@ def fresh(ref: str, published: int, seq: int = 1) -> Waiting:
     return Waiting(ref=ref, seq=seq, record_seq=seq, published_ms=published)
 
 
+def redelivered(ref: str, seq: int = 1, published: int = 900) -> Waiting:
+    """A copy kombu pushed back at the front (a restore, a reject with requeue)."""
+    return Waiting(ref, seq, redelivered=True, record_seq=seq, published_ms=published)
+
+
+#: Copies of unknown age: an attempt published twice (its record dates the latest
+#: copy, maybe not this one), an attempt that is over, no record, not toolq's.
+REPUBLISHED = Waiting("a", 1, record_seq=1, republished=True, published_ms=900)
+OVER = Waiting("o", 1, record_seq=2, published_ms=900)
+NO_RECORD = Waiting("g", 1, record_seq=None)
+FOREIGN = Waiting(None)
+
+
 @pytest.mark.parametrize(
     ("head", "bound", "seen"),
     [
         # an empty queue holds nothing back
         ([], None, set()),
-        # the first message its record dates: when it was pushed (or earlier, for a copy)
+        # the first message its record dates: when it was pushed
         ([fresh("a", 100), fresh("b", 200)], 100, {"a", "b"}),
-        # redeliveries are put at the front, ahead of older messages: skipped, but waiting
+        # redeliveries are put at the front, ahead of older messages: passed over, but waiting
+        ([redelivered("r"), fresh("a", 100)], 100, {"r", "a"}),
+        # copies of unknown age date nothing: passed over, the next message dates the rest
+        ([REPUBLISHED, fresh("b", 100)], 100, {"a", "b"}),
+        ([OVER, fresh("b", 100)], 100, {"o", "b"}),
+        ([NO_RECORD, fresh("b", 100)], 100, {"g", "b"}),
+        ([FOREIGN, fresh("b", 100)], 100, {"b"}),
         (
-            [Waiting("r", 1, redelivered=True, record_seq=1, published_ms=900), fresh("a", 100)],
-            100,
-            {"r", "a"},
+            [FOREIGN, REPUBLISHED, redelivered("r"), OVER, NO_RECORD, fresh("b", 7)],
+            7,
+            {"a", "r", "o", "g", "b"},
         ),
-        # an attempt published twice: its record dates the latest copy, maybe not this one
-        ([Waiting("a", 1, record_seq=1, republished=True, published_ms=900)], 0, {"a"}),
-        # a copy of an attempt that is over, a message without a record, or not toolq's
-        ([Waiting("a", 1, record_seq=2, published_ms=900), fresh("b", 100)], 0, {"a", "b"}),
-        ([Waiting("a", 1, record_seq=None), fresh("b", 100)], 0, {"a", "b"}),
-        ([Waiting(None), fresh("b", 100)], 0, {"b"}),
-        # nothing but redeliveries in sight: the age is unknown
-        ([Waiting("r", 1, redelivered=True, record_seq=1, published_ms=5)], 0, {"r"}),
+        # nothing in sight dates the queue: the age is unknown
+        ([REPUBLISHED], 0, {"a"}),
+        ([redelivered("r", published=5)], 0, {"r"}),
+        ([FOREIGN, OVER, NO_RECORD], 0, {"o", "g"}),
     ],
 )
 def test_the_backlog_is_dated_by_the_first_message_whose_record_names_it(
@@ -61,10 +70,11 @@ def test_the_backlog_is_dated_by_the_first_message_whose_record_names_it(
     assert oldest_waiting(head) == (bound, frozenset(seen))
 
 
-def queued(ref: str, published: int) -> Snapshot:
-    return Snapshot(
+def snap(ref: str, state: State, published: int, vcheck: int = 0) -> policy.Snapshot:
+    """A queued or verifying operation whose message (or check) was published at ``published``."""
+    return policy.Snapshot(
         ref=ref,
-        state=State.QUEUED,
+        state=state,
         tool="t",
         attempt=1,
         max_attempts=3,
@@ -73,7 +83,7 @@ def queued(ref: str, published: int) -> Snapshot:
         entered_ms=published,
         vlease_until_ms=0,
         vholder="",
-        vcheck=0,
+        vcheck=vcheck,
         retry_due_ms=0,
         repubs=0,
         rev=2,
@@ -82,67 +92,52 @@ def queued(ref: str, published: int) -> Snapshot:
 
 
 @pytest.mark.parametrize(
-    ("head", "published", "action"),
+    ("head", "ref", "published", "action"),
     [
         # behind a dated message it is still waiting its turn; before it, it left (lost)
-        ([fresh("b", 100)], 150, Action.RESCHEDULE),
-        ([fresh("b", 100)], 50, Action.REPUBLISH),
-        # the cascade this replaces: A was republished at 900 while its first copy
+        ([fresh("b", 100)], "c", 150, Action.RESCHEDULE),
+        ([fresh("b", 100)], "c", 50, Action.REPUBLISH),
+        # the cascade issue 14 ended: A was republished at 900 while its first copy
         # (pushed at 0) still waited at the front; dated by A's record, every
         # operation published before 900 was republished, and each republish left
-        # another copy to date the queue by. Now the age is unknown until it leaves.
-        (
-            [Waiting("a", 1, record_seq=1, republished=True, published_ms=900), fresh("b", 10)],
-            50,
-            Action.RESCHEDULE,
-        ),
+        # another copy to date the queue by. The copy dates nothing now.
+        ([REPUBLISHED, fresh("b", 10)], "c", 50, Action.RESCHEDULE),
+        # ... and a message that really was lost is still republished behind such a
+        # copy: pushed before b, it would be in front of b, where it was not seen
+        ([REPUBLISHED, fresh("b", 100)], "c", 50, Action.REPUBLISH),
+        ([FOREIGN, OVER, fresh("b", 100)], "c", 50, Action.REPUBLISH),
+        # nothing dates the queue: wait until something does
+        ([REPUBLISHED], "c", 50, Action.RESCHEDULE),
         # an operation whose message was seen at the head is waiting, whatever the dates
-        (
-            [Waiting("c", 1, redelivered=True, record_seq=1), fresh("b", 100)],
-            50,
-            Action.RESCHEDULE,
-        ),
+        ([redelivered("c", published=10), fresh("b", 100)], "c", 10, Action.RESCHEDULE),
+        ([redelivered("c", published=10), fresh("b", 100)], "d", 10, Action.REPUBLISH),
+        ([REPUBLISHED, fresh("b", 100)], "a", 50, Action.RESCHEDULE),
         # an empty queue: the message is gone
-        ([], 150, Action.REPUBLISH),
+        ([], "c", 150, Action.REPUBLISH),
     ],
 )
 def test_a_queued_operation_is_republished_only_when_its_message_has_left(
-    head: list[Waiting], published: int, action: Action
+    head: list[Waiting], ref: str, published: int, action: Action
 ) -> None:
     bound, seen = oldest_waiting(head)
-    d = decide(queued("c", published), NOW, T, Queues(oldest_call_ms=bound, waiting_calls=seen))
-    assert d.action is action
+    q = Queues(oldest_call_ms=bound, waiting_calls=seen)
+    assert policy.decide(snap(ref, State.QUEUED, published), NOW, T, q).action is action
 
 
-def test_a_redelivered_message_at_the_head_keeps_its_operation_from_being_republished() -> None:
-    head = [Waiting("c", 1, redelivered=True, record_seq=1, published_ms=10), fresh("b", 100)]
+@pytest.mark.parametrize(
+    ("seen_at_the_head", "action"),
+    [
+        # a check seen waiting at the head is not published again
+        (True, Action.RESCHEDULE),
+        # published before the dated message and not seen: it left the queue
+        (False, Action.VERIFY),
+    ],
+)
+def test_a_verification_check_is_published_again_only_when_it_has_left(
+    seen_at_the_head: bool, action: Action
+) -> None:
+    s = snap("v", State.VERIFYING, published=10, vcheck=2)
+    head = [redelivered("v", seq=2, published=10), fresh("w", 500)]
     bound, seen = oldest_waiting(head)
-    # published long before the dated message, yet seen waiting: not published again
-    assert decide(queued("c", 10), NOW, T, Queues(bound, None, seen)).action is Action.RESCHEDULE
-    assert decide(queued("d", 10), NOW, T, Queues(bound, None, seen)).action is Action.REPUBLISH
-
-
-def test_a_verification_check_seen_at_the_head_is_not_published_again() -> None:
-    s = Snapshot(
-        ref="v",
-        state=State.VERIFYING,
-        tool="t",
-        attempt=1,
-        max_attempts=3,
-        deadline_ms=0,
-        lease_until_ms=0,
-        entered_ms=10,
-        vlease_until_ms=0,
-        vholder="",
-        vcheck=2,
-        retry_due_ms=0,
-        repubs=0,
-        rev=3,
-        published_ms=10,
-        vclaimed_ms=0,
-    )
-    head = [Waiting("v", 2, redelivered=True, record_seq=2, published_ms=10), fresh("w", 500, 1)]
-    bound, seen = oldest_waiting(head)
-    q = Queues(oldest_verify_ms=bound, waiting_verify=seen)
-    assert decide(s, NOW, T, q).action is Action.RESCHEDULE
-    assert decide(s, NOW, T, Queues(oldest_verify_ms=bound)).action is Action.VERIFY
+    q = Queues(oldest_verify_ms=bound, waiting_verify=seen if seen_at_the_head else frozenset())
+    assert policy.decide(s, NOW, T, q).action is action

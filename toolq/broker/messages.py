@@ -168,12 +168,35 @@ def uuid4_hex() -> str:
 
 def message_ref(raw: bytes | str | None) -> str | None:
     """The operation_ref a raw toolq message carries (None for anything else)."""
+    decoded = _decoded(raw)
+    return decoded[0][0] if decoded else None
+
+
+def message_head(raw: bytes | str | None) -> tuple[str | None, int, bool]:
+    """(ref, attempt or check, redelivered) of a raw toolq message; (None, 0, False) for
+    anything else. The attempt of a run, the check of a verification: its last argument.
+    kombu marks a message it pushed back (a restore, a requeue) in its headers."""
+    decoded = _decoded(raw)
+    if decoded is None:
+        return None, 0, False
+    args, headers = decoded
+    try:
+        seq = int(args[-1])
+    except (ValueError, TypeError):
+        return None, 0, False
+    return args[0], seq, bool(headers.get("redelivered"))
+
+
+def _decoded(raw: bytes | str | None) -> tuple[list[Any], dict[str, Any]] | None:
+    """A raw toolq message's arguments (a ref first) and headers; None for anything else."""
     if raw is None:
         return None
     try:
         msg = json.loads(raw)
         args = json.loads(base64.b64decode(msg["body"]))[0]
-        ref = args[0]
-    except (ValueError, KeyError, IndexError, TypeError):
+        headers = msg.get("headers") or {}
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
-    return ref if isinstance(ref, str) else None
+    if not (isinstance(args, list) and args and isinstance(args[0], str)):
+        return None
+    return args, headers if isinstance(headers, dict) else {}

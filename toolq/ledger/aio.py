@@ -25,9 +25,9 @@ from toolq.ledger import scripts
 from toolq.ledger.durability import AsyncDurability, lost_scripts
 from toolq.ledger.store import (
     Calls,
+    ScriptWay,
     SubmitResult,
     fields_of,
-    functions_refused,
     history_of,
     history_start,
     record_of,
@@ -38,13 +38,12 @@ from toolq.record import HistoryEntry, OperationRecord
 from toolq.recovery.transition import Transition
 
 
-class AsyncScripts:
-    """:class:`toolq.ledger.store.Scripts` on ``redis.asyncio``: FCALL of the library,
-    or EVALSHA where the server has no functions; loaded on first use and after a loss."""
+class AsyncScripts(ScriptWay):
+    """:class:`toolq.ledger.store.Scripts` on ``redis.asyncio``."""
 
     def __init__(self, client: aioredis.Redis) -> None:
+        super().__init__()
         self.client = client
-        self.functions: bool | None = None
         self._evals: dict[str, AsyncScript] = {}
 
     async def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -64,26 +63,22 @@ class AsyncScripts:
     async def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         if self.functions is None:
             await self.load()
-        if self.functions:
-            return ["FCALL", scripts.function_name(name), len(keys), *keys, *args]
-        return ["EVALSHA", self._eval(name).sha, len(keys), *keys, *args]
+        return self.raw(name, keys, args)
 
     async def load(self) -> None:
         if self.functions is not False:
             try:
                 await self.client.function_load(scripts.library())
                 self.functions = True
-                return
             except redis.ResponseError as exc:
-                if "already exists" in str(exc):
-                    self.functions = True
-                    return
-                if not functions_refused(exc):
-                    raise
-                self.functions = False
-        for name in scripts.NAMES:
-            script = self._eval(name)
-            script.sha = await self.client.script_load(script.script)
+                self.refused(exc)
+        if not self.functions:
+            for name in scripts.NAMES:
+                script = self._eval(name)
+                script.sha = await self.client.script_load(script.script)
+
+    def sha(self, name: str) -> str:
+        return str(self._eval(name).sha)
 
     def _eval(self, name: str) -> AsyncScript:
         script = self._evals.get(name)

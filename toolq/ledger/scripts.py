@@ -424,10 +424,7 @@ for i = 1, A[1] do
     else
       local tool = cur[2]
       local attempt = tonumber(cur[3])
-      if incr > 0 then
-        attempt = attempt + incr
-        bstat(tool, 'attempts', incr)
-      end
+      if incr > 0 then attempt = attempt + incr end
       local rev = (tonumber(cur[4]) or 0) + 1
       local fields = {'updated', now, 'attempt', attempt, 'rev', rev}
       local seq
@@ -435,20 +432,20 @@ for i = 1, A[1] do
         seq = (tonumber(cur[5]) or 0) + 1
         fields[7] = 'state'; fields[8] = to; fields[9] = 'hn'; fields[10] = seq
         fields[11] = 'h' .. seq; fields[12] = entry(now, state, to, attempt, by, code or nil)
-        if to ~= state then
-          fields[13] = 'entered'; fields[14] = now
-          bmove(ref, tool, state, to, now)
-        end
+        if to ~= state then fields[13] = 'entered'; fields[14] = now end
       end
       for j = set, set + 2 * nset - 1 do fields[#fields + 1] = A[j] end
       local envelope = envi > 0 and ARGV[3 + envi] or nil
       if envelope then fields[#fields + 1] = 'envelope'; fields[#fields + 1] = envelope end
-      if pushq > 0 then
-        bpush(KEYS[pushq], ARGV[3 + pushm])
-        fields[#fields + 1] = 'published'; fields[#fields + 1] = now
-      end
+      if pushq > 0 then fields[#fields + 1] = 'published'; fields[#fields + 1] = now end
+      -- The record first: the one write that can fail on what the caller sent. A call
+      -- about one operation writes the rest at once (DIRECT), and a message pushed or
+      -- an index moved before a failed HSET would stay, for a record that never moved.
       redis.call('HSET', key, unpack(fields))
       if ndel > 0 then redis.call('HDEL', key, unpack(A, del, del + ndel - 1)) end
+      if incr > 0 then bstat(tool, 'attempts', incr) end
+      if not quiet and to ~= state then bmove(ref, tool, state, to, now) end
+      if pushq > 0 then bpush(KEYS[pushq], ARGV[3 + pushm]) end
       if due then
         if due < 0 then bdue(ref, false) else bdue(ref, due, true) end
       end

@@ -80,13 +80,15 @@ def to_wire(
     ttl: int | bool = False if t.ttl is None else t.ttl
     out += (t.ref, t.to, t.by, t.code or False, t.quiet, t.attempt_incr, envelope, due)
     out += (push_queue, push_message, ttl, len(t.states), *t.states)
+    # Values as strings: the script compares them with what HMGET answers (a string,
+    # which a JSON number never equals in Lua) and HSET refuses a JSON true or null.
     out.append(sum(len(fields) for fields in t.expect.values()))
     for which, fields in t.expect.items():
         for name, value in fields.items():
-            out += (which, name, value)
+            out += (which, name, str(value))
     out.append(len(t.set))
     for name, value in t.set.items():
-        out += (name, value)
+        out += (name, str(value))
     out += (len(t.delete), *t.delete, len(t.stats), *t.stats)
 
 
@@ -96,17 +98,43 @@ def functions_refused(exc: redis.ResponseError) -> bool:
     return "unknown command" in text or "unknown subcommand" in text or "noperm" in text
 
 
-class Scripts:
-    """Runs the ledger's scripts on one client: ``FCALL`` of the library
-    (:func:`toolq.ledger.scripts.library`) where the server has functions, else
-    ``EVALSHA`` of each script. Loads what it needs on first use, and again when
-    the server lost it (a restart without persistence, a flush). Thread-safe:
-    loading twice is harmless."""
+class ScriptWay:
+    """How one client runs the ledger's scripts, what :class:`Scripts` and
+    :class:`toolq.ledger.aio.AsyncScripts` share: ``FCALL`` of the library where
+    the server has functions, else ``EVALSHA`` of each script (no I/O here)."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
+    def __init__(self) -> None:
         #: None until the first load says whether the server has functions.
         self.functions: bool | None = None
+
+    def raw(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        """The command that runs script ``name``, once loaded (:attr:`functions` known)."""
+        if self.functions:
+            return ["FCALL", scripts.function_name(name), len(keys), *keys, *args]
+        return ["EVALSHA", self.sha(name), len(keys), *keys, *args]
+
+    def sha(self, name: str) -> str:
+        raise NotImplementedError
+
+    def refused(self, exc: redis.ResponseError) -> None:
+        """What a FUNCTION LOAD that failed says: the library is there already (another
+        process loaded it), or the server has no functions; anything else is raised."""
+        if "already exists" in str(exc):
+            self.functions = True
+        elif functions_refused(exc):
+            self.functions = False
+        else:
+            raise exc
+
+
+class Scripts(ScriptWay):
+    """Runs the ledger's scripts on one client (:class:`ScriptWay`). Loads what it
+    needs on first use, and again when the server lost it (a restart without
+    persistence, a flush). Thread-safe: loading twice is harmless."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__()
+        self.client = client
         self._evals: dict[str, Script] = {}
 
     def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -127,9 +155,7 @@ class Scripts:
         """The raw command that runs script ``name`` (for a pipeline or a connection)."""
         if self.functions is None:
             self.load()
-        if self.functions:
-            return ["FCALL", scripts.function_name(name), len(keys), *keys, *args]
-        return ["EVALSHA", self._eval(name).sha, len(keys), *keys, *args]
+        return self.raw(name, keys, args)
 
     def load(self) -> None:
         """Load the library (or, without functions, every script) into the server."""
@@ -137,17 +163,15 @@ class Scripts:
             try:
                 self.client.function_load(scripts.library())
                 self.functions = True
-                return
             except redis.ResponseError as exc:
-                if "already exists" in str(exc):
-                    self.functions = True
-                    return
-                if not functions_refused(exc):
-                    raise
-                self.functions = False
-        for name in scripts.NAMES:
-            script = self._eval(name)
-            script.sha = self.client.script_load(script.script)
+                self.refused(exc)
+        if not self.functions:
+            for name in scripts.NAMES:
+                script = self._eval(name)
+                script.sha = self.client.script_load(script.script)
+
+    def sha(self, name: str) -> str:
+        return str(self._eval(name).sha)
 
     def _eval(self, name: str) -> Script:
         script = self._evals.get(name)

@@ -14,9 +14,7 @@ the record's revision, so a race ends in one dispatch.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -30,6 +28,7 @@ from typing import Any, Protocol
 import redis
 from redis.exceptions import NoScriptError
 
+from toolq.broker.messages import message_head
 from toolq.ledger import Ledger
 from toolq.recovery import outcome
 from toolq.recovery.actions import for_decision
@@ -214,7 +213,7 @@ class Scheduler:
         heads.lrange(q.calls, -QUEUE_HEAD, -1)
         heads.lrange(q.verify, -QUEUE_HEAD, -1)
         # kombu pushes on the left and takes from the right: the front is the list's end
-        calls, verify = ([_message_head(m) for m in reversed(raw)] for raw in heads.execute())
+        calls, verify = ([message_head(m) for m in reversed(raw)] for raw in heads.execute())
         refs = list(dict.fromkeys(h[0] for h in calls + verify if h[0]))
         pipe = self.app.redis.pipeline(transaction=False)
         for ref in refs:
@@ -370,19 +369,6 @@ class Scheduler:
         self.app.redis.hdel(self.app.ledger.keys.schedulers, self.id)
         if self._blocking is not None:
             self._blocking.close()
-
-
-def _message_head(raw: bytes) -> tuple[str | None, int, bool]:
-    """(ref, attempt or check, redelivered) of a raw toolq message; (None, 0, False) for
-    anything else. The attempt of a run, the check of a verification: its last argument."""
-    try:
-        msg = json.loads(raw)
-        args = json.loads(base64.b64decode(msg["body"]))[0]
-        ref, seq = args[0], int(args[-1])
-        redelivered = bool((msg.get("headers") or {}).get("redelivered"))
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None, 0, False
-    return (ref if isinstance(ref, str) else None), seq, redelivered
 
 
 def _int(value: Any) -> int:
