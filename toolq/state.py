@@ -12,8 +12,6 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from toolq.errors import RequestRefused
-
 DEFAULT_DIR = ".toolq"
 STATE_FILE = "state.json"
 
@@ -95,6 +93,9 @@ def recorded_url(path: str | os.PathLike[str] | None, fix: str) -> str | None:
         return None
     pid = dead_owner(data)
     if pid is not None:
+        # Imported here: the envelope's models cost `toolq status` ~50 ms at start-up.
+        from toolq.errors import RequestRefused
+
         raise RequestRefused(stale_message(path, pid, fix))
     return url
 
