@@ -67,6 +67,14 @@ class WorkerSettings(BaseModel):
     #: quarter of a prefork worker's throughput (issue 14, bench/RESULTS.md), and
     #: nothing toolq itself shows depends on them. `toolq worker -E` turns them on.
     task_events: bool = False
+    #: Messages a worker process reserves per pool slot. 1 (the default): a message
+    #: waits in the queue, not behind a busy worker's long call, and a worker that
+    #: dies holds none beyond what it runs. 4 is Celery's default: less serial latency
+    #: per call (a no-op write on prefork -c 2 went 0.87 -> 0.94 of bare Celery, a
+    #: 100 ms tool on threads -c 16 0.925 -> 0.953 of its ceiling; bench/RESULTS.md),
+    #: at the cost of calls queued behind long ones. A reserved message of a killed
+    #: worker comes back after ``recovery.unclaimed_after``; nothing runs twice.
+    prefetch_multiplier: int = Field(default=1, ge=1, le=64)
 
 
 class ClientSettings(BaseModel):

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from toolq import ToolQueue
 from toolq.broker.app import celery_config
@@ -93,3 +93,13 @@ def test_toolq_up_passes_events_to_its_workers_only_when_asked() -> None:
 
     assert all("--events" in argv for argv in worker_argvs(True))
     assert not any("--events" in argv for argv in worker_argvs(False))
+
+
+def test_prefetch_is_one_unless_set_and_bad_values_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TOOLQ_WORKER__PREFETCH_MULTIPLIER", "4")
+    assert celery_config(ToolqSettings(), None)["worker_prefetch_multiplier"] == 4
+    monkeypatch.setenv("TOOLQ_WORKER__PREFETCH_MULTIPLIER", "0")
+    with pytest.raises(ValidationError, match="prefetch_multiplier"):
+        ToolqSettings()

@@ -1,7 +1,8 @@
 """The Celery app factory: safe settings, explicit queues, nothing implicit.
 
 * JSON only, for messages, results and events.
-* Late acknowledgement, requeue on worker loss, prefetch of one.
+* Late acknowledgement, requeue on worker loss, prefetch of one (a setting:
+  ``worker.prefetch_multiplier``).
 * One visibility timeout, set everywhere Celery and kombu read it.
 * No Celery-side delays or retries of any kind: delays belong to the
   scheduler (DESIGN.md invariant 7); a test greps the package for them.
@@ -35,7 +36,7 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure_or_timeout": True,
-        "worker_prefetch_multiplier": 1,
+        "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": q.visibility_timeout,
