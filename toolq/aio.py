@@ -74,10 +74,10 @@ CONNECTIONS_PER_LOOP = 32
 #: 1,000 calls started by one gather spent 89 ms of CPU in the loop's first pass,
 #: 220 ms of wall time on 2 busy CPUs, with nothing else on the loop running
 #: (each validates, builds its message and sends; bench/aio_bench.py). The loop's
-#: thread then ran at most, between two ticks of a 5 ms ticker (6 waves each, with
-#: as many notices dispatched per pass): 26-27 ms at 32 per pass, 12-22 ms at 16,
-#: 10-15 ms at 8, at the same throughput (bench/RESULTS.md, "Async client").
-CALLS_PER_PASS = 8
+#: thread then ran at most, between two ticks of a 5 ms ticker (with as many
+#: notices dispatched per pass): 26-27 ms at 32 per pass, 12-22 ms at 16, 10-21 ms
+#: at 8, 7-13 ms at 4 (6 waves each, the same throughput; bench/RESULTS.md).
+CALLS_PER_PASS = 4
 
 
 class Turns:

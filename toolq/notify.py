@@ -66,7 +66,7 @@ WAITER_BACKLOG = 1000
 #: Notices the async subscriber dispatches before it lets the loop run: a burst of
 #: 1,000 settled calls would otherwise be read, and their waiters woken, in one
 #: pass of the loop (tens of ms with nothing else running; bench/aio_bench.py).
-DISPATCH_PER_PASS = 8
+DISPATCH_PER_PASS = 4
 
 
 @dataclass(frozen=True)
