@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, get_args
 
+import mcp.types as mcp_types
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -41,14 +42,9 @@ from toolq.render import (
     to_receipt,
 )
 
-try:  # imported here so that its import time is not one test's time
-    import mcp.types as mcp_types
-except ImportError:  # pragma: no cover - mcp is an optional extra
-    mcp_types = None  # type: ignore[assignment]
-try:  # not a declared dev dependency: present through mcp
-    SCHEMA_CHECK: Any = importlib.import_module("jsonschema").Draft202012Validator(json_schema())
-except ImportError:  # pragma: no cover
-    SCHEMA_CHECK = None
+# The test environment installs the mcp extra (Makefile), and jsonschema with it:
+# these checks never turn into silent skips.
+SCHEMA_CHECK: Any = importlib.import_module("jsonschema").Draft202012Validator(json_schema())
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 
@@ -128,8 +124,6 @@ def test_mcp_result_for_a_success() -> None:
 
 @pytest.mark.parametrize("env", [SUCCESS, FAILURE], ids=["success", "error"])
 def test_mcp_result_is_a_valid_call_tool_result(env: AnyEnvelope) -> None:
-    if mcp_types is None:
-        pytest.skip("mcp is not installed")
     parsed = mcp_types.CallToolResult.model_validate(to_mcp_result(env))
     assert parsed.is_error is (not env.ok)
     assert parsed.structured_content == to_dict(env)
@@ -466,8 +460,7 @@ def test_any_envelope_round_trips_through_json_and_every_renderer(env: AnyEnvelo
 
     assert parse_envelope(to_json(env)) == env
     assert parse_envelope(json.loads(to_json(env))) == env
-    if SCHEMA_CHECK is not None:
-        SCHEMA_CHECK.validate(to_dict(env))
+    SCHEMA_CHECK.validate(to_dict(env))
 
     mcp = json.loads(json.dumps(to_mcp_result(env)))
     assert parse_envelope(mcp["structuredContent"]) == env
