@@ -10,11 +10,12 @@ everything after. Not an example itself: each ``*_example.py`` imports it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -109,3 +110,19 @@ def scenario_verdict(counts: dict[str, int], read: dict[str, str], fix_status: s
     )
     print("one side effect per invoice: " + ("yes" if ok else "NO"))
     return 0 if ok else 1
+
+
+def heard(read: dict[str, str], call_id: str, status: str, text: str) -> None:
+    """Record and print what the model read for ``call_id`` (a second time: a replay)."""
+    key = call_id if call_id not in read else f"{call_id} (replay)"
+    read[key] = f"[{status}] {text.splitlines()[0][:160]}"
+    print(f"{key}: the model read: {read[key]}")
+
+
+def run_scenario(main: Callable[[str], Awaitable[dict[str, str]]], fix_status: str) -> int:
+    """Run :data:`SCENARIO` through ``main(scope)`` on the stack; the exit code."""
+    with invoice_stack() as provider:
+        scope = new_scope()
+        read = asyncio.run(main(scope))
+        counts = report(provider, scope, (i for i, _ in SCENARIO))
+    return scenario_verdict(counts, read, fix_status)

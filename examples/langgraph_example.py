@@ -27,12 +27,11 @@ counted, and exits 0 when each is as described.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-from _stack import SCENARIO, invoice_stack, new_scope, report, scenario_verdict
+from _stack import SCENARIO, heard, run_scenario
 from langchain.agents import create_agent
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -104,21 +103,14 @@ async def main(thread: str) -> dict[str, str]:
     read: dict[str, str] = {}
     for m in model.seen[-1]:
         if isinstance(m, ToolMessage):
-            first = str(m.content).splitlines()[0][:160]
-            key = m.tool_call_id if m.tool_call_id not in read else f"{m.tool_call_id} (replay)"
-            read[key] = f"[{m.status}] {first}"
-            print(f"{key}: the model read: {read[key]}")
+            heard(read, m.tool_call_id, m.status, str(m.content))
     if approved:
         print(f"approved by a person: {', '.join(approved)}")
     return read
 
 
 def run() -> int:
-    with invoice_stack() as provider:
-        thread = new_scope()
-        read = asyncio.run(main(thread))
-        counts = report(provider, thread, (i for i, _ in SCENARIO))
-    return scenario_verdict(counts, read, "error")
+    return run_scenario(main, "error")
 
 
 if __name__ == "__main__":

@@ -27,10 +27,9 @@ counted, and exits 0 when each is as described.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
-from _stack import SCENARIO, invoice_stack, new_scope, report, scenario_verdict
+from _stack import SCENARIO, heard, run_scenario
 from pydantic_ai import Agent, ToolReturnPart
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -89,22 +88,14 @@ async def main(conversation: str) -> dict[str, str]:
             continue
         for part in message.parts:
             if isinstance(part, ToolReturnPart):
-                first = part.model_response_str().splitlines()[0][:160]
-                key = part.tool_call_id
-                key = key if key not in read else f"{key} (replay)"
-                read[key] = f"[{part.outcome}] {first}"
-                print(f"{key}: the model read: {read[key]}")
+                heard(read, part.tool_call_id, part.outcome, part.model_response_str())
     if approved:
         print(f"approved by a person: {', '.join(approved)}")
     return read
 
 
 def run() -> int:
-    with invoice_stack() as provider:
-        conversation = new_scope()
-        read = asyncio.run(main(conversation))
-        counts = report(provider, conversation, (i for i, _ in SCENARIO))
-    return scenario_verdict(counts, read, "retried")
+    return run_scenario(main, "retried")
 
 
 if __name__ == "__main__":
