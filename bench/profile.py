@@ -55,6 +55,8 @@ def summarize(path: Path, top: int) -> str:
         return f"(no profile at {path})"
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue  # py-spy's blank or truncated lines
         n = int(count)
         total += n
         frames = [
@@ -66,6 +68,8 @@ def summarize(path: Path, top: int) -> str:
         for f in set(frames):
             incl[f] += n
         self_[frames[-1]] += n
+    if not total:
+        return f"(no samples in {path})"
     lines = [f"  samples: {total}"]
     lines.append("  inclusive:")
     lines += [f"    {n / total:6.1%}  {f}" for f, n in incl.most_common(top)]

@@ -21,7 +21,7 @@ from celery import Celery
 from pydantic import SecretStr
 
 from toolq import calls, errors, liveness
-from toolq.broker.app import make_celery
+from toolq.broker.app import broker_config, make_celery
 from toolq.broker.messages import (
     RUN_TASK,
     VERIFY_TASK,
@@ -260,7 +260,7 @@ class App:
             self._runtime = None
             self._liveness = None  # what it read was about the other server
             if self._celery is not None:
-                self._celery.conf.update(broker_url=redis_url)
+                self._celery.conf.update(broker_config(redis_url))
 
     @property
     def liveness(self) -> liveness.Liveness:

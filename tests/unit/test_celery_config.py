@@ -74,6 +74,22 @@ def test_redis_brokers_get_the_one_client_per_channel_transport(url: str, ours: 
     assert (c.get("broker_transport") == "toolq.broker.transport:Transport") is ours
 
 
+@pytest.mark.parametrize(
+    ("url", "ours"), [("redis://h:6379/0", True), ("rediss://h:6380/0", False)]
+)
+def test_a_url_given_after_the_app_was_built_switches_the_transport_too(
+    url: str, ours: bool
+) -> None:
+    # `toolq worker --redis-url`, the embedded server and the bench all configure the URL
+    # after the Celery app exists: the transport must follow it, not stay kombu's.
+    tq = ToolQueue()
+    assert tq.celery.conf.broker_url is None  # built without a URL
+    tq.configure(redis_url=url)
+    transport = tq.celery.connection_for_write().transport
+    assert (type(transport).__module__ == "toolq.broker.transport") is ours
+    assert tq.celery.conf.broker_url == url
+
+
 def test_task_events_are_asked_for_by_setting_or_flag() -> None:
     from toolq.settings import WorkerSettings
     from toolq.workers.main import worker_argv

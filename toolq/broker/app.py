@@ -25,7 +25,6 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
     q = settings.queues
     transport = {"visibility_timeout": q.visibility_timeout}
     conf: dict[str, Any] = {
-        "broker_url": url,
         "result_backend": None,
         "task_ignore_result": True,
         "task_serializer": "json",
@@ -55,10 +54,21 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "worker_redirect_stdouts": False,
         "broker_pool_limit": 10,
     }
-    if url and url.startswith("redis://"):
-        # kombu's Redis transport, minus a new client object per publish and ack.
-        conf["broker_transport"] = TRANSPORT
+    conf.update(broker_config(url))
     return conf
+
+
+def broker_config(url: str | None) -> dict[str, Any]:
+    """The settings that follow the broker URL: set together whenever it changes.
+
+    ``redis://`` brokers get toolq's transport (kombu's Redis transport minus a
+    new client object per publish and ack); any other scheme gets kombu's own.
+    A URL given after the app was built (``App.configure``: ``--redis-url``, the
+    embedded server) must switch the transport too, or the fix silently is not
+    used (it was not, before: 15 % of a threads-pool worker's CPU).
+    """
+    redis_broker = bool(url) and str(url).startswith("redis://")
+    return {"broker_url": url, "broker_transport": TRANSPORT if redis_broker else None}
 
 
 def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = None) -> Celery:
