@@ -17,11 +17,11 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from celery import Celery
+from celery import Celery, Task
 from pydantic import SecretStr
 
 from toolq import calls, errors, liveness
-from toolq.broker.app import broker_config, make_celery
+from toolq.broker.app import REQUEST, broker_config, make_celery
 from toolq.broker.messages import (
     RUN_TASK,
     VERIFY_TASK,
@@ -290,13 +290,25 @@ class App:
         # so that Flower shows a failure; declared in `throws`: one log line, acked.
         throws = (OperationNotSucceeded,)
 
-        @celery.task(name=RUN_TASK, ignore_result=True, throws=throws)
-        def run(ref: str, attempt: int) -> str:
-            return task_result(app.runtime.run_attempt(ref, int(attempt)))
+        # The ledger call that ends a delivery acknowledges it, when the ledger's server
+        # is the broker (toolq.broker.request: Celery's ack then sends nothing).
+        def delivery(task: Task[Any, Any]) -> str | None:
+            if not task.app.conf.get("toolq_acks_in_ledger"):
+                return None
+            tag = (task.request.delivery_info or {}).get("delivery_tag")
+            return str(tag) if tag else None
 
-        @celery.task(name=VERIFY_TASK, ignore_result=True, throws=throws)
-        def verify(ref: str, attempt: int, vcheck: int) -> str:
-            return task_result(app.runtime.run_check(ref, int(attempt), int(vcheck)))
+        @celery.task(name=RUN_TASK, ignore_result=True, throws=throws, bind=True, Request=REQUEST)
+        def run(self: Task[Any, Any], ref: str, attempt: int) -> str:
+            return task_result(app.runtime.run_attempt(ref, int(attempt), delivery(self)))
+
+        @celery.task(
+            name=VERIFY_TASK, ignore_result=True, throws=throws, bind=True, Request=REQUEST
+        )
+        def verify(self: Task[Any, Any], ref: str, attempt: int, vcheck: int) -> str:
+            return task_result(
+                app.runtime.run_check(ref, int(attempt), int(vcheck), delivery(self))
+            )
 
         return celery
 

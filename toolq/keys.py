@@ -26,6 +26,10 @@ from dataclasses import dataclass
 #: whose default toolq does not change). kombu names it, not toolq.
 KOMBU_UNACKED = "unacked"
 
+#: ... and this sorted set indexes it by delivery time (``unacked_index_key``): a
+#: worker's last ledger call for a delivery acknowledges it in both (toolq.ledger.scripts).
+KOMBU_UNACKED_INDEX = "unacked_index"
+
 #: :attr:`Keys.notify_steps` is :attr:`Keys.notify` plus this.
 STEPS_SUFFIX = ":steps"
 

@@ -20,6 +20,10 @@ from toolq.broker.transport import TRANSPORT
 from toolq.logs import redact_worker_logs
 from toolq.settings import ToolqSettings
 
+#: The task request class of toolq's tasks (``Task.Request``; by name, so that a client
+#: does not import Celery's worker modules).
+REQUEST = "toolq.broker.request:Request"
+
 
 def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
     q = settings.queues
@@ -68,7 +72,13 @@ def broker_config(url: str | None) -> dict[str, Any]:
     used (it was not, before: 15 % of a threads-pool worker's CPU).
     """
     redis_broker = bool(url) and str(url).startswith("redis://")
-    return {"broker_url": url, "broker_transport": TRANSPORT if redis_broker else None}
+    return {
+        "broker_url": url,
+        "broker_transport": TRANSPORT if redis_broker else None,
+        # The ledger's server is the broker: the ledger call that ends a delivery
+        # acknowledges it (toolq.broker.transport, "Acknowledged by the ledger").
+        "toolq_acks_in_ledger": redis_broker,
+    }
 
 
 def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = None) -> Celery:

@@ -11,22 +11,61 @@ unacknowledged messages back after the connection is gone (see below).
 
 Used for ``redis://`` brokers (``broker_transport`` in
 :func:`toolq.broker.app.celery_config`); other schemes get kombu's own.
+
+**Acknowledged by the ledger.** When the broker is the ledger's server, the
+ledger call that ends a delivery (a refused claim, or the record of its
+outcome) acknowledges it in the same script: it removes the delivery tag from
+kombu's unacked hash and index, as kombu's ack would
+(:mod:`toolq.ledger.scripts`). Celery then acknowledges as always; its
+:class:`toolq.broker.request.Request` marks the tag first
+(:func:`acked_by_ledger`), and :class:`QoS` does only the local bookkeeping
+for a marked tag: no round trip, the task's thread (or the prefork parent)
+free at once. Measured in bench/RESULTS.md (issue 14).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 #: What ``broker_transport`` names.
 TRANSPORT = "toolq.broker.transport:Transport"
 
 
+_ledger_acked: set[str] = set()
+_ledger_acked_lock = threading.Lock()
+
+
+def acked_by_ledger(delivery_tag: str) -> None:
+    """The ledger acknowledged this delivery: Celery's coming ack sends nothing."""
+    with _ledger_acked_lock:
+        _ledger_acked.add(delivery_tag)
+
+
+def _take(delivery_tag: str) -> bool:
+    with _ledger_acked_lock:
+        if delivery_tag in _ledger_acked:
+            _ledger_acked.discard(delivery_tag)
+            return True
+        return False
+
+
+class QoS(kombu_redis.QoS):
+    def ack(self, delivery_tag: str) -> None:
+        if _take(delivery_tag):
+            virtual.QoS.ack(self, delivery_tag)  # forget it here; Redis has it already
+            return
+        super().ack(delivery_tag)
+
+
 class Channel(kombu_redis.Channel):
+    QoS = QoS
     _toolq_client: redis.Redis | None = None
     _toolq_client_pool: Any = None
 

@@ -161,6 +161,15 @@ local function set_due(ref, ms)
   redis.call('ZADD', DUE, ms, ref)
 end
 
+-- Acknowledge a Celery delivery in the same step that ends it: what kombu's Redis
+-- transport does on ack (its unacked hash and index, passed as KEYS), so that the
+-- worker's own ack is bookkeeping only (toolq.broker.transport.QoS).
+local function ack(tag, unacked, index)
+  if tag and tag ~= '' then
+    redis.call('HDEL', unacked, tag)
+    redis.call('ZREM', index, tag)
+  end
+end
 local function stat(tool, name, n)
   redis.call('HINCRBY', STATS, tool .. '|' .. name, n or 1)
 end
@@ -287,13 +296,12 @@ return {'created', state}
 """
 
 # Claim an attempt (kind=run: queued -> running) or a verification check (kind=verify).
-# KEYS: fixed, op  ARGV: notify ref attempt holder now lease_ms kind vcheck
+# KEYS: fixed, op[, unacked, unacked index]  ARGV: notify ref attempt holder now lease_ms
+#   kind vcheck[ delivery_tag]
+# With a delivery tag, an answer other than 'claimed' acknowledges the delivery (the
+# body ends there, or records with APPLY, which acknowledges it again: harmless).
 CLAIM = r"""
-local key = KEYS[NFIXED + 1]
-local ref, attempt, holder = ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local at, lease, kind, vcheck = ARGV[5], tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-local now = tonumber(at)
-NOW = now
+local function claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck)
 local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
   'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
   'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn')
@@ -331,7 +339,18 @@ else
 end
 return {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11], f[12],
   f[13] or '0', f[14], f[17], f[2]}
+end
+
+local key = KEYS[NFIXED + 1]
+local ref, attempt, holder = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local at, lease, kind, vcheck = ARGV[5], tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local now = tonumber(at)
+NOW = now
+local out = claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck)
+if out[1] ~= 'claimed' then ack(ARGV[9], KEYS[NFIXED + 2], KEYS[NFIXED + 3]) end
+return out
 """
+
 
 # Renew leases (no state change). KEYS: fixed, then one op per lease, in order.
 # ARGV: notify now lease_ms [ref attempt kind holder]...
@@ -367,13 +386,15 @@ ITEM_HEAD = (
 )  # fmt: skip
 
 # Apply a batch of compare-and-set transitions.
-# KEYS: fixed, then the op of item 1, of item 2, ..., then the queues pushed to.
+# KEYS: fixed, then the op of item 1, of item 2, ..., then the queues pushed to[, then
+# kombu's unacked hash and index when the array ends with a delivery tag to acknowledge].
 # ARGV: notify now items blob...  where items is one flat JSON array: the number of
 # items, then each item's ITEM_HEAD fields (code and ttl false for none; quiet a
 # boolean; attempt_incr 0 for none; envelope and push_message blob numbers, 0 for
 # none, blob k being ARGV[3 + k]; push_queue a KEYS index; due false for none, -1 to
 # remove), then its four counted lists: states [n, s...], expect [n, (state_or_*,
-# field, value)...], set [n, (field, value)...], del [n, field...], stats [n, name...].
+# field, value)...], set [n, (field, value)...], del [n, field...], stats [n, name...];
+# after the last item, optionally the Celery delivery tag the call acknowledges.
 # Flat, not nested objects: cjson built a table per object in the server, and
 # one argument, not one per field: redis-py packs every argument in Python (~0.75 µs
 # each), which cost the worker more than cjson cost the server (bench/RESULTS.md).
@@ -456,6 +477,8 @@ for i = 1, A[1] do
     end
   end
 end
+-- A worker's record of the delivery it serves acknowledges that delivery (see CLAIM).
+if A[p] then ack(A[p], KEYS[#KEYS - 1], KEYS[#KEYS]) end
 flush()
 return out
 """

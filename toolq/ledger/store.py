@@ -21,12 +21,16 @@ from redis.connection import Connection
 
 from toolq import errors
 from toolq.envelope import ToolError, ToolSuccess
-from toolq.keys import Keys
+from toolq.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys
 from toolq.ledger import scripts
 from toolq.ledger.durability import Durability, lost_scripts
 from toolq.record import HistoryEntry, OperationRecord, load_envelope
 from toolq.recovery.transition import Transition
 from toolq.states import State
+
+#: The keys a call that acknowledges a Celery delivery also writes (kombu's, untagged:
+#: only on the server that is the broker too, as the Celery queue lists SUBMIT pushes to).
+UNACKED_KEYS = (KOMBU_UNACKED, KOMBU_UNACKED_INDEX)
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,11 @@ class Calls:
         args = [self.notify, ref, tool, args_json, fp, call_id, now_ms, max_attempts]
         return keys, [*args, deadline_ms, str(state), due_ms, message]
 
-    def apply(self, transitions: Sequence[Transition], now_ms: int) -> tuple[list[str], list[Any]]:
-        """APPLY's KEYS (fixed, the op of each item, the queues) and ARGV."""
+    def apply(
+        self, transitions: Sequence[Transition], now_ms: int, ack: str | None = None
+    ) -> tuple[list[str], list[Any]]:
+        """APPLY's KEYS (fixed, the op of each item, the queues[, kombu's unacked
+        keys]) and ARGV; ``ack``: the Celery delivery tag the call acknowledges."""
         keys = list(self.fixed)
         keys.extend(self.keys.op(t.ref) for t in transitions)
         blobs: list[str] = []
@@ -224,6 +231,9 @@ class Calls:
         for t in transitions:
             to_wire(t, items, blobs, queues, first_queue)
         keys.extend(queues)  # in index order: dicts keep insertion order
+        if ack:
+            items.append(ack)
+            keys.extend(UNACKED_KEYS)
         return keys, [self.notify, now_ms, json.dumps(items, separators=(",", ":")), *blobs]
 
 
@@ -257,9 +267,15 @@ class Ledger:
         lease_ms: int,
         kind: str = "run",
         vcheck: int = 0,
+        ack: str | None = None,
     ) -> Claim:
+        """Claim an attempt or a check; with ``ack`` (a Celery delivery tag), an answer
+        other than claimed acknowledges the delivery in the same step."""
         keys = [*self.calls.fixed, self.keys.op(ref)]
         args: list[Any] = [self.calls.notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
+        if ack:
+            keys.extend(UNACKED_KEYS)
+            args.append(ack)
         if kind == "run":  # a claim a power loss undid would run the tool again
             return claim_result(self.durable.call(self.scripts, "claim", keys, args))
         return claim_result(self.scripts("claim", keys, args))
@@ -277,15 +293,29 @@ class Ledger:
             args.extend((ref, attempt, kind, holder))
         return strs(self.scripts("renew", keys, args))
 
-    def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
-        """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
+    def apply(
+        self, transitions: Sequence[Transition], now_ms: int, ack: str | None = None
+    ) -> list[str]:
+        """Apply transitions atomically, one script call; ``"ok"`` or the state that refused.
+
+        ``ack``: the Celery delivery tag this call ends, acknowledged in the same step
+        (kombu's Redis transport on the ledger's server; see :func:`toolq.broker.transport`).
+        """
         if not transitions:
             return []
-        keys, args = self.calls.apply(transitions, now_ms)
+        keys, args = self.calls.apply(transitions, now_ms, ack)
         return strs(self.scripts("apply", keys, args))
 
-    def apply_one(self, transition: Transition, now_ms: int) -> str:
-        return self.apply([transition], now_ms)[0]
+    def apply_one(self, transition: Transition, now_ms: int, ack: str | None = None) -> str:
+        return self.apply([transition], now_ms, ack)[0]
+
+    def ack(self, delivery: str) -> None:
+        """Acknowledge a Celery delivery that ends without a ledger call (what kombu's
+        Redis transport sends on ack; see ``ack`` in :meth:`claim` and :meth:`apply`)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hdel(KOMBU_UNACKED, delivery)
+        pipe.zrem(KOMBU_UNACKED_INDEX, delivery)
+        pipe.execute()
 
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
         keys, args = self._claim_due_call(now_ms, limit, hold_ms)

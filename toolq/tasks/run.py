@@ -68,13 +68,19 @@ class Runtime:
 
     # ---------------------------------------------------------------- attempts
 
-    def run_attempt(self, ref: str, attempt: int) -> str:
-        """Serve one delivery of ``toolq.run``; returns what happened (for logs and tests)."""
+    def run_attempt(self, ref: str, attempt: int, delivery: str | None = None) -> str:
+        """Serve one delivery of ``toolq.run``; returns what happened (for logs and tests).
+
+        ``delivery``: its Celery delivery tag, when the ledger's server is the broker
+        too. The ledger call that ends the delivery (a refused claim, or the record)
+        then acknowledges it in the same step, and the worker's own ack sends nothing
+        (:mod:`toolq.broker.transport`): one round trip less per call.
+        """
         holder = self.leases.new_holder()
         try:
             claim = _patient(
                 lambda: self.ledger.claim(
-                    ref, attempt, holder, self.now_ms(), self.lease_ms, "run"
+                    ref, attempt, holder, self.now_ms(), self.lease_ms, "run", ack=delivery
                 ),
                 10.0,
             )
@@ -83,16 +89,16 @@ class Runtime:
             # still undo it and let another delivery run the tool again. Not called; the
             # attempt goes back to queued (if that is lost too, the lease sweep takes it).
             log.warning("%s attempt %d: claim not confirmed on disk; left queued", ref, attempt)
-            self._give_back(ref, attempt, holder)
+            self._give_back(ref, attempt, holder, delivery)
             return "not_durable"
         if claim.outcome == "held":
-            return self._held(ref, attempt, claim, holder)
+            return self._held(ref, attempt, claim, holder, delivery)
         if claim.outcome != "claimed":
             log.info(
                 "delivery of %s attempt %d refused: %s", ref, attempt, claim.state or claim.outcome
             )
             return claim.outcome
-        tool = self._tool_or_release(ref, attempt, claim, holder)
+        tool = self._tool_or_release(ref, attempt, claim, holder, delivery)
         if tool is None:
             return "unknown_tool"
         a = outcome.Attempt(
@@ -110,7 +116,7 @@ class Runtime:
         if refused is not None:
             # Delivered past the deadline (late, or after a long queue): never call the tool.
             log.warning("%s attempt %d not started: %s", ref, attempt, refused.code)
-            return self._record(refused)
+            return self._record(refused, delivery)
         ctx = self._context(ref, tool, claim, attempt)
         with self.leases.hold(ref, attempt, "run", holder):
             try:
@@ -121,9 +127,9 @@ class Runtime:
                 t = outcome.after_failure(
                     a, exc, self.now_ms(), self.policy, self.messages_for(tool.name), self.rng
                 )
-            return self._record(t)
+            return self._record(t, delivery)
 
-    def _held(self, ref: str, attempt: int, claim: Claim, holder: str) -> str:
+    def _held(self, ref: str, attempt: int, claim: Claim, holder: str, delivery: str | None) -> str:
         """Another process claimed this attempt. Drop the copy, unless that process is gone."""
         if claim.lease_until_ms > self.now_ms() and not holder_is_dead(claim.holder):
             log.info(
@@ -153,19 +159,19 @@ class Runtime:
             attempt,
             "verifying" if t.to == "verifying" else t.to,
         )
-        return self._record(t)
+        return self._record(t, delivery)
 
     def _tool_or_release(
-        self, ref: str, attempt: int, claim: Claim, holder: str
+        self, ref: str, attempt: int, claim: Claim, holder: str, delivery: str | None
     ) -> Tool[Any] | None:
         if claim.tool in self.registry:
             return self.registry.get(claim.tool)
         # This worker was started without the tool: give the attempt back untouched.
         log.error("tool %s is not registered in this worker; %s left queued", claim.tool, ref)
-        self._give_back(ref, attempt, holder)
+        self._give_back(ref, attempt, holder, delivery)
         return None
 
-    def _give_back(self, ref: str, attempt: int, holder: str) -> None:
+    def _give_back(self, ref: str, attempt: int, holder: str, delivery: str | None) -> None:
         """Return a claimed attempt to ``queued`` untouched; the scheduler republishes it."""
         self._record(
             Transition(
@@ -176,7 +182,8 @@ class Runtime:
                 expect={"running": {"attempt": str(attempt), "lease_holder": holder}},
                 delete=("lease_holder", "lease_until"),
                 due_ms=self.now_ms() + self.policy.unclaimed_after_ms,
-            )
+            ),
+            delivery,
         )
 
     def _context(self, ref: str, tool: Tool[Any], claim: Claim, attempt: int) -> CallContext:
@@ -194,12 +201,13 @@ class Runtime:
 
     # ---------------------------------------------------------------- verification
 
-    def run_check(self, ref: str, attempt: int, vcheck: int) -> str:
-        """Serve one delivery of ``toolq.verify``: look the operation up, record the verdict."""
+    def run_check(self, ref: str, attempt: int, vcheck: int, delivery: str | None = None) -> str:
+        """Serve one delivery of ``toolq.verify``: look the operation up, record the
+        verdict (``delivery``: as in :meth:`run_attempt`)."""
         holder = self.leases.new_holder()
         claim = _patient(
             lambda: self.ledger.claim(
-                ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck
+                ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck, delivery
             ),
             10.0,
         )
@@ -209,6 +217,8 @@ class Runtime:
             log.error(
                 "tool %s is not registered in this worker; %s not verified here", claim.tool, ref
             )
+            if delivery:  # nothing recorded: acknowledged on its own (its lease runs out)
+                _patient(lambda: self.ledger.ack(delivery), 10.0)
             return "unknown_tool"
         tool = self.registry.get(claim.tool)
         c = outcome.Check(
@@ -237,7 +247,7 @@ class Runtime:
                     t = outcome.verified_not_found(c, self.now_ms(), self.policy, m)
                 else:
                     t = outcome.verified_found(c, found, self.now_ms(), self.policy)
-            res = self._record(t)
+            res = self._record(t, delivery)
             if res == t.to and not t.quiet:
                 self._observe_recovery(tool.name, (self.now_ms() - c.uncertain_at_ms) / 1000)
             return res
@@ -249,8 +259,8 @@ class Runtime:
 
     # ---------------------------------------------------------------- recording
 
-    def _record(self, t: Transition) -> str:
-        res = _patient(lambda: self.ledger.apply_one(t, self.now_ms()), RECORD_PATIENCE_S)
+    def _record(self, t: Transition, delivery: str | None = None) -> str:
+        res = _patient(lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S)
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
             return f"refused:{res}"
