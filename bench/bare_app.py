@@ -14,6 +14,12 @@ Two configurations (``BENCH_BARE_CONFIG``):
 workers read it too). kombu's own Redis transport, not toolq's
 one-client-per-channel subclass (``toolq.broker.transport``), unless
 ``BENCH_BARE_TRANSPORT=toolq`` (a what-if: bare Celery with that fix too).
+toolq installs ``hiredis`` (redis-py's C parser and packer, ``redis[hiredis]``);
+``pip install celery[redis]`` does not. Bare Celery runs without it, as a user
+gets it, unless ``BENCH_BARE_HIREDIS=1`` (a what-if: bare Celery with hiredis
+too): its connections, broker and result backend, use redis-py's pure-Python
+parser and packer even where hiredis is importable (:class:`PurePythonConnection`),
+so both sides can share one process and one virtualenv.
 The URL comes from ``BENCH_REDIS_URL`` (``celery -A bench.bare_app:app
 worker`` takes no app arguments);
 ``BENCH_VISIBILITY_TIMEOUT`` shortens the visibility timeout for the
@@ -29,7 +35,11 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.backends.redis import RedisBackend
 from kombu import Exchange, Queue
+from kombu.transport import redis as kombu_redis
+from redis._parsers import _RESP2Parser
+from redis.connection import PythonRespSerializer
 
 from bench.procs import events_on
 from toolq.broker.app import celery_config
@@ -40,7 +50,47 @@ URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 VISIBILITY = int(os.environ.get("BENCH_VISIBILITY_TIMEOUT", "3600"))
 
 
+def hiredis_on() -> bool:
+    return os.environ.get("BENCH_BARE_HIREDIS", "") not in ("", "0")
+
+
+class PurePythonConnection(redis.Connection):
+    """redis-py's connection as it is without hiredis installed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["parser_class"] = _RESP2Parser  # redis-py switches it to RESP3 for protocol 3
+        super().__init__(*args, **kwargs)
+
+    def _construct_command_packer(self, packer: Any) -> Any:
+        return PythonRespSerializer(self._buffer_cutoff, self.encoder.encode)
+
+
+class PurePythonChannel(kombu_redis.Channel):
+    connection_class = PurePythonConnection
+
+
+class PurePythonTransport(kombu_redis.Transport):
+    Channel = PurePythonChannel
+
+
+def _pure_python_pool(self: RedisBackend, **params: Any) -> Any:
+    params.setdefault("connection_class", PurePythonConnection)
+    return self.ConnectionPool(**params)
+
+
+if not hiredis_on():
+    # Only bare Celery uses the Redis result backend in the bench's processes.
+    RedisBackend._get_pool = _pure_python_pool  # type: ignore[method-assign]
+
+
 def _config(url: str) -> dict[str, Any]:
+    conf = _configured(url)
+    if not hiredis_on() and not conf.get("broker_transport"):
+        conf["broker_transport"] = "bench.bare_app:PurePythonTransport"
+    return conf
+
+
+def _configured(url: str) -> dict[str, Any]:
     if os.environ.get("BENCH_BARE_CONFIG", "defaults") == "defaults":
         return _defaults(url)
     settings = ToolqSettings(queues=QueueSettings(visibility_timeout=max(10, VISIBILITY)))
