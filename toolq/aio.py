@@ -124,7 +124,8 @@ class _Bound:
     def __init__(self, app: App, url: str, forget: Callable[[_Bound], None]) -> None:
         self.url = url
         self.redis = app.async_redis(max_connections=CONNECTIONS_PER_LOOP)
-        self.ledger = AsyncLedger(self.redis, app.settings.prefix, app.settings.durability)
+        s = app.settings
+        self.ledger = AsyncLedger(self.redis, s.prefix, s.durability, outbox=s.outbox)
         keys = self.ledger.keys
         self.notifier = AsyncNotifier(self.redis, keys.notify, keys.notify_steps)
         self.turns = Turns(CALLS_PER_PASS)

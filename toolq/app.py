@@ -18,7 +18,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from celery import Celery, Task
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from toolq import calls, errors, liveness
 from toolq.broker.app import REQUEST, broker_config, make_celery
@@ -132,7 +132,8 @@ class App:
     def ledger(self) -> Ledger:
         with self._lock:
             if self._ledger is None:
-                self._ledger = Ledger(self.redis, self.settings.prefix, self.settings.durability)
+                s = self.settings
+                self._ledger = Ledger(self.redis, s.prefix, s.durability, outbox=s.outbox)
             return self._ledger
 
     @property
@@ -259,8 +260,24 @@ class App:
             self._drop_redis()
             self._runtime = None
             self._liveness = None  # what it read was about the other server
-            if self._celery is not None:
+            if self._celery is not None and not self.settings.outbox:
                 self._celery.conf.update(broker_config(redis_url))
+
+    def configure_broker(self, broker_url: str) -> None:
+        """Use this Celery broker (outbox mode: :mod:`toolq.relay`), before use."""
+        try:
+            settings = self.settings.model_copy(update={"broker_url": SecretStr(broker_url)})
+            ToolqSettings.model_validate(settings.model_dump())
+        except ValidationError as exc:  # its message names the URL redacted
+            msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise errors.RequestRefused(msg) from None
+        with self._lock:
+            self.settings = settings
+            self._ledger = None  # its scripts' calls name the outbox now
+            self._runtime = None
+            self._celery = None
+            self._messages = None
+            self._outbound_for = {}
 
     @property
     def liveness(self) -> liveness.Liveness:

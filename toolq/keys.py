@@ -30,6 +30,9 @@ KOMBU_UNACKED = "unacked"
 #: worker's last ledger call for a delivery acknowledges it in both (toolq.ledger.scripts).
 KOMBU_UNACKED_INDEX = "unacked_index"
 
+#: The consumer group every relay reads :attr:`Keys.outbox` in.
+OUTBOX_GROUP = "relays"
+
 #: :attr:`Keys.notify_steps` is :attr:`Keys.notify` plus this.
 STEPS_SUFFIX = ":steps"
 
@@ -84,6 +87,20 @@ class Keys:
         notice per call; the scripts name it as ``NOTIFY .. STEPS_SUFFIX``.
         """
         return self.notify + STEPS_SUFFIX
+
+    @property
+    def outbox(self) -> str:
+        """Stream: Celery messages a relay publishes to the broker (outbox mode only).
+
+        Entries are ``queue``/``message`` pairs; relays read it in the consumer group
+        :data:`OUTBOX_GROUP`, and delete an entry once the broker confirmed it.
+        """
+        return f"{self.tag}:outbox"
+
+    @property
+    def relays(self) -> str:
+        """Hash: relay id -> its last beat (JSON: ms, published, lag; toolq.relay)."""
+        return f"{self.tag}:relays"
 
     @property
     def tools(self) -> str:

@@ -61,6 +61,22 @@ class SchedulerSettings(BaseModel):
 REF_PUNCTUATION = "_.:/@#+=-"
 REF_CHARS = "A-Za-z0-9" + REF_PUNCTUATION
 
+#: The brokers ``broker_url`` may name: kombu's AMQP (RabbitMQ) and Redis transports.
+BROKER_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "redis://", "rediss://")
+
+
+class RelaySettings(BaseModel):
+    #: Outbox entries one relay reads, publishes and acknowledges per round.
+    batch: int = Field(default=100, ge=1, le=10_000)
+    #: How long a relay blocks on the outbox stream when it is empty (XREADGROUP
+    #: BLOCK): it wakes at once for a new entry; the timeout only bounds how long
+    #: a stop or a dead peer's entries wait.
+    block: float = Field(default=2.0, gt=0, le=60)
+    #: An entry another relay read and did not acknowledge within this is taken
+    #: over (XAUTOCLAIM): that relay died between reading and acknowledging. Its
+    #: message may have been published already; the claim refuses the copy.
+    claim_after: float = Field(default=30.0, gt=0.1, le=3600)
+
 
 class WorkerSettings(BaseModel):
     #: Celery task events (what Flower reads). Off, as in Celery: they cost a
@@ -114,6 +130,12 @@ class ToolqSettings(BaseSettings):
     )
 
     redis_url: SecretStr | None = None
+    #: The Celery broker, when it is not the ledger's Redis (``amqp://``/``pyamqp://``
+    #: for RabbitMQ, or a Redis/Valkey of its own). Unset: the ledger's scripts push
+    #: each message to its queue in the same atomic call as the transition. Set
+    #: (**outbox mode**): the scripts append it to the ledger's outbox stream instead,
+    #: and ``toolq relay`` publishes it to this broker (docs/brokers.md).
+    broker_url: SecretStr | None = None
     prefix: str = "toolq"
     #: ``fsync``: a claim is on disk before its tool is called, and a submit before
     #: it is acknowledged, so a power loss cannot undo a claim and run the write again
@@ -128,6 +150,7 @@ class ToolqSettings(BaseSettings):
     queues: QueueSettings = QueueSettings()
     recovery: RecoverySettings = RecoverySettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    relay: RelaySettings = RelaySettings()
     limits: LimitSettings = LimitSettings()
     worker: WorkerSettings = WorkerSettings()
     client: ClientSettings = ClientSettings()
@@ -142,6 +165,32 @@ class ToolqSettings(BaseSettings):
                     f"redis_url must start with redis://, rediss:// or unix://: {redact_url(url)}"
                 )
         return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            url = value.get_secret_value()
+            if not url.startswith(BROKER_SCHEMES):
+                schemes = ", ".join(BROKER_SCHEMES)
+                raise ValueError(f"broker_url must start with {schemes}: {redact_url(url)}")
+        return value
+
+    @property
+    def outbox(self) -> bool:
+        """Outbox mode: messages go through the ledger's outbox and a relay (``broker_url``)."""
+        return self.broker_url is not None
+
+    @property
+    def broker(self) -> str | None:
+        """The Celery broker's URL: ``broker_url``, else the ledger's (None: not known yet)."""
+        if self.broker_url is not None:
+            return self.broker_url.get_secret_value()
+        return self.redis_url.get_secret_value() if self.redis_url else None
+
+    @property
+    def safe_broker_url(self) -> str:
+        return redact_url(self.broker_url.get_secret_value()) if self.broker_url else "(ledger)"
 
     @property
     def url(self) -> str:

@@ -90,7 +90,7 @@ class StackConfig:
 
 @dataclass
 class Child:
-    role: str  # scheduler | calls | verify | api
+    role: str  # scheduler | relay | calls | verify | api
     name: str  # e.g. calls-1
     argv: list[str]
     popen: subprocess.Popen[bytes] | None = None
@@ -168,6 +168,8 @@ class Stack:
         cfg = self.config
         common = ["--app", cfg.app, "--loglevel", cfg.loglevel]
         plan = [Child("scheduler", "scheduler", ["scheduler", *common, *self._metrics_args()])]
+        if self.outbox:  # the broker is not the ledger: the outbox needs its relay
+            plan.append(Child("relay", "relay", ["relay", *common]))
         for role, count, queue in (
             ("calls", cfg.calls_workers, cfg.queues.calls),
             ("verify", cfg.verify_workers, cfg.queues.verify),
@@ -197,6 +199,11 @@ class Stack:
                 )
             )
         return plan
+
+    @property
+    def outbox(self) -> bool:
+        """A broker URL is set for the children (outbox mode: they need a relay)."""
+        return bool(self.config.env.get("TOOLQ_BROKER_URL") or os.environ.get("TOOLQ_BROKER_URL"))
 
     def _metrics_args(self) -> list[str]:
         p = self.config.metrics_port
@@ -237,7 +244,7 @@ class Stack:
         stages = [
             [c for c in self.children if c.role == "api"],
             [c for c in self.children if c.role in ("calls", "verify")],
-            [c for c in self.children if c.role == "scheduler"],
+            [c for c in self.children if c.role in ("scheduler", "relay")],
         ]
         for stage in stages:
             _terminate(stage, timeout)

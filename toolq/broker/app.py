@@ -6,6 +6,9 @@
 * One visibility timeout, set everywhere Celery and kombu read it.
 * No Celery-side delays or retries of any kind: delays belong to the
   scheduler (DESIGN.md invariant 7); a test greps the package for them.
+* The broker is the ledger's Redis, or ``broker_url`` (outbox mode): on
+  RabbitMQ the queues are quorum queues (replicated, and Celery 5.5+ turns
+  global QoS off for them) and publishes wait for the broker's confirm.
 """
 
 from __future__ import annotations
@@ -24,10 +27,35 @@ from toolq.settings import ToolqSettings
 #: does not import Celery's worker modules).
 REQUEST = "toolq.broker.request:Request"
 
+#: The schemes kombu serves with its AMQP transport (RabbitMQ).
+AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
+
+
+def is_amqp(url: str | None) -> bool:
+    return bool(url) and str(url).startswith(AMQP_SCHEMES)
+
+
+def queue_for(name: str, url: str | None) -> Queue:
+    """A toolq queue, as workers consume and the relay publishes to it: a direct
+    exchange of its name; on RabbitMQ a quorum queue (declared with the same
+    arguments everywhere, as RabbitMQ requires of every declaration of a queue)."""
+    arguments = {"x-queue-type": "quorum"} if is_amqp(url) else None
+    return Queue(name, Exchange(name, type="direct"), name, queue_arguments=arguments)
+
+
+def task_queues(settings: ToolqSettings, url: str | None) -> tuple[Queue, Queue]:
+    q = settings.queues
+    return queue_for(q.calls, url), queue_for(q.verify, url)
+
 
 def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
+    """Celery's settings; ``url`` is the ledger's (``settings.broker_url`` wins when set)."""
+    if settings.broker_url is not None:
+        url = settings.broker_url.get_secret_value()
     q = settings.queues
-    transport = {"visibility_timeout": q.visibility_timeout}
+    transport: dict[str, Any] = {"visibility_timeout": q.visibility_timeout}
+    if is_amqp(url):
+        transport["confirm_publish"] = True
     conf: dict[str, Any] = {
         "result_backend": None,
         "task_ignore_result": True,
@@ -44,10 +72,7 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "result_backend_transport_options": transport,
         "visibility_timeout": q.visibility_timeout,
         "broker_connection_retry_on_startup": True,
-        "task_queues": (
-            Queue(q.calls, Exchange(q.calls, type="direct"), routing_key=q.calls),
-            Queue(q.verify, Exchange(q.verify, type="direct"), routing_key=q.verify),
-        ),
+        "task_queues": task_queues(settings, url),
         "task_default_queue": q.calls,
         "task_routes": {RUN_TASK: {"queue": q.calls}, VERIFY_TASK: {"queue": q.verify}},
         "task_create_missing_queues": False,
@@ -59,6 +84,10 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "broker_pool_limit": 10,
     }
     conf.update(broker_config(url))
+    if settings.outbox:
+        # The broker is not the ledger's server (even a redis:// one): the ledger's
+        # calls cannot acknowledge its deliveries; the worker acks through the broker.
+        conf["toolq_acks_in_ledger"] = False
     return conf
 
 

@@ -1,4 +1,5 @@
-"""``toolq worker`` and ``toolq scheduler``: one role each, for real deployments."""
+"""``toolq worker``, ``toolq scheduler`` and ``toolq relay``: one role each, for real
+deployments."""
 
 from __future__ import annotations
 
@@ -145,4 +146,57 @@ def scheduler(
         sched.close()
 
 
-COMMANDS = [worker, scheduler]
+@click.command()
+@app_option
+@redis_option
+@state_dir_option
+@click.option(
+    "--broker-url",
+    envvar="TOOLQ_BROKER_URL",
+    default=None,
+    metavar="URL",
+    help="The Celery broker to publish to: amqp://… (RabbitMQ) or a Redis of its own "
+    "(env TOOLQ_BROKER_URL; required: without it there is no outbox).",
+)
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@handle_errors
+def relay(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+    broker_url: str | None,
+    loglevel: str,
+) -> None:
+    """Publish the ledger's outbox to the Celery broker (outbox mode).
+
+    With a broker URL set, the ledger appends every Celery message to its outbox
+    stream in the same atomic step as the transition; the relay publishes each one
+    (with publisher confirms on RabbitMQ), then deletes it. Entries a dead relay
+    left are taken over after relay.claim_after seconds (TOOLQ_RELAY__CLAIM_AFTER).
+    Safe to run more than one; stops cleanly on SIGTERM or Ctrl-C.
+    """
+    install_redaction()
+    from toolq.relay.service import Relay
+
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+    )
+    tq = open_app(app_path, redis_url, state_dir)
+    if broker_url:
+        tq.app.configure_broker(broker_url)
+    if not tq.settings.outbox:
+        raise click.UsageError("no broker URL: pass --broker-url or set TOOLQ_BROKER_URL")
+    r = Relay(tq.app)
+
+    def _stop(signum: int, frame: Any) -> None:
+        r.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        r.run()
+    finally:
+        r.close()
+
+
+COMMANDS = [worker, scheduler, relay]

@@ -89,13 +89,18 @@ class AsyncScripts(ScriptWay):
 
 class AsyncLedger:
     def __init__(
-        self, client: aioredis.Redis, prefix: str = "toolq", durability: str = "none"
+        self,
+        client: aioredis.Redis,
+        prefix: str = "toolq",
+        durability: str = "none",
+        *,
+        outbox: bool = False,
     ) -> None:
         self.redis = client
         #: A submit is on disk before it is acknowledged, as the sync ledger's is
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = AsyncDurability(client, durability)
-        self.calls = Calls(prefix)
+        self.calls = Calls(prefix, outbox)
         self.keys = self.calls.keys
         self.scripts = AsyncScripts(client)
 

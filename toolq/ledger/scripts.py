@@ -34,9 +34,15 @@ Two exceptions, on purpose:
   prefix carries the tag, so these keys land in the same slot as the rest.
 - The Celery queue lists SUBMIT and APPLY ``LPUSH`` to are kombu's keys, named
   by the queue settings: they cannot carry the tag. They are declared in KEYS
-  all the same. Until the scale-out issue moves these pushes behind an outbox
-  (so that a script writes only its own slot), a Redis Cluster would refuse a
-  script that pushes (CROSSSLOT).
+  all the same; a Redis Cluster would refuse a script that pushes (CROSSSLOT).
+
+**Outbox mode** (``broker_url`` set: the broker is not the ledger's Redis). The
+scripts ``XADD`` each message, with its queue's name, to the ledger's outbox
+stream (:attr:`toolq.keys.Keys.outbox`, tagged, declared in KEYS where the
+queue would be) instead of pushing it: the transition and the intent to publish
+stay one atomic step, and a relay (:mod:`toolq.relay`) publishes. The queue's
+name comes as an argument (SUBMIT's last, APPLY's ``push_name`` blob); without
+it a script pushes as before, with the same commands.
 
 ARGV[1] is always the notify channel (a channel, not a key; the steps channel is
 derived from it, as :attr:`toolq.keys.Keys.notify_steps` says). Time is passed in
@@ -170,6 +176,14 @@ local function ack(tag, unacked, index)
     redis.call('ZREM', index, tag)
   end
 end
+
+-- A Celery message for queue key `key`: pushed to it as kombu's Redis transport would;
+-- in outbox mode (qname: the queue's name) appended to the outbox stream `key` instead.
+local function push(key, msg, qname)
+  if qname then return redis.call('XADD', key, '*', 'queue', qname, 'message', msg) end
+  return redis.call('LPUSH', key, msg)
+end
+
 local function stat(tool, name, n)
   redis.call('HINCRBY', STATS, tool .. '|' .. name, n or 1)
 end
@@ -220,8 +234,9 @@ local function bstat(tool, name, n)
   if not s[f] then s[#s + 1] = f; s[f] = 0 end
   s[f] = s[f] + (n or 1)
 end
-local function bpush(queue, msg)
-  if DIRECT then return redis.call('LPUSH', queue, msg) end
+local function bpush(queue, msg, qname)
+  -- XADD takes one entry per command: gathering outbox entries would save nothing.
+  if DIRECT or qname then return push(queue, msg, qname) end
   local p = buffer().push
   if not p[queue] then p[#p + 1] = queue; p[queue] = {} end
   local q = p[queue]
@@ -260,7 +275,8 @@ end
 
 # Create an operation, or answer for the one that holds its ref (writing nothing).
 # KEYS: fixed, op[, queue]  ARGV: notify ref tool args fp call_id now max_attempts
-#   deadline state due msg  (the queue is a key only when msg is not empty)
+#   deadline state due msg [qname]  (the queue is a key only when msg is not empty;
+#   in outbox mode it is the outbox and qname the queue's name)
 SUBMIT = r"""
 local key, queue = KEYS[NFIXED + 1], KEYS[NFIXED + 2]
 local ref, tool, args, fp, call_id = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -282,7 +298,7 @@ redis.call('HSET', key, 'ref', ref, 'tool', tool, 'args', args, 'fp', fp, 'submi
   'deadline', deadline, 'created', now, 'updated', now, 'entered', now, 'rev', 1,
   'vcheck', 0, 'vfail', 0, 'repubs', 0, 'published', (msg ~= '' and now) or 0,
   'hn', 1, 'h1', entry(now, nil, state, attempt, 'submit'))
-if msg ~= '' then redis.call('LPUSH', queue, msg) end
+if msg ~= '' then push(queue, msg, ARGV[13]) end
 redis.call('ZADD', idxkey(tool, state), now, ref)
 set_due(ref, due)
 -- The tool joins the tools set with its first submit (its counter's first 1), not
@@ -382,7 +398,7 @@ return lost
 #: An APPLY item's fixed part, in this order (then its lists, see :data:`APPLY`).
 ITEM_HEAD = (
     "ref", "to", "by", "code", "quiet", "attempt_incr", "envelope", "due", "push_queue",
-    "push_message", "ttl",
+    "push_message", "push_name", "ttl",
 )  # fmt: skip
 
 # Apply a batch of compare-and-set transitions.
@@ -391,8 +407,9 @@ ITEM_HEAD = (
 # ARGV: notify now items blob...  where items is one flat JSON array: the number of
 # items, then each item's ITEM_HEAD fields (code and ttl false for none; quiet a
 # boolean; attempt_incr 0 for none; envelope and push_message blob numbers, 0 for
-# none, blob k being ARGV[3 + k]; push_queue a KEYS index; due false for none, -1 to
-# remove), then its four counted lists: states [n, s...], expect [n, (state_or_*,
+# none, blob k being ARGV[3 + k]; push_queue a KEYS index (in outbox mode the outbox's)
+# and push_name the blob of the queue's name (0 but in outbox mode); due false for
+# none, -1 to remove), then its four counted lists: states [n, s...], expect [n, (state_or_*,
 # field, value)...], set [n, (field, value)...], del [n, field...], stats [n, name...];
 # after the last item, optionally the Celery delivery tag the call acknowledges.
 # Flat, not nested objects: cjson built a table per object in the server, and
@@ -410,9 +427,9 @@ local p = 2
 DIRECT = A[1] == 1
 for i = 1, A[1] do
   local ref, to, by, code, quiet = A[p], A[p + 1], A[p + 2], A[p + 3], A[p + 4]
-  local incr, envi, due, pushq, pushm, ttl = A[p + 5], A[p + 6], A[p + 7], A[p + 8], A[p + 9],
-    A[p + 10]
-  p = p + 11
+  local incr, envi, due, pushq, pushm, pushn, ttl = A[p + 5], A[p + 6], A[p + 7], A[p + 8],
+    A[p + 9], A[p + 10], A[p + 11]
+  p = p + 12
   local nstates = A[p]; local states = p + 1; p = states + nstates
   local nexpect = A[p]; local expect = p + 1; p = expect + 3 * nexpect
   local nset = A[p]; local set = p + 1; p = set + 2 * nset
@@ -466,7 +483,9 @@ for i = 1, A[1] do
       if ndel > 0 then redis.call('HDEL', key, unpack(A, del, del + ndel - 1)) end
       if incr > 0 then bstat(tool, 'attempts', incr) end
       if not quiet and to ~= state then bmove(ref, tool, state, to, now) end
-      if pushq > 0 then bpush(KEYS[pushq], ARGV[3 + pushm]) end
+      if pushq > 0 then
+        bpush(KEYS[pushq], ARGV[3 + pushm], pushn > 0 and ARGV[3 + pushn] or nil)
+      end
       if due then
         if due < 0 then bdue(ref, false) else bdue(ref, due, true) end
       end

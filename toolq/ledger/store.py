@@ -62,7 +62,12 @@ class Claim:
 
 
 def to_wire(
-    t: Transition, out: list[Any], blobs: list[str], queues: dict[str, int], first_queue: int
+    t: Transition,
+    out: list[Any],
+    blobs: list[str],
+    queues: dict[str, int],
+    first_queue: int,
+    outbox: Outbox | None = None,
 ) -> None:
     """Append the script's view of this transition to ``out``, APPLY's flat item
     (:data:`toolq.ledger.scripts.ITEM_HEAD`, then its counted lists). Long strings
@@ -70,20 +75,27 @@ def to_wire(
     of their own, and the item names their number: JSON inside JSON would be
     escaped here and unescaped by the script. A queue it pushes to goes to
     ``queues`` (name -> KEYS index, from ``first_queue`` on): the script declares
-    every key it writes."""
-    envelope = push_queue = push_message = 0
+    every key it writes. In outbox mode the key is the outbox, and the queue's
+    name a blob (one per queue, in ``outbox.names``)."""
+    envelope = push_queue = push_message = push_name = 0
     if t.envelope is not None:
         blobs.append(t.envelope.model_dump_json(exclude_none=True))
         envelope = len(blobs)
     if t.push is not None:
         queue, message = t.push
         blobs.append(message)
-        push_queue = queues.setdefault(queue, first_queue + len(queues))
         push_message = len(blobs)
+        if outbox is not None:
+            push_name = outbox.names.get(queue, 0)
+            if not push_name:
+                blobs.append(queue)
+                push_name = outbox.names[queue] = len(blobs)
+            queue = outbox.key
+        push_queue = queues.setdefault(queue, first_queue + len(queues))
     due: int | bool = -1 if t.remove_due else (False if t.due_ms is None else t.due_ms)
     ttl: int | bool = False if t.ttl is None else t.ttl
     out += (t.ref, t.to, t.by, t.code or False, t.quiet, t.attempt_incr, envelope, due)
-    out += (push_queue, push_message, ttl, len(t.states), *t.states)
+    out += (push_queue, push_message, push_name, ttl, len(t.states), *t.states)
     # Values as strings: the script compares them with what HMGET answers (a string,
     # which a JSON number never equals in Lua) and HSET refuses a JSON true or null.
     out.append(sum(len(fields) for fields in t.expect.values()))
@@ -94,6 +106,15 @@ def to_wire(
     for name, value in t.set.items():
         out += (name, str(value))
     out += (len(t.delete), *t.delete, len(t.stats), *t.stats)
+
+
+@dataclass
+class Outbox:
+    """Outbox mode, for one APPLY call being built: the stream's key, and the blob
+    number of each queue name already passed."""
+
+    key: str
+    names: dict[str, int]
 
 
 def functions_refused(exc: redis.ResponseError) -> bool:
@@ -190,10 +211,12 @@ class Calls:
     (:class:`toolq.ledger.aio.AsyncLedger`), which differ only in how they send them.
     The worker's and the scheduler's calls are the sync Ledger's own."""
 
-    def __init__(self, prefix: str = "toolq") -> None:
+    def __init__(self, prefix: str = "toolq", outbox: bool = False) -> None:
         self.keys = Keys(prefix)
         self.fixed = scripts.fixed_keys(self.keys)
         self.notify = self.keys.notify
+        #: Outbox mode (``ToolqSettings.outbox``): messages go to :attr:`Keys.outbox`.
+        self.outbox = outbox
 
     def submit(
         self,
@@ -212,10 +235,14 @@ class Calls:
         message: str,
     ) -> tuple[list[str], list[Any]]:
         keys = [*self.fixed, self.keys.op(ref)]
-        if message:
-            keys.append(queue)
         args = [self.notify, ref, tool, args_json, fp, call_id, now_ms, max_attempts]
-        return keys, [*args, deadline_ms, str(state), due_ms, message]
+        args += (deadline_ms, str(state), due_ms, message)
+        if message and self.outbox:
+            keys.append(self.keys.outbox)
+            args.append(queue)
+        elif message:
+            keys.append(queue)
+        return keys, args
 
     def apply(
         self, transitions: Sequence[Transition], now_ms: int, ack: str | None = None
@@ -228,8 +255,9 @@ class Calls:
         queues: dict[str, int] = {}
         first_queue = len(keys) + 1  # KEYS is 1-based
         items: list[Any] = [len(transitions)]
+        outbox = Outbox(self.keys.outbox, {}) if self.outbox else None
         for t in transitions:
-            to_wire(t, items, blobs, queues, first_queue)
+            to_wire(t, items, blobs, queues, first_queue, outbox)
         keys.extend(queues)  # in index order: dicts keep insertion order
         if ack:
             items.append(ack)
@@ -241,13 +269,18 @@ class Ledger:
     """Operation records in Redis. One instance per process; thread-safe."""
 
     def __init__(
-        self, client: redis.Redis, prefix: str = "toolq", durability: str = "none"
+        self,
+        client: redis.Redis,
+        prefix: str = "toolq",
+        durability: str = "none",
+        *,
+        outbox: bool = False,
     ) -> None:
         self.redis = client
         #: Submits and claims of runs are on disk before they are answered
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = Durability(client, durability)
-        self.calls = Calls(prefix)
+        self.calls = Calls(prefix, outbox)
         self.keys = self.calls.keys
         self.scripts = Scripts(client)
 

@@ -132,6 +132,14 @@ class Queues:
     oldest_verify_ms: int | None = None
     waiting_calls: frozenset[str] = frozenset()
     waiting_verify: frozenset[str] = frozenset()
+    #: Outbox mode: the broker is not the ledger's Redis, and its queues' heads cannot
+    #: be read (RabbitMQ's cannot at all). What is known instead: how many messages
+    #: each queue holds (``*_depth``: a passive declare; None when the broker did not
+    #: answer) and when the oldest entry still in the outbox was added (None: empty).
+    opaque: bool = False
+    calls_depth: int | None = None
+    verify_depth: int | None = None
+    oldest_outbox_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,35 @@ def may_still_be_waiting(published_ms: int, oldest_waiting_ms: int | None) -> bo
     return oldest_waiting_ms is not None and published_ms >= oldest_waiting_ms
 
 
+#: Outbox mode, a queue that holds messages: an unclaimed operation is published
+#: again only once it has waited this many ``unclaimed_after`` since its message was
+#: published. Its message may be anywhere in the backlog (no head to read), and a
+#: copy costs a delivery the claim refuses; a lost one costs this long.
+OPAQUE_PATIENCE = 10
+#: The ledger dates a message with its caller's clock, the outbox entry with the
+#: server's: an entry added up to this much before the message's own time may be it.
+OUTBOX_CLOCK_SLACK_MS = 1_000
+
+
+def on_its_way(
+    published_ms: int, now_ms: int, unclaimed_after_ms: int, q: Queues, depth: int | None
+) -> bool:
+    """Outbox mode: may an unclaimed message published at ``published_ms`` still be on
+    its way to a worker, in the outbox or in the broker's queue of ``depth`` messages?
+
+    The outbox is first in, first out, like a queue: a message published after its
+    oldest entry was added may still be in it, and is not lost whatever the broker
+    holds (a relay down keeps it there). Past the outbox: a queue that holds nothing
+    does not hold it; one that holds messages (or did not answer) may, for
+    :data:`OPAQUE_PATIENCE` times the unclaimed timeout.
+    """
+    if may_still_be_waiting(published_ms + OUTBOX_CLOCK_SLACK_MS, q.oldest_outbox_ms):
+        return True
+    if depth == 0:
+        return False
+    return now_ms - published_ms < OPAQUE_PATIENCE * unclaimed_after_ms
+
+
 def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decision:
     """What the scheduler does with an operation that came due at ``now_ms``."""
     if s.state in (State.SUCCEEDED, State.FAILED, State.ESCALATED, State.CANCELLED):
@@ -203,7 +240,14 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decis
         verdict = check(s.budget(), Path.REPUBLISH, now_ms)
         if not verdict.ok:
             return Decision(Action.ESCALATE, code=verdict.value)
-        if s.ref in q.waiting_calls or may_still_be_waiting(s.published_ms, q.oldest_call_ms):
+        if (
+            s.ref in q.waiting_calls
+            or may_still_be_waiting(s.published_ms, q.oldest_call_ms)
+            or (
+                q.opaque
+                and on_its_way(s.published_ms, now_ms, t.unclaimed_after_ms, q, q.calls_depth)
+            )
+        ):
             at = wake_by(s.budget(), now_ms + t.unclaimed_after_ms)
             return Decision(Action.RESCHEDULE, at_ms=at)
         return Decision(Action.REPUBLISH)
@@ -215,8 +259,12 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decis
         if s.vholder and s.vlease_until_ms > now_ms:
             return Decision(Action.RESCHEDULE, at_ms=s.vlease_until_ms)
         outstanding = s.published_ms > s.vclaimed_ms  # a check published, not yet taken
-        waiting = s.ref in q.waiting_verify
-        if outstanding and (waiting or may_still_be_waiting(s.published_ms, q.oldest_verify_ms)):
+        waiting = s.ref in q.waiting_verify or may_still_be_waiting(
+            s.published_ms, q.oldest_verify_ms
+        )
+        if q.opaque:
+            waiting = on_its_way(s.published_ms, now_ms, t.unclaimed_after_ms, q, q.verify_depth)
+        if outstanding and waiting:
             return Decision(Action.RESCHEDULE, at_ms=now_ms + t.unclaimed_after_ms)
         return Decision(Action.VERIFY)
     if s.state is State.AWAITING_APPROVAL:

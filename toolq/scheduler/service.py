@@ -28,8 +28,9 @@ from typing import Any, Protocol
 import redis
 from redis.exceptions import NoScriptError
 
+from toolq.broker.depth import Depths
 from toolq.broker.messages import message_head
-from toolq.ledger import Ledger
+from toolq.ledger import Ledger, outbox
 from toolq.recovery import outcome
 from toolq.recovery.actions import for_decision
 from toolq.recovery.policy import (
@@ -129,6 +130,9 @@ class Scheduler:
         self._series = Sampler(lambda: app.redis, app.ledger.keys, self.clock)
         # Blocking waits get their own connection, with a read timeout past the longest sleep.
         self._blocking: redis.Redis | None = None
+        # Outbox mode: the broker's queue depths, read on a connection of its own.
+        broker = app.settings.broker_url
+        self._depths = Depths(broker.get_secret_value()) if broker is not None else None
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -209,6 +213,8 @@ class Scheduler:
         if not any(r.get("state") in ("queued", "verifying") for r in rows):
             return Queues()
         q = self.app.settings.queues
+        if self._depths is not None:
+            return self._outbox_ages()
         heads = self.app.redis.pipeline(transaction=False)
         heads.lrange(q.calls, -QUEUE_HEAD, -1)
         heads.lrange(q.verify, -QUEUE_HEAD, -1)
@@ -240,6 +246,21 @@ class Scheduler:
         oldest_call, waiting_calls = oldest_waiting(waiting(calls, verify=False))
         oldest_verify, waiting_verify = oldest_waiting(waiting(verify, verify=True))
         return Queues(oldest_call, oldest_verify, waiting_calls, waiting_verify)
+
+    def _outbox_ages(self) -> Queues:
+        """Outbox mode: the broker's queue heads cannot be read; what is known instead is
+        how many messages each queue holds and what the outbox still holds
+        (:func:`toolq.recovery.policy.on_its_way`)."""
+        assert self._depths is not None
+        q = self.app.settings.queues
+        oldest = outbox.oldest_ms(self.app.redis, self.app.ledger.keys)
+        depths = self._depths.read((q.calls, q.verify))
+        return Queues(
+            opaque=True,
+            calls_depth=depths[q.calls],
+            verify_depth=depths[q.verify],
+            oldest_outbox_ms=oldest,
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -366,6 +387,8 @@ class Scheduler:
         pipe.execute()
 
     def close(self) -> None:
+        if self._depths is not None:
+            self._depths.close()
         self.app.redis.hdel(self.app.ledger.keys.schedulers, self.id)
         if self._blocking is not None:
             self._blocking.close()

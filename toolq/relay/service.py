@@ -1,0 +1,298 @@
+"""The relay service: moves the ledger's outbox to the Celery broker.
+
+In outbox mode (``broker_url`` set) a transition appends its Celery message to
+the outbox stream (:attr:`toolq.keys.Keys.outbox`) in the script that makes
+it, so the transition and the intent to publish are one atomic step. A relay:
+
+1. reads a batch in the consumer group :data:`toolq.keys.OUTBOX_GROUP`
+   (``XREADGROUP``, blocking while the stream is empty: no polling tick);
+2. publishes each message with kombu, to any broker kombu serves (on RabbitMQ
+   with publisher confirms: a publish returns once the broker has it);
+3. acknowledges and deletes the batch (``XACK`` + ``XDEL``, one transaction).
+
+A relay that dies between 1 and 3 leaves its entries pending in the group:
+another takes them over once they have been idle ``relay.claim_after``
+(``XAUTOCLAIM``) and publishes them again. Publishing is therefore at least
+once; a second copy of a message is refused by the ledger's claim (the
+attempt is claimed once), so nothing runs twice. Several relays may run: the
+group hands each entry to one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import redis
+from kombu import Connection, Producer, Queue
+
+from toolq.broker.app import is_amqp, queue_for
+from toolq.keys import OUTBOX_GROUP, Keys
+from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
+from toolq.settings import ToolqSettings
+
+log = logging.getLogger("toolq.relay")
+
+#: How often a relay records its heartbeat and numbers (toolq status reads them).
+BEAT_EVERY_S = 2.0
+#: Wait after a broker or ledger error before trying again.
+RETRY_S = 0.5
+
+Hook = Callable[[Sequence[Outgoing]], None]
+
+
+class Parts(Protocol):
+    """What the relay runs on (:class:`toolq.app.App` has all of it)."""
+
+    settings: ToolqSettings
+    clock: Callable[[], float]
+
+    @property
+    def redis(self) -> redis.Redis: ...
+
+    @property
+    def redis_url(self) -> str: ...
+
+
+class Relay:
+    """One relay process's loop (:meth:`run`, :meth:`stop`); :meth:`step` is one round.
+
+    ``on_read`` and ``on_published`` are called with each batch after it is read
+    and after it is published (before it is acknowledged): what a test uses to
+    kill a relay at either point.
+    """
+
+    def __init__(
+        self,
+        app: Parts,
+        *,
+        on_read: Hook | None = None,
+        on_published: Hook | None = None,
+    ) -> None:
+        settings = app.settings
+        if settings.broker_url is None:
+            raise ValueError("the relay needs a broker URL: set TOOLQ_BROKER_URL (outbox mode)")
+        self.app = app
+        self.clock = app.clock
+        self.keys = Keys(settings.prefix)
+        self.broker_url = settings.broker_url.get_secret_value()
+        r = settings.relay
+        self.batch = r.batch
+        self.block_ms = int(r.block * 1000)
+        self.claim_after_ms = int(r.claim_after * 1000)
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.on_read = on_read
+        self.on_published = on_published
+        self.published = 0
+        self.lag_ms = 0
+        self._stop = threading.Event()
+        self._queues: dict[str, Queue] = {}
+        self._connection: Connection | None = None
+        self._producer: Producer | None = None
+        # Blocking reads get a connection of their own, with a timeout past the block.
+        self._blocking: redis.Redis | None = None
+        # Entries read and not acknowledged (a failed publish): read again before new ones.
+        self._backlog = True
+        self._next_autoclaim = 0.0
+        self._last_beat = 0.0
+        probe = Connection(self.broker_url)  # lazy: connects to nothing
+        self._broker_errors: tuple[type[BaseException], ...] = (
+            OSError,
+            *probe.connection_errors,
+            *probe.channel_errors,
+        )
+
+    # ------------------------------------------------------------------ one round
+
+    def setup(self) -> None:
+        """Create the consumer group (and the stream) if no relay has yet."""
+        try:
+            self.app.redis.xgroup_create(self.keys.outbox, OUTBOX_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def step(self, block: bool = True) -> int:
+        """Take a batch (taken over, left from before, or new), publish it, acknowledge
+        it; returns how many entries it moved."""
+        entries = self._take(block)
+        if not entries:
+            return 0
+        ids = [e for e, _ in entries]
+        messages = [m for _, m in entries if m is not None]
+        if self.on_read is not None:
+            self.on_read(messages)
+        self._publish(messages)
+        if self.on_published is not None:
+            self.on_published(messages)
+        self._ack(ids)
+        self.published += len(messages)
+        self.lag_ms = lag_ms(ids, int(self.clock() * 1000))
+        return len(ids)
+
+    def _take(self, block: bool) -> list[tuple[str, Outgoing | None]]:
+        now = time.monotonic()
+        if now >= self._next_autoclaim:
+            # A dead relay's entries first: they are the oldest.
+            self._next_autoclaim = now + min(self.claim_after_ms / 2000, 5.0)
+            taken = self._autoclaim()
+            if taken:
+                return taken
+        if self._backlog:  # this relay's own pending entries (ID 0: its history)
+            rows = self._read("0", block=False)
+            if rows:
+                return rows
+            self._backlog = False
+        return self._read(">", block)
+
+    def _autoclaim(self) -> list[tuple[str, Outgoing | None]]:
+        reply = self.app.redis.xautoclaim(
+            self.keys.outbox, OUTBOX_GROUP, self.id, self.claim_after_ms, "0-0", count=self.batch
+        )
+        rows = _entries(reply[1])
+        if rows:
+            log.warning("took over %d outbox entries of a relay that stopped", len(rows))
+        return rows
+
+    def _read(self, last: str, block: bool) -> list[tuple[str, Outgoing | None]]:
+        client = self._blocking_client() if block and last == ">" else self.app.redis
+        reply: Any = client.xreadgroup(
+            OUTBOX_GROUP,
+            self.id,
+            {self.keys.outbox: last},
+            count=self.batch,
+            block=self.block_ms if block and last == ">" else None,
+        )
+        return _entries(_first_stream(reply))
+
+    def _publish(self, messages: Sequence[Outgoing]) -> None:
+        producer = self._producer_for()
+        for m in messages:
+            queue = self._queue(m.queue)
+            producer.publish(
+                m.body,
+                exchange=queue.exchange,
+                routing_key=queue.routing_key,
+                declare=[queue],
+                content_type=m.content_type,
+                content_encoding=m.content_encoding,
+                headers=m.headers,
+                delivery_mode=2,
+                retry=False,
+                **m.properties,
+            )
+
+    def _ack(self, ids: Sequence[str]) -> None:
+        pipe = self.app.redis.pipeline(transaction=True)
+        pipe.xack(self.keys.outbox, OUTBOX_GROUP, *ids)
+        pipe.xdel(self.keys.outbox, *ids)
+        pipe.execute()
+
+    def _queue(self, name: str) -> Queue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = queue_for(name, self.broker_url)
+        return queue
+
+    def _producer_for(self) -> Producer:
+        if self._producer is None:
+            # Publisher confirms on AMQP: publish() returns once RabbitMQ has the
+            # message (a quorum queue: on a majority of its replicas).
+            options = {"confirm_publish": True} if is_amqp(self.broker_url) else {}
+            self._connection = Connection(self.broker_url, transport_options=options)
+            self._producer = Producer(self._connection.default_channel)
+        return self._producer
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Run until :meth:`stop`; survives the ledger or the broker going away."""
+        log.info("relay %s publishing the outbox to %s", self.id, self.app.settings.safe_broker_url)
+        while not self._stop.is_set():
+            try:
+                self.setup()
+                while not self._stop.is_set():
+                    self.step()
+                    self._beat()
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                log.warning("ledger unavailable (%s); retrying", type(exc).__name__)
+                self._stop.wait(RETRY_S)
+            except self._broker_errors as exc:
+                # The entries read stay pending with this relay: published on the next round.
+                log.warning("broker unavailable (%s); retrying", type(exc).__name__)
+                self._drop_broker()
+                self._backlog = True
+                self._stop.wait(RETRY_S)
+        log.info("relay %s stopped", self.id)
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat < BEAT_EVERY_S:
+            return
+        self._last_beat = now
+        beat = {"at": int(self.clock() * 1000), "published": self.published, "lag_ms": self.lag_ms}
+        self.app.redis.hset(self.keys.relays, self.id, json.dumps(beat))
+
+    def stop(self) -> None:
+        """Stop after the current round (a blocked read returns within ``relay.block``)."""
+        self._stop.set()
+
+    def _blocking_client(self) -> redis.Redis:
+        if self._blocking is None:
+            self._blocking = redis.Redis.from_url(
+                self.app.redis_url,
+                socket_timeout=self.block_ms / 1000 + 10,
+                socket_connect_timeout=5,
+            )
+        return self._blocking
+
+    def _drop_broker(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except Exception:  # a broken connection may fail to close
+                log.debug("closing the broker connection failed", exc_info=True)
+        self._connection = self._producer = None
+
+    def close(self) -> None:
+        self._drop_broker()
+        try:
+            self.app.redis.hdel(self.keys.relays, self.id)
+        except redis.RedisError:
+            log.debug("could not remove the relay's heartbeat", exc_info=True)
+        if self._blocking is not None:
+            self._blocking.close()
+
+
+def _entries(raw: Any) -> list[tuple[str, Outgoing | None]]:
+    """Stream entries as (id, message); a message is None when the entry holds none."""
+    out: list[tuple[str, Outgoing | None]] = []
+    for entry_id, fields in raw or ():
+        eid = _s(entry_id)
+        decoded = {_s(k): _s(v) for k, v in (fields or {}).items()}
+        message = outgoing(eid, decoded)
+        if message is None:
+            log.error("outbox entry %s holds no message; dropped", eid)
+        out.append((eid, message))
+    return out
+
+
+def _first_stream(reply: Any) -> Any:
+    """The entries of the one stream an ``XREADGROUP`` read (RESP2: a list of
+    [name, entries]; RESP3: a dict of name -> entries)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return next(iter(reply.values()))
+    return reply[0][1]
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
