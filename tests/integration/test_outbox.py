@@ -1,0 +1,200 @@
+"""Outbox mode end to end (issue 18): the ledger on Valkey, Celery's broker a real
+RabbitMQ (quorum queues), messages carried by the outbox stream and ``toolq relay``.
+
+Real processes throughout: workers and a scheduler on RabbitMQ, relays killed with
+SIGKILL at either side of a publish. The provider stub counts side effects: a
+message published twice must not run twice (the claim refuses the copy), and a
+message left in the outbox by a dead relay must not be lost (another takes it over).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.helpers import (
+    REPO_ROOT,
+    start_scheduler,
+    start_toolq,
+    start_worker,
+    stop_process,
+    toolq_env,
+    wait_until,
+)
+from tests.integration.apps import outbox_app
+from tests.integration.conftest import effects, seen
+from tests.rabbit import RabbitServer, start_rabbit
+from toolq import State, ToolQueue
+from toolq.broker.depth import Depths
+from toolq.keys import OUTBOX_GROUP
+from toolq.procs import pdeathsig_preexec
+
+APP = outbox_app.APP
+
+
+@pytest.fixture(scope="module")
+def rabbit() -> Iterator[RabbitServer]:
+    server = start_rabbit()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def env(rabbit: RabbitServer, module_redis_url: str) -> dict[str, str]:
+    """What every process of the deployment is started with."""
+    return {"TOOLQ_REDIS_URL": module_redis_url, "TOOLQ_BROKER_URL": rabbit.url}
+
+
+@pytest.fixture(scope="module")
+def tq(rabbit: RabbitServer, module_redis_url: str) -> Iterator[ToolQueue]:
+    app = outbox_app.tq
+    app.configure(redis_url=module_redis_url)
+    app.app.configure_broker(rabbit.url)
+    yield app
+    app.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deployment(tq: ToolQueue, env: dict[str, str], module_redis_url: str) -> Iterator[None]:
+    """A prefork worker (one child: its pid is the lease holder's) and a scheduler."""
+    procs = [
+        start_worker(APP, module_redis_url, pool="prefork", concurrency=1, env=env),
+        start_scheduler(APP, module_redis_url, env=env),
+    ]
+    yield
+    for p in procs:
+        stop_process(p, timeout=5)
+
+
+def start_relay(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env)
+
+
+def start_dying_relay(env: dict[str, str], when: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.apps.dying_relay", when],
+        env=toolq_env(env),
+        cwd=str(REPO_ROOT),
+        start_new_session=True,
+        preexec_fn=pdeathsig_preexec(),
+    )
+
+
+@pytest.fixture
+def relay(env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    p = start_relay(env)
+    yield p
+    stop_process(p, timeout=5)
+
+
+def outbox_len(tq: ToolQueue) -> int:
+    return int(tq.redis.xlen(tq.app.ledger.keys.outbox))
+
+
+def pending(tq: ToolQueue) -> int:
+    return int(tq.redis.xpending(tq.app.ledger.keys.outbox, OUTBOX_GROUP)["pending"])
+
+
+def duplicates_prevented(tq: ToolQueue) -> int:
+    return tq.app.ledger.stats().get("pay|duplicates_prevented", 0)
+
+
+def test_a_write_goes_ledger_outbox_relay_rabbitmq_worker_and_back(
+    tq: ToolQueue, relay: subprocess.Popen[bytes], rabbit: RabbitServer
+) -> None:
+    ref = tq.submit("pay", {"amount_cents": 5}, operation_ref="box/e2e").operation_ref
+    env = tq.wait(ref, timeout=30)
+
+    assert env.ok and env.operation_ref == ref
+    assert env.result == {"paid": ref, "attempt": 1}
+    assert effects(tq.redis, ref) == 1
+    # the message crossed RabbitMQ, not a list in the ledger's Redis
+    assert not tq.redis.exists(tq.settings.queues.calls)
+    probe = Depths(rabbit.url)
+    depths = probe.read([tq.settings.queues.calls])
+    probe.close()
+    assert depths == {tq.settings.queues.calls: 0}  # declared there (a quorum queue), drained
+    assert wait_until(lambda: outbox_len(tq) == 0, 10)  # acknowledged and deleted
+
+
+def test_a_relay_killed_after_reading_leaves_its_entry_to_another(
+    tq: ToolQueue, env: dict[str, str]
+) -> None:
+    # Given an operation whose message a relay read and died on, unpublished
+    ref = tq.submit("pay", {}, operation_ref="box/read-kill").operation_ref
+    dying = start_dying_relay(env, "read")
+    assert dying.wait(timeout=30) == -signal.SIGKILL
+    assert pending(tq) == 1 and outbox_len(tq) == 1
+    assert effects(tq.redis, ref) == 0
+
+    # When another relay starts
+    p = start_relay(env)
+    try:
+        # Then it takes the entry over, and the call completes once
+        env_ = tq.wait(ref, timeout=30)
+        assert env_.ok
+        assert effects(tq.redis, ref) == 1 and seen(tq.redis, ref) == [1]
+        assert wait_until(lambda: outbox_len(tq) == 0, 10)
+        # the scheduler knew the message was still in the outbox: no republish
+        assert tq.app.ledger.fields(ref, "repubs") == {"repubs": "0"}
+    finally:
+        stop_process(p, timeout=5)
+
+
+def test_a_relay_killed_after_publishing_causes_a_copy_the_claim_refuses(
+    tq: ToolQueue, env: dict[str, str]
+) -> None:
+    before = duplicates_prevented(tq)
+    # Given a message published, run, and never acknowledged in the outbox
+    ref = tq.submit("pay", {}, operation_ref="box/publish-kill").operation_ref
+    dying = start_dying_relay(env, "published")
+    assert dying.wait(timeout=30) == -signal.SIGKILL
+    assert tq.wait(ref, timeout=30).ok
+    assert pending(tq) == 1
+
+    # When another relay takes the entry over and publishes it again
+    p = start_relay(env)
+    try:
+        assert wait_until(lambda: outbox_len(tq) == 0, 20)
+        # Then the worker got the copy, and its claim refused it: nothing ran twice
+        assert wait_until(lambda: duplicates_prevented(tq) > before, 20)
+        assert effects(tq.redis, ref) == 1 and seen(tq.redis, ref) == [1]
+    finally:
+        stop_process(p, timeout=5)
+
+
+def test_a_worker_killed_mid_write_is_verified_not_run_again(
+    tq: ToolQueue, relay: subprocess.Popen[bytes]
+) -> None:
+    # Given a write that has committed and is still inside the tool
+    ref = tq.submit("pay", {"sleep": 30}, operation_ref="box/worker-kill").operation_ref
+
+    def running() -> bool:
+        rec = tq.get(ref)
+        return effects(tq.redis, ref) == 1 and rec is not None and rec.state is State.RUNNING
+
+    assert wait_until(running, 30)
+    holder = tq.app.ledger.fields(ref, "lease_holder")["lease_holder"]
+
+    # When its pool child is killed (RabbitMQ gets the message back, rejected)
+    os.kill(int(holder.split(":")[1]), signal.SIGKILL)
+
+    # Then the operation is settled by verification, through the outbox and RabbitMQ
+    env = tq.wait(ref, timeout=60)
+    assert env.ok and env.verification.evidence_ref == "verification:find_payment"
+    assert effects(tq.redis, ref) == 1 and seen(tq.redis, ref) == [1]
+    rec = tq.get(ref)
+    assert rec is not None
+    assert [h.to for h in rec.history][-2:] == [State.VERIFYING, State.SUCCEEDED]
+
+
+def test_the_provider_is_the_ledgers_redis(tq: ToolQueue) -> None:
+    """The counts above read the stub in the ledger's own server: check they can fail."""
+    assert isinstance(tq.redis, redis.Redis)
+    assert effects(tq.redis, "box/never-submitted") == 0
