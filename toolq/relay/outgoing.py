@@ -47,8 +47,8 @@ def outgoing(entry_id: str, fields: dict[str, str]) -> Outgoing | None:
     try:
         msg = json.loads(raw)
         body = base64.b64decode(msg["body"], validate=True)
-        headers = msg.get("headers") or {}
-        props = msg.get("properties") or {}
+        headers = msg.get("headers", {})
+        props = msg.get("properties", {})
         content_type = str(msg.get("content-type") or "application/json")
         content_encoding = str(msg.get("content-encoding") or "utf-8")
     except (ValueError, KeyError, TypeError, binascii.Error):
