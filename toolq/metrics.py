@@ -21,7 +21,10 @@ Two kinds of series:
   - ``toolq_queue_messages{queue}``, ``toolq_queue_unacked_messages``,
     ``toolq_scheduler_backlog``, ``toolq_scheduler_due``,
     ``toolq_scheduler_overdue_seconds``, ``toolq_schedulers_live``,
-    ``toolq_ledger_up`` and ``toolq_ledger_read_seconds``
+    ``toolq_ledger_up`` and ``toolq_ledger_read_seconds``; in outbox mode
+    (a broker URL) ``toolq_outbox_messages``, ``toolq_outbox_oldest_seconds``,
+    ``toolq_relays_live`` and ``toolq_relay_lag_seconds``, and the queue depths
+    read from the broker (``toolq_queue_unacked_messages`` is the broker's own)
 
 * **Per process, observed where the event happens**:
 
@@ -176,9 +179,22 @@ def snapshot_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
     for queue, n in queues["depth"].items():
         depth.add_metric([queue], n)
     yield depth
-    yield _gauge("toolq_queue_unacked_messages",
-                 "Messages delivered to a worker and not acknowledged yet (all queues).",
-                 queues["unacked"])  # fmt: skip
+    if queues["unacked"] is not None:  # None in outbox mode: the broker's own to count
+        yield _gauge("toolq_queue_unacked_messages",
+                     "Messages delivered to a worker and not acknowledged yet (all queues).",
+                     queues["unacked"])  # fmt: skip
+    box = snap.get("outbox")
+    if box is not None:
+        yield _gauge("toolq_outbox_messages", "Messages in the ledger's outbox, not yet "
+                     "published and deleted by a relay.", box["entries"])  # fmt: skip
+        oldest = box["oldest_age_ms"]
+        yield _gauge("toolq_outbox_oldest_seconds", "Age of the oldest message in the outbox "
+                     "(0: empty).", (oldest or 0) / 1000)  # fmt: skip
+        yield _gauge("toolq_relays_live", "Relays with a recent heartbeat.", box["relays"])
+        lag = box["lag_ms"]
+        yield _gauge("toolq_relay_lag_seconds", "How long the relays' latest batch waited "
+                     "in the outbox (the largest of the live relays').",
+                     (lag or 0) / 1000)  # fmt: skip
     yield _gauge("toolq_scheduler_backlog", "Operations in the scheduler's due set.",
                  sched["backlog"])  # fmt: skip
     yield _gauge("toolq_scheduler_due", "Operations due now.", sched["due_now"])

@@ -35,6 +35,7 @@ import redis
 import redis.asyncio as aioredis
 
 from toolq.keys import KOMBU_UNACKED, Keys
+from toolq.ledger import outbox
 from toolq.liveness import ALIVE_MS, WorkerNode, worker_beats, worker_nodes
 from toolq.scheduler import series as samples
 from toolq.scheduler.series import Point
@@ -80,12 +81,38 @@ class Sources:
     keys: Keys
     queues: tuple[str, ...] = ("toolq.calls", "toolq.verify")
     unacked_key: str = KOMBU_UNACKED
+    #: Outbox mode: the queues are the broker's (read through ``broker_depths``, if
+    #: given), and the ledger's outbox stream and relays are read instead.
+    outbox: bool = False
+
+
+#: Outbox mode: reads each queue's depth from the broker (None: it did not answer).
+BrokerDepths = Callable[[Iterable[str]], dict[str, int | None]]
 
 
 def settings_sources(settings: ToolqSettings) -> Sources:
     """Where a deployment with these settings keeps the numbers."""
     q = settings.queues
-    return Sources(Keys(settings.prefix), (q.calls, q.verify))
+    return Sources(Keys(settings.prefix), (q.calls, q.verify), outbox=settings.outbox)
+
+
+def broker_depths(settings: ToolqSettings) -> BrokerDepths | None:
+    """Outbox mode: a reader of the broker's queue depths, on a connection of its own
+    each time (kombu is imported only then); None when the ledger is the broker."""
+    if settings.broker_url is None:
+        return None
+    url = settings.broker_url.get_secret_value()
+
+    def read(names: Iterable[str]) -> dict[str, int | None]:
+        from toolq.broker.depth import Depths
+
+        depths = Depths(url, timeout=1.0)
+        try:
+            return depths.read(names)
+        finally:
+            depths.close()
+
+    return read
 
 
 def status_snapshot(
@@ -107,7 +134,13 @@ def status_snapshot(
     probe = (lambda: ping_workers(tq, worker_timeout)) if workers and ping else None
     now = int(tq.clock() * 1000) if now_ms is None else now_ms
     snap = read_status(
-        tq.redis, sources, now_ms=now, tools_hint=hint, workers=probe, beats=workers and not ping
+        tq.redis,
+        sources,
+        now_ms=now,
+        tools_hint=hint,
+        workers=probe,
+        beats=workers and not ping,
+        broker_depths=broker_depths(tq.settings),
     )
     # the next snapshot needs one round trip even for tools this registry does not know
     tq.app.seen_tools = frozenset(snap["tools"])
@@ -132,8 +165,11 @@ def read_status(
     tools_hint: Iterable[str] = (),
     workers: WorkerProbe | None = None,
     beats: bool = False,
+    broker_depths: BrokerDepths | None = None,
 ) -> dict[str, Any]:
     """Read and shape the snapshot: one pipeline for the tools in ``tools_hint``.
+
+    In outbox mode the queue depths are ``broker_depths``' (none without it).
 
     Tools the ledger knows but the hint did not name cost one more round trip.
     ``workers`` is a probe to run meanwhile (a Celery ping); without one, ``beats``
@@ -146,7 +182,7 @@ def read_status(
     for tool in guess:
         _queue_tool(pipe, sources.keys, tool)
     replies = iter(pipe.execute())
-    common = _parse_common(replies, sources)
+    common = _parse_common(replies, sources, now_ms)
     per_tool = {tool: _parse_tool(replies) for tool in guess}
     ledger_tools = _ledger_tools(common)
     missing = sorted(ledger_tools - set(guess))
@@ -156,6 +192,9 @@ def read_status(
             _queue_tool(pipe, sources.keys, tool)
         more = iter(pipe.execute())
         per_tool.update({tool: _parse_tool(more) for tool in missing})
+    if sources.outbox and broker_depths is not None:
+        depths = broker_depths(sources.queues)
+        common["queues"] = {q: n for q, n in depths.items() if n is not None}
     snap = _shape_read(common, per_tool, ledger_tools, sources, now_ms)
     if probe is not None:
         snap["workers"] = probe.result()
@@ -190,6 +229,7 @@ def _shape_read(
         due=common["due"],
         schedulers=common["schedulers"],
         worker_beats=common["worker_beats"],
+        outbox=common["outbox"],
     )
 
 
@@ -210,20 +250,31 @@ def _queue_common(pipe: Any, src: Sources, now_ms: int) -> None:
     pipe.hgetall(k.schedulers)
     pipe.hgetall(k.workers)
     pipe.hgetall(k.worker_nodes)
+    if src.outbox:
+        outbox.queue_status(pipe, k)
+        return
     for queue in src.queues:
         for key in _queue_keys(queue):
             pipe.llen(key)
     pipe.hlen(src.unacked_key)
 
 
-def _parse_common(replies: Iterator[Any], src: Sources) -> dict[str, Any]:
+def _parse_common(replies: Iterator[Any], src: Sources, now_ms: int) -> dict[str, Any]:
     tools = {_s(t) for t in next(replies)}
     stats = {_s(k): int(v) for k, v in next(replies).items()}
     backlog, due_now, first = int(next(replies)), int(next(replies)), next(replies)
     schedulers = {_s(k): int(float(v)) for k, v in next(replies).items()}
     beats = worker_beats(next(replies))
     nodes = worker_nodes(next(replies))
-    queues = {q: sum(int(next(replies)) for _ in _queue_keys(q)) for q in src.queues}
+    box: dict[str, Any] | None = None
+    queues: dict[str, int] = {}
+    unacked: int | None = None
+    if src.outbox:
+        length, head, relays = next(replies), next(replies), next(replies)
+        box = outbox.parse_status(length, head, relays, now_ms, ALIVE_MS)
+    else:
+        queues = {q: sum(int(next(replies)) for _ in _queue_keys(q)) for q in src.queues}
+        unacked = int(next(replies))
     return {
         "tools": tools,
         "stats": stats,
@@ -232,7 +283,8 @@ def _parse_common(replies: Iterator[Any], src: Sources) -> dict[str, Any]:
         "worker_beats": beats,
         "nodes": nodes,
         "queues": queues,
-        "unacked": int(next(replies)),
+        "unacked": unacked,
+        "outbox": box,
     }
 
 
@@ -263,17 +315,20 @@ def shape(
     tools: dict[str, tuple[dict[str, int], dict[str, tuple[str, int]]]],
     stats: dict[str, int],
     queues: dict[str, int],
-    unacked: int,
+    unacked: int | None,
     due: tuple[int, int, int | None],
     schedulers: dict[str, int],
     worker_beats: dict[str, int] | None = None,
+    outbox: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The snapshot from what was read; pure, so it is tested without Redis.
 
     ``tools`` maps a tool to its counts per state and, per non-terminal state,
     the (ref, entered-ms) of its oldest operation; ``due`` is (backlog, due now,
     earliest due ms); ``schedulers`` maps a scheduler id to its last beat (ms);
-    ``worker_beats`` a queue to the last beat of any worker on it (ms).
+    ``worker_beats`` a queue to the last beat of any worker on it (ms);
+    ``outbox`` (outbox mode only) what :func:`toolq.ledger.outbox.parse_status` read,
+    and ``unacked`` is then None (the broker's own to count).
     """
     per_tool: dict[str, Any] = {}
     totals = dict.fromkeys(STATES, 0)
@@ -303,7 +358,7 @@ def shape(
          "alive": now_ms - beat <= SCHEDULER_ALIVE_MS}
         for sid, beat in sorted(schedulers.items())
     ]  # fmt: skip
-    return {
+    snap: dict[str, Any] = {
         "at": _iso(now_ms),
         "now_ms": now_ms,
         "prefix": prefix,
@@ -328,6 +383,9 @@ def shape(
             "instances": instances,
         },
     }
+    if outbox is not None:
+        snap["outbox"] = outbox
+    return snap
 
 
 def shape_workers(nodes: Iterable[WorkerNode], now_ms: int) -> dict[str, Any]:
@@ -392,7 +450,7 @@ async def aread_status(
             _queue_tool(pipe, sources.keys, tool)
             pipe.zrange(sources.keys.index(tool, State.ESCALATED), 0, 0, withscores=True)
         replies = iter(await pipe.execute())
-    common = _parse_common(replies, sources)
+    common = _parse_common(replies, sources, now_ms)
     sampled = [samples.parse_sample(raw) for raw in next(replies)]
     per_tool, escalated = {}, {}
     for tool in guess:

@@ -198,3 +198,32 @@ def test_the_provider_is_the_ledgers_redis(tq: ToolQueue) -> None:
     """The counts above read the stub in the ledger's own server: check they can fail."""
     assert isinstance(tq.redis, redis.Redis)
     assert effects(tq.redis, "box/never-submitted") == 0
+
+
+def test_status_shows_the_outbox_the_relays_and_the_brokers_queues(
+    tq: ToolQueue, relay: subprocess.Popen[bytes], env: dict[str, str]
+) -> None:
+    from toolq.cli.monitor import render_status
+    from toolq.monitor import status_snapshot
+
+    # Given a relay that has beaten, and a message stuck in the outbox
+    assert wait_until(lambda: status_snapshot(tq)["outbox"]["relays"] >= 1, 20)
+    stop_process(relay, timeout=5)
+    tq.submit("pay", {}, operation_ref="box/status")
+
+    snap = status_snapshot(tq)
+    box = snap["outbox"]
+    assert box["entries"] == 1 and box["oldest_age_ms"] is not None
+    # the queues are RabbitMQ's, read there; its unacked are its own
+    assert set(snap["queues"]["depth"]) == {"toolq.calls", "toolq.verify"}
+    assert snap["queues"]["unacked"] is None
+    text = render_status(snap)
+    assert "outbox      1 waiting" in text
+
+    # and once a relay runs again, the entry is published and gone
+    p = start_relay(env)
+    try:
+        assert tq.wait("box/status", timeout=30).ok
+        assert wait_until(lambda: status_snapshot(tq)["outbox"]["entries"] == 0, 10)
+    finally:
+        stop_process(p, timeout=5)

@@ -23,7 +23,7 @@ from toolq.cli.common import (
     resolve_url,
     state_dir_option,
 )
-from toolq.monitor import STATES, read_status, settings_sources, status_snapshot
+from toolq.monitor import STATES, broker_depths, read_status, settings_sources, status_snapshot
 from toolq.redact import redact_url
 
 
@@ -142,12 +142,15 @@ def _light(
     except redis.RedisError as exc:
         raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
     sources = settings_sources(settings)
+    depths = broker_depths(settings)
     seen: frozenset[str] = frozenset()
 
     def snapshot() -> dict[str, Any]:
         nonlocal seen
         now = int(time.time() * 1000)
-        snap = read_status(client, sources, now_ms=now, tools_hint=seen, beats=workers)
+        snap = read_status(
+            client, sources, now_ms=now, tools_hint=seen, beats=workers, broker_depths=depths
+        )
         seen = frozenset(snap["tools"])  # the next refresh needs one round trip
         return snap
 
@@ -240,8 +243,20 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
     if tools:
         lines += ["", *_table(_counter_rows(tools))]
     queues, sched, workers = snap["queues"], snap["scheduler"], snap.get("workers", {})
-    depth = "  ".join(f"{q} {n}" for q, n in queues["depth"].items())
-    lines += ["", f"queues      {depth}  unacked {queues['unacked']}"]
+    depth = "  ".join(f"{q} {n}" for q, n in queues["depth"].items()) or "(broker not read)"
+    unacked = "" if queues["unacked"] is None else f"  unacked {queues['unacked']}"
+    lines += ["", f"queues      {depth}{unacked}"]
+    box = snap.get("outbox")
+    if box is not None:
+        oldest = box["oldest_age_ms"]
+        lag = box["lag_ms"]
+        lines.append(
+            f"outbox      {box['entries']} waiting  oldest "
+            + ("-" if oldest is None else _age(oldest / 1000))
+            + f"  relays live {box['relays']}  lag "
+            + ("-" if lag is None else f"{lag} ms")
+            + ("  (no relay live: nothing is published)" if not box["relays"] else "")
+        )
     if queues.get("workers"):
         lines.append(f"heartbeats  {_beats(queues['workers'])}")
     nxt = sched["next_due_in_s"]

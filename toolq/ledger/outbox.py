@@ -8,12 +8,11 @@ an entry is read from its id, with no field of its own.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from toolq.keys import OUTBOX_GROUP, Keys
+from toolq.keys import Keys
 
 
 def entry_ms(entry_id: str | bytes) -> int:
@@ -31,39 +30,19 @@ def oldest_ms(client: redis.Redis, keys: Keys) -> int | None:
     return entry_ms(first[0][0]) if first else None
 
 
-@dataclass(frozen=True)
-class OutboxStatus:
-    """The outbox as ``toolq status`` shows it."""
-
-    entries: int
-    pending: int
-    oldest_age_ms: int | None
-    relays: int
-    lag_ms: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "entries": self.entries,
-            "pending": self.pending,
-            "oldest_age_ms": self.oldest_age_ms,
-            "relays": self.relays,
-            "lag_ms": self.lag_ms,
-        }
-
-
-def read_status(client: redis.Redis, keys: Keys, now_ms: int, alive_ms: int) -> OutboxStatus:
-    """Entries in the outbox, those read by a relay and not yet acknowledged, the oldest
-    entry's age, the relays whose beat is recent, and the largest lag they report."""
-    pipe = client.pipeline(transaction=False)
+def queue_status(pipe: Any, keys: Keys) -> None:
+    """Queue the reads :func:`parse_status` shapes on a pipeline (three commands)."""
     pipe.xlen(keys.outbox)
     pipe.xrange(keys.outbox, count=1)
     pipe.hgetall(keys.relays)
-    length, first, beats = pipe.execute()
-    try:
-        pending = int(client.xpending(keys.outbox, OUTBOX_GROUP)["pending"])
-    except redis.ResponseError:  # no group yet: no relay ever ran
-        pending = 0
-    oldest = now_ms - entry_ms(first[0][0]) if first else None
+
+
+def parse_status(
+    length: Any, first: Any, beats: dict[Any, Any], now_ms: int, alive_ms: int
+) -> dict[str, Any]:
+    """The outbox as ``toolq status`` shows it (pure): entries waiting (read by a relay
+    or not), the oldest one's age, the relays whose beat is recent, and the largest lag
+    they report (how long the entries of their latest batch waited)."""
     live, lags = 0, []
     for raw in beats.values():
         try:
@@ -74,4 +53,10 @@ def read_status(client: redis.Redis, keys: Keys, now_ms: int, alive_ms: int) -> 
         if now_ms - at <= alive_ms:
             live += 1
             lags.append(lag)
-    return OutboxStatus(int(length), pending, oldest, live, max(lags) if lags else None)
+    oldest = max(0, now_ms - entry_ms(first[0][0])) if first else None
+    return {
+        "entries": int(length),
+        "oldest_age_ms": oldest,
+        "relays": live,
+        "lag_ms": max(lags) if lags else None,
+    }
