@@ -166,6 +166,15 @@ class ToolqSettings(BaseSettings):
                 )
         return value
 
+    @field_validator("broker_url", mode="before")
+    @classmethod
+    def _empty_broker(cls, value: object) -> object:
+        # An empty TOOLQ_BROKER_URL (docker-compose.yml passes ``${TOOLQ_BROKER_URL:-}``)
+        # means none: the ledger's Redis is the broker.
+        if value == "" or (isinstance(value, SecretStr) and value.get_secret_value() == ""):
+            return None
+        return value
+
     @field_validator("broker_url")
     @classmethod
     def _broker_scheme(cls, value: SecretStr | None) -> SecretStr | None:

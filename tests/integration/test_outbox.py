@@ -208,7 +208,7 @@ def test_status_shows_the_outbox_the_relays_and_the_brokers_queues(
 
     # Given a relay that has beaten, and a message stuck in the outbox
     assert wait_until(lambda: status_snapshot(tq)["outbox"]["relays"] >= 1, 20)
-    stop_process(relay, timeout=5)
+    assert stop_process(relay, timeout=5) == 0  # SIGTERM: a clean stop
     tq.submit("pay", {}, operation_ref="box/status")
 
     snap = status_snapshot(tq)

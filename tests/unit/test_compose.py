@@ -24,12 +24,14 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 DATASTORE = "redis"
+#: The broker of the outbox mode (``--profile rabbitmq``): an image, like the datastore.
+BROKER = "rabbitmq"
 CELERY_APP = "toolq.celery_app:celery_app"
 RESTART_POLICIES = {"always", "unless-stopped", "on-failure"}
 
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
-TOOLQ_SERVICES = sorted(name for name in SERVICES if name != DATASTORE)
+TOOLQ_SERVICES = sorted(name for name in SERVICES if name not in (DATASTORE, BROKER))
 # Processes that may run as several containers at once.
 SCALABLE = ["worker", "verifier", "scheduler"]
 
@@ -138,6 +140,28 @@ def test_the_datastore_persists_and_never_evicts() -> None:
     assert pairs.get("--maxmemory-policy") == "noeviction"
     assert any(":/data" in volume for volume in redis.get("volumes", [])), "the AOF needs a volume"
     assert "ports" not in redis, "the datastore is reached on the compose network only"
+
+
+def test_the_rabbitmq_profile_runs_a_persistent_broker_and_a_relay() -> None:
+    broker, relay = SERVICES[BROKER], SERVICES["relay"]
+    assert broker["profiles"] == relay["profiles"] == ["rabbitmq"]
+    assert broker["image"].split(":")[0] == "rabbitmq"
+    # quorum queues keep their data in the node's directory, named by its host name
+    assert any(v.endswith(":/var/lib/rabbitmq") for v in broker["volumes"]) and broker["hostname"]
+    assert "ports" not in broker, "the broker is reached on the compose network only"
+    assert "rabbitmq-diagnostics" in broker["healthcheck"]["test"]
+    assert relay["depends_on"][BROKER]["condition"] == "service_healthy"
+    assert _argv(relay)[:2] == ["toolq", "relay"]
+
+
+@pytest.mark.parametrize("name", TOOLQ_SERVICES)
+def test_the_broker_url_is_unset_unless_given(name: str) -> None:
+    # Empty (no .env line): Valkey is the broker, and no relay is needed
+    from toolq.settings import ToolqSettings
+
+    value = _resolved(_environment(SERVICES[name]).get("TOOLQ_BROKER_URL", "missing"))
+    assert value == ""
+    assert not ToolqSettings.model_validate({"broker_url": value}).outbox
 
 
 def test_every_service_has_a_healthcheck() -> None:

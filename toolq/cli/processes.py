@@ -156,7 +156,14 @@ def scheduler(
     default=None,
     metavar="URL",
     help="The Celery broker to publish to: amqp://… (RabbitMQ) or a Redis of its own "
-    "(env TOOLQ_BROKER_URL; required: without it there is no outbox).",
+    "(env TOOLQ_BROKER_URL, better for a URL with a password: argv shows in ps; "
+    "required: without it there is no outbox).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (the outbox's depth and age, relay lag).",
 )
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @handle_errors
@@ -165,6 +172,7 @@ def relay(
     redis_url: str | None,
     state_dir: Path,
     broker_url: str | None,
+    metrics_port: int | None,
     loglevel: str,
 ) -> None:
     """Publish the ledger's outbox to the Celery broker (outbox mode).
@@ -186,6 +194,7 @@ def relay(
         tq.app.configure_broker(broker_url)
     if not tq.settings.outbox:
         raise click.UsageError("no broker URL: pass --broker-url or set TOOLQ_BROKER_URL")
+    _metrics(metrics_port, tq, "relay")
     r = Relay(tq.app)
 
     def _stop(signum: int, frame: Any) -> None:
