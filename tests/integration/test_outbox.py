@@ -60,15 +60,22 @@ def tq(rabbit: RabbitServer, module_redis_url: str) -> Iterator[ToolQueue]:
     app.close()
 
 
+def start_outbox_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A prefork worker with one child: its pid is the lease holder's."""
+    return start_worker(APP, env["TOOLQ_REDIS_URL"], pool="prefork", concurrency=1, env=env)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def deployment(tq: ToolQueue, env: dict[str, str], module_redis_url: str) -> Iterator[None]:
-    """A prefork worker (one child: its pid is the lease holder's) and a scheduler."""
-    procs = [
-        start_worker(APP, module_redis_url, pool="prefork", concurrency=1, env=env),
-        start_scheduler(APP, module_redis_url, env=env),
-    ]
-    yield
-    for p in procs:
+def deployment(
+    tq: ToolQueue, env: dict[str, str], module_redis_url: str
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """A worker and a scheduler, by role (a test may replace the worker)."""
+    procs = {
+        "worker": start_outbox_worker(env),
+        "scheduler": start_scheduler(APP, module_redis_url, env=env),
+    }
+    yield procs
+    for p in procs.values():
         stop_process(p, timeout=5)
 
 
@@ -227,3 +234,34 @@ def test_status_shows_the_outbox_the_relays_and_the_brokers_queues(
         assert wait_until(lambda: status_snapshot(tq)["outbox"]["entries"] == 0, 10)
     finally:
         stop_process(p, timeout=5)
+
+
+def test_a_message_lost_in_rabbitmq_is_published_again_once_the_queue_is_empty(
+    tq: ToolQueue,
+    relay: subprocess.Popen[bytes],
+    rabbit: RabbitServer,
+    env: dict[str, str],
+    deployment: dict[str, subprocess.Popen[bytes]],
+) -> None:
+    from kombu import Connection
+
+    calls = tq.settings.queues.calls
+    probe = Depths(rabbit.url)
+    try:
+        # Given no worker, and a message the relay published to RabbitMQ
+        stop_process(deployment["worker"], timeout=10)
+        ref = tq.submit("pay", {}, operation_ref="box/lost").operation_ref
+        assert wait_until(lambda: probe.read([calls])[calls] == 1 and outbox_len(tq) == 0, 20)
+
+        # When RabbitMQ loses it (purged), and a worker comes back
+        with Connection(rabbit.url) as conn, conn.channel() as channel:
+            assert channel.queue_purge(calls) == 1
+        deployment["worker"] = start_outbox_worker(env)
+
+        # Then the scheduler, seeing the queue empty and the outbox too, publishes it
+        # again (RabbitMQ's queue head cannot be read): the call completes, once
+        assert tq.wait(ref, timeout=60).ok
+        assert int(tq.app.ledger.fields(ref, "repubs")["repubs"]) >= 1
+        assert effects(tq.redis, ref) == 1 and seen(tq.redis, ref) == [1]
+    finally:
+        probe.close()

@@ -1,0 +1,58 @@
+"""Outbox mode with a Redis of its own as Celery's broker (issue 18): the ledger in
+one database, the broker in another, the relay between them. The broker could be a
+Sentinel-managed Redis or Valkey; kombu's Redis transport is the same."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.conftest import DatabasePool, _database_url
+from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process, wait_until
+from tests.integration.apps import outbox_app
+from tests.integration.conftest import effects
+from toolq import ToolQueue
+
+APP = outbox_app.APP
+
+
+@pytest.fixture(scope="module")
+def broker_url(valkey: str, valkey_databases: DatabasePool) -> Iterator[str]:
+    yield from _database_url(valkey, valkey_databases)
+
+
+@pytest.fixture(scope="module")
+def tq(module_redis_url: str, broker_url: str) -> Iterator[ToolQueue]:
+    app = outbox_app.tq
+    app.configure(redis_url=module_redis_url)
+    app.app.configure_broker(broker_url)
+    env = {"TOOLQ_REDIS_URL": module_redis_url, "TOOLQ_BROKER_URL": broker_url}
+    procs = [
+        start_worker(APP, module_redis_url, env=env),
+        start_scheduler(APP, module_redis_url, env=env),
+        start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env),
+    ]
+    yield app
+    for p in procs:
+        stop_process(p, timeout=5)
+    app.close()
+
+
+def test_a_write_crosses_from_the_ledgers_outbox_to_a_broker_of_its_own(
+    tq: ToolQueue, broker_url: str
+) -> None:
+    ref = tq.submit("pay", {}, operation_ref="redis-broker/1").operation_ref
+    assert tq.wait(ref, timeout=30).ok
+    assert effects(tq.redis, ref) == 1
+    calls = tq.settings.queues.calls
+    # the ledger's database holds no queue; the broker's had the message (kombu's
+    # Redis transport delivered it: its queue list was declared there)
+    assert not tq.redis.exists(calls)
+    broker = redis.Redis.from_url(broker_url)
+    try:
+        assert broker.exists(f"_kombu.binding.{calls}")
+    finally:
+        broker.close()
+    assert wait_until(lambda: tq.redis.xlen(tq.app.ledger.keys.outbox) == 0, 10)
