@@ -112,3 +112,34 @@ def test_the_outbox_changes_which_command_a_message_costs_not_how_many(redis_url
     assert pushed.pop("cmdstat_lpush") == 2 and "cmdstat_xadd" not in pushed
     assert boxed.pop("cmdstat_xadd") == 2 and "cmdstat_lpush" not in boxed
     assert boxed == pushed
+
+
+def test_the_async_ledger_writes_the_outbox_as_the_sync_one_does() -> None:
+    import asyncio
+
+    import fakeredis
+    import fakeredis.aioredis
+
+    from toolq.ledger.aio import AsyncLedger
+
+    server = fakeredis.FakeServer()
+    sync = fakeredis.FakeRedis(server=server)
+    boxed = Ledger(sync, prefix="tq", outbox=True)
+    again = Transition(
+        ref="x/1", states=(S.QUEUED,), to=S.QUEUED, by="op", quiet=True, push=(QUEUE, "again x/1")
+    )
+
+    async def main() -> None:
+        client = fakeredis.aioredis.FakeRedis(server=server)
+        ledger = AsyncLedger(client, prefix="tq", outbox=True)
+        await ledger.submit(
+            ref="x/1", tool="t", args_json="{}", fp="f", call_id="", now_ms=NOW, max_attempts=3,
+            deadline_ms=NOW + 60_000, state=S.QUEUED, due_ms=NOW + 1000, queue=QUEUE,
+            message="run x/1",
+        )  # fmt: skip
+        assert await ledger.apply([again], NOW) == ["ok"]
+        await client.aclose()
+
+    asyncio.run(main())
+    assert entries(boxed) == [(QUEUE, "run x/1"), (QUEUE, "again x/1")]
+    assert not sync.exists(QUEUE)

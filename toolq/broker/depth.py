@@ -31,7 +31,9 @@ class Depths:
         queue, a broker away): the caller then assumes it may hold anything."""
         out: dict[str, int | None] = {}
         for name in names:
-            out[name] = self._one(name)
+            # After a failure the rest are not asked: each would wait out the timeout.
+            failed = bool(out) and all(v is None for v in out.values())
+            out[name] = None if failed else self._one(name)
         return out
 
     def _one(self, name: str) -> int | None:
