@@ -64,7 +64,7 @@ def test_rabbitmq_gets_quorum_queues_and_confirms_and_kombus_own_transport() -> 
     s = ToolqSettings(broker_url=SecretStr("amqp://rabbit//"))
     c = celery_config(s, LEDGER)
     assert c["broker_url"] == "amqp://rabbit//"
-    assert "broker_transport" not in c  # toolq's Redis transport is for redis:// only
+    assert c["broker_transport"] is None  # toolq's Redis transport is for redis:// only
     assert all(q.queue_arguments == {"x-queue-type": "quorum"} for q in c["task_queues"])
     assert c["broker_transport_options"]["confirm_publish"] is True
 
