@@ -201,6 +201,18 @@ def test_a_worker_killed_mid_write_is_verified_not_run_again(
     assert [h.to for h in rec.history][-2:] == [State.VERIFYING, State.SUCCEEDED]
 
 
+def test_the_relay_publishes_to_rabbitmq_with_confirms(tq: ToolQueue) -> None:
+    from toolq.relay.service import Relay
+
+    relay = Relay(tq.app)
+    try:
+        relay._producer_for()
+        assert relay._connection is not None
+        assert relay._connection.connection.confirm_publish is True
+    finally:
+        relay._drop_broker()
+
+
 def test_the_provider_is_the_ledgers_redis(tq: ToolQueue) -> None:
     """The counts above read the stub in the ledger's own server: check they can fail."""
     assert isinstance(tq.redis, redis.Redis)

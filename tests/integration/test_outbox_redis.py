@@ -56,3 +56,14 @@ def test_a_write_crosses_from_the_ledgers_outbox_to_a_broker_of_its_own(
     finally:
         broker.close()
     assert wait_until(lambda: tq.redis.xlen(tq.app.ledger.keys.outbox) == 0, 10)
+
+
+def test_a_relay_whose_outbox_was_deleted_makes_it_again_and_goes_on(tq: ToolQueue) -> None:
+    # Given the outbox stream (and its consumer group) gone under a running relay
+    outbox = tq.app.ledger.keys.outbox
+    assert tq.redis.delete(outbox) == 1
+    # When a call is made: its script makes the stream again, without the group
+    ref = tq.submit("pay", {}, operation_ref="redis-broker/2").operation_ref
+    # Then the relay creates the group again, publishes, and the call completes
+    assert tq.wait(ref, timeout=30).ok
+    assert effects(tq.redis, ref) == 1

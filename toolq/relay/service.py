@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis
+from amqp.exceptions import MessageNacked
 from kombu import Connection, Producer, Queue
 
 from toolq.broker.app import is_amqp, queue_for
@@ -105,6 +106,7 @@ class Relay:
         probe = Connection(self.broker_url)  # lazy: connects to nothing
         self._broker_errors: tuple[type[BaseException], ...] = (
             OSError,
+            MessageNacked,  # RabbitMQ refused a publish (confirm mode): publish it again
             *probe.connection_errors,
             *probe.channel_errors,
         )
@@ -224,6 +226,11 @@ class Relay:
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
                 log.warning("ledger unavailable (%s); retrying", type(exc).__name__)
                 self._stop.wait(RETRY_S)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # The stream went away (a flush, a restore): made again with its group.
+                log.warning("the outbox's consumer group is gone; creating it again")
             except self._broker_errors as exc:
                 # The entries read stay pending with this relay: published on the next round.
                 log.warning("broker unavailable (%s); retrying", type(exc).__name__)
