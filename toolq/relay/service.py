@@ -45,6 +45,9 @@ log = logging.getLogger("toolq.relay")
 BEAT_EVERY_S = 2.0
 #: Wait after a broker or ledger error before trying again.
 RETRY_S = 0.5
+#: Beats older than this (relays killed without a goodbye) are removed, now and then.
+FORGET_BEAT_MS = 3_600_000
+FORGET_EVERY_S = 60.0
 
 Hook = Callable[[Sequence[Outgoing]], None]
 
@@ -103,6 +106,7 @@ class Relay:
         self._backlog = True
         self._next_autoclaim = 0.0
         self._last_beat = 0.0
+        self._last_forget = 0.0
         probe = Connection(self.broker_url)  # lazy: connects to nothing
         self._broker_errors: tuple[type[BaseException], ...] = (
             OSError,
@@ -126,6 +130,7 @@ class Relay:
         it; returns how many entries it moved."""
         entries = self._take(block)
         if not entries:
+            self.lag_ms = 0  # nothing waits: an idle relay is not behind
             return 0
         ids = [e for e, _ in entries]
         messages = [m for _, m in entries if m is not None]
@@ -244,8 +249,23 @@ class Relay:
         if now - self._last_beat < BEAT_EVERY_S:
             return
         self._last_beat = now
-        beat = {"at": int(self.clock() * 1000), "published": self.published, "lag_ms": self.lag_ms}
+        at = int(self.clock() * 1000)
+        beat = {"at": at, "published": self.published, "lag_ms": self.lag_ms}
         self.app.redis.hset(self.keys.relays, self.id, json.dumps(beat))
+        if now - self._last_forget >= FORGET_EVERY_S:
+            self._last_forget = now
+            self._forget_dead(at)
+
+    def _forget_dead(self, now_ms: int) -> None:
+        stale = []
+        for rid, raw in self.app.redis.hgetall(self.keys.relays).items():
+            try:
+                if now_ms - int(json.loads(raw)["at"]) > FORGET_BEAT_MS:
+                    stale.append(rid)
+            except (ValueError, KeyError, TypeError):
+                stale.append(rid)
+        if stale:
+            self.app.redis.hdel(self.keys.relays, *stale)
 
     def stop(self) -> None:
         """Stop after the current round (a blocked read returns within ``relay.block``)."""
