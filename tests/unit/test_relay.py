@@ -199,3 +199,28 @@ def test_beats_of_relays_gone_for_an_hour_are_forgotten(tq: ToolQueue, fake_redi
     )
     relay._forget_dead(now)
     assert set(fake_redis.hkeys("{toolq}:relays")) == {b"recent"}
+
+
+def test_a_takeover_of_a_full_batch_looks_again_at_once(tq: ToolQueue, fake_redis: Any) -> None:
+    from tests.helpers import wait_until
+
+    _drain("toolq.calls")
+    for i in range(3):
+        _submit(tq, fake_redis, f"f/{i}")
+
+    def die(batch: Any) -> None:
+        raise RuntimeError("killed")
+
+    first = _memory_relay(tq, fake_redis, on_read=die)
+    with pytest.raises(RuntimeError):
+        first.step(block=False)
+    # a relay that takes over two at a time takes the third in its very next round
+    second = _memory_relay(tq, fake_redis)
+    second.batch = 2
+    try:
+        assert wait_until(lambda: second.step(block=False) == 2, 5)
+        assert second.step(block=False) == 1
+        assert _drain("toolq.calls") == ["f/0", "f/1", "f/2"]
+    finally:
+        first._drop_broker()
+        second._drop_broker()

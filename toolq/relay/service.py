@@ -166,6 +166,8 @@ class Relay:
         rows = _entries(reply[1])
         if rows:
             log.warning("took over %d outbox entries of a relay that stopped", len(rows))
+        if len(rows) >= self.batch:
+            self._next_autoclaim = 0.0  # more may be left: look again next round
         return rows
 
     def _read(self, last: str, block: bool) -> list[tuple[str, Outgoing | None]]:
@@ -266,6 +268,17 @@ class Relay:
                 stale.append(rid)
         if stale:
             self.app.redis.hdel(self.keys.relays, *stale)
+        # Each relay process joins the group under a name of its own: forget the
+        # names of those gone long ago that hold nothing (what they held is taken over).
+        try:
+            consumers: Any = self.app.redis.xinfo_consumers(self.keys.outbox, OUTBOX_GROUP)
+        except redis.ResponseError:  # no group (yet)
+            return
+        for c in consumers:
+            name = _s(c.get("name", ""))
+            gone = int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > FORGET_BEAT_MS
+            if gone and name != self.id:
+                self.app.redis.xgroup_delconsumer(self.keys.outbox, OUTBOX_GROUP, name)
 
     def stop(self) -> None:
         """Stop after the current round (a blocked read returns within ``relay.block``)."""
