@@ -24,6 +24,7 @@ rates; :func:`series` is its chart (:mod:`toolq.scheduler.series`).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -528,10 +529,13 @@ async def overview(aio: AsyncToolQueue) -> dict[str, Any]:
     app = aio.app
     hint = frozenset(t.name for t in app.registry) | app.seen_tools
     client = await aio.client()
-    snap = await aread_status(
-        client, settings_sources(aio.app.settings), now_ms=app.now_ms(), tools_hint=hint
-    )
+    sources = settings_sources(aio.app.settings)
+    snap = await aread_status(client, sources, now_ms=app.now_ms(), tools_hint=hint)
     app.seen_tools = frozenset(snap["tools"])
+    depths = broker_depths(aio.app.settings)
+    if depths is not None:  # outbox mode: the queues are the broker's (kombu is sync)
+        read = await asyncio.to_thread(depths, sources.queues)
+        snap["queues"]["depth"] = {q: n for q, n in read.items() if n is not None}
     return snap
 
 

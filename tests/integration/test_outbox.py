@@ -219,6 +219,28 @@ def test_the_provider_is_the_ledgers_redis(tq: ToolQueue) -> None:
     assert effects(tq.redis, "box/never-submitted") == 0
 
 
+def _console_overview(tq: ToolQueue) -> str:
+    """The console's live overview, rendered by the real app on this deployment."""
+    import re
+
+    from starlette.testclient import TestClient
+
+    from toolq.api import ApiSettings, create_app
+
+    token = "operator-token-0123456789"
+    app = create_app(tq, ApiSettings(tokens=f"{token}=*"))
+    with TestClient(
+        app, base_url="http://localhost:8000", client=("127.0.0.1", 5000), follow_redirects=False
+    ) as c:
+        login = c.get("/ui/login").text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', login)
+        assert csrf is not None
+        c.post("/ui/login", data={"csrf": csrf.group(1), "token": token, "next": "/ui/"})
+        page = c.get("/ui/overview/live")
+        assert page.status_code == 200
+        return page.text
+
+
 def test_status_shows_the_outbox_the_relays_and_the_brokers_queues(
     tq: ToolQueue, relay: subprocess.Popen[bytes], env: dict[str, str]
 ) -> None:
@@ -238,6 +260,10 @@ def test_status_shows_the_outbox_the_relays_and_the_brokers_queues(
     assert snap["queues"]["unacked"] is None
     text = render_status(snap)
     assert "outbox      1 waiting" in text
+    # the console's overview says the same, and that no relay is live
+    page = _console_overview(tq)
+    assert "Outbox" in page and "NO live relay" in page and "Unacknowledged" not in page
+    assert "Queue <code>toolq.calls</code>" in page  # its depth, read from RabbitMQ
 
     # and once a relay runs again, the entry is published and gone
     p = start_relay(env)
