@@ -269,6 +269,9 @@ def _print_banner(
     lines = [f"toolq up: serving on {redact_url(stack.redis_url)} ({where})", f"  app        {app}"]
     for child in stack.children:
         lines.append(f"  {child.name:<10} pid {child.pid}")
+    broker = stack.config.env.get("TOOLQ_BROKER_URL") or os.environ.get("TOOLQ_BROKER_URL")
+    if broker:  # outbox mode: the relay above publishes to it
+        lines.append(f"  broker     {redact_url(broker)} (through the ledger's outbox)")
     if stack.metrics_url:
         lines.append(f"  metrics    {stack.metrics_url}")
     if stack.api_url:
