@@ -53,6 +53,8 @@ def test_a_write_crosses_from_the_ledgers_outbox_to_a_broker_of_its_own(
     broker = redis.Redis.from_url(broker_url)
     try:
         assert broker.exists(f"_kombu.binding.{calls}")
+        # the worker acknowledged the delivery on the broker (the ledger could not)
+        assert wait_until(lambda: broker.hlen("unacked") == 0, 10)
     finally:
         broker.close()
     assert wait_until(lambda: tq.redis.xlen(tq.app.ledger.keys.outbox) == 0, 10)

@@ -73,6 +73,9 @@ def test_a_redis_broker_of_its_own_keeps_classic_lists() -> None:
     c = celery_config(ToolqSettings(broker_url=SecretStr("redis://broker:6379/1")), LEDGER)
     assert c["broker_url"] == "redis://broker:6379/1" and c["broker_transport"] == TRANSPORT
     assert all(q.queue_arguments is None for q in c["task_queues"])
+    # its deliveries are acknowledged through it: the ledger's calls are on another server
+    assert c["toolq_acks_in_ledger"] is False
+    assert celery_config(ToolqSettings(), LEDGER)["toolq_acks_in_ledger"] is True
 
 
 def test_the_ledger_and_the_celery_app_follow_configure_broker() -> None:
