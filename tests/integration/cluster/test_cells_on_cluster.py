@@ -132,6 +132,23 @@ def test_a_call_cycle_in_many_cells(cluster: Cluster, ledger: Ledger) -> None:
     assert _getkeys_calls(cluster) == getkeys_before
 
 
+def test_pipelined_function_calls_go_to_their_cells_without_asking(
+    cluster: Cluster, ledger: Ledger
+) -> None:
+    cells = [ledger.in_cell(_cell(ref)) for ref in REFS[:8]]
+    for cell, ref in zip(cells, REFS, strict=False):
+        submit(cell, ref)
+    before = _getkeys_calls(cluster)
+    pipe = ledger.redis.pipeline()
+    for cell, ref in zip(cells, REFS, strict=False):
+        keys = [*cell.calls.fixed, cell.keys.op(ref)]
+        args = [cell.calls.notify, ref, 1, "w1", NOW, LEASE, "run", 0]
+        pipe.execute_command(*cell.scripts.command("claim", keys, args))
+    replies = pipe.execute()
+    assert [r[0] for r in replies] == [b"claimed"] * 8
+    assert _getkeys_calls(cluster) == before
+
+
 def test_plain_redis_cluster_asks_a_node_for_the_keys_of_every_fcall(
     cluster: Cluster, ledger: Ledger
 ) -> None:
@@ -179,3 +196,19 @@ def test_a_failover_keeps_the_library_and_the_cells(cluster: Cluster, ledger: Le
         assert record is not None and record.state is S.RUNNING
     finally:
         cluster.revive(victim)
+
+
+def test_a_cell_moved_to_another_primary_keeps_working(cluster: Cluster, ledger: Ledger) -> None:
+    ref = REFS[2]
+    cell = ledger.in_cell(_cell(ref))
+    assert submit(cell, ref).outcome == "created"
+    slot = key_slot(cell.keys.tag.encode())
+    source = cluster.owner(slot)
+    target = next(p for p in cluster.primaries() if p is not source)
+    cluster.migrate_slot(slot, target)
+    # The same client, its slot map now stale: FCALL follows MOVED to the new owner,
+    # which has the library already (loaded on every primary).
+    assert cell.claim(ref, 1, "w1", NOW, LEASE).outcome == "claimed"
+    assert target.call("CLUSTER", "COUNTKEYSINSLOT", slot) >= 3  # record, due, outbox
+    rows = cell.claim_due(NOW + LEASE + 1, 10, 5_000)
+    assert [r["ref"] for r in rows] == [ref]
