@@ -4,10 +4,16 @@ The ledger's keys all start with one hash tag made of the settings prefix:
 ``Keys(prefix="toolq")`` names ``{toolq}:op:<ref>``, ``{toolq}:due``,
 ``{toolq}:idx:<tool>:<state>``, ... Redis Cluster hashes only the part in
 braces, so every key a ledger script touches lives in one slot, as a script
-requires. Today that is one tag (one slot) for the whole deployment; the
-scale-out issue gives each ledger cell a tag of its own. Never tag per
-operation: a script that moves an operation also writes the due set and the
-state indexes, which must share the operation's slot.
+requires. Without cells that is one tag (one slot) for the whole deployment.
+
+**Cells** (:mod:`toolq.cells`): ``Keys(prefix="toolq", cell=42)`` names the
+same keys under the cell's own tag, ``{toolq:c042}:op:<ref>``, ``{toolq:c042}:due``,
+... A cell is a slot of its own (mostly: two tags can share a slot) that Valkey
+Cluster can place on any node and move. The prefix stays inside the braces, so
+two deployments on one cluster hash their cells independently: cell 42 of one
+and cell 42 of the other are different slots, and moving one never moves the
+other. Never tag per operation: a script that moves an operation also writes
+the due set and the state indexes, which must share the operation's slot.
 
 The scripts receive these names as KEYS (:mod:`toolq.ledger.scripts`); the two
 prefixes below (:attr:`Keys.op_prefix`, :attr:`Keys.index_prefix`) exist for
@@ -37,14 +43,29 @@ OUTBOX_GROUP = "relays"
 STEPS_SUFFIX = ":steps"
 
 
+#: A cell's name inside its tag: ``c`` and the number, three digits at least, so
+#: that the names of 256 or 1000 cells all have one width (``c007``, ``c255``).
+CELL_NAME = "c{:03d}"
+
+
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "toolq"
+    #: The ledger cell these keys belong to (:func:`toolq.cells.cell_of`); None:
+    #: the single-tag layout of one server, what every deployment has today.
+    cell: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cell is not None and (isinstance(self.cell, bool) or self.cell < 0):
+            raise ValueError(f"a cell is a number >= 0, got {self.cell!r}")
 
     @property
     def tag(self) -> str:
-        """The hash tag every ledger key (and the notify channel) starts with."""
-        return "{" + self.prefix + "}"
+        """The hash tag every ledger key (and the notify channel) starts with:
+        ``{<prefix>}``, or ``{<prefix>:c<cell>}`` for a cell's keys."""
+        if self.cell is None:
+            return "{" + self.prefix + "}"
+        return "{" + self.prefix + ":" + CELL_NAME.format(self.cell) + "}"
 
     @property
     def op_prefix(self) -> str:

@@ -303,8 +303,12 @@ def _persistence(config_get: Callable[[str], Any], pattern: str) -> Persistence:
 
 
 def where(client: redis.Redis | aioredis.Redis) -> str:
-    """The server a client talks to, for messages: host:port/db or the socket (no password)."""
-    kw = client.connection_pool.connection_kwargs
+    """The server a client talks to, for messages: host:port/db or the socket (no password);
+    ``cluster`` for a Cluster client (it has a pool per node, none of its own)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return "cluster"
+    kw = pool.connection_kwargs
     if kw.get("path"):
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"
     return f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"

@@ -10,12 +10,14 @@ passed to it in KEYS, named by :class:`toolq.keys.Keys`.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.connection import Connection
 
@@ -160,6 +162,7 @@ class Scripts(ScriptWay):
     def __init__(self, client: redis.Redis) -> None:
         super().__init__()
         self.client = client
+        self.cluster = isinstance(client, RedisCluster)
         self._evals: dict[str, Script] = {}
 
     def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -183,10 +186,18 @@ class Scripts(ScriptWay):
         return self.raw(name, keys, args)
 
     def load(self) -> None:
-        """Load the library (or, without functions, every script) into the server."""
+        """Load the library (or, without functions, every script) into the server.
+
+        On a Cluster, into every primary (redis-py sends FUNCTION LOAD and SCRIPT
+        LOAD to all of them); with REPLACE there, because FUNCTION LOAD stops at the
+        first primary that answers "already exists", and a primary that lacks the
+        library (a node added empty) would never get it. The library's name is a
+        hash of its code, so replacing it replaces it with itself. A replica has
+        what its primary loaded (functions replicate): a failover loses nothing.
+        """
         if self.functions is not False:
             try:
-                self.client.function_load(scripts.library())
+                self.client.function_load(scripts.library(), replace=self.cluster)
                 self.functions = True
             except redis.ResponseError as exc:
                 self.refused(exc)
@@ -211,8 +222,10 @@ class Calls:
     (:class:`toolq.ledger.aio.AsyncLedger`), which differ only in how they send them.
     The worker's and the scheduler's calls are the sync Ledger's own."""
 
-    def __init__(self, prefix: str = "toolq", outbox: bool = False) -> None:
-        self.keys = Keys(prefix)
+    def __init__(
+        self, prefix: str = "toolq", outbox: bool = False, cell: int | None = None
+    ) -> None:
+        self.keys = Keys(prefix, cell)
         self.fixed = scripts.fixed_keys(self.keys)
         self.notify = self.keys.notify
         #: Outbox mode (``ToolqSettings.outbox``): messages go to :attr:`Keys.outbox`.
@@ -275,14 +288,24 @@ class Ledger:
         durability: str = "none",
         *,
         outbox: bool = False,
+        cell: int | None = None,
     ) -> None:
         self.redis = client
         #: Submits and claims of runs are on disk before they are answered
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = Durability(client, durability)
-        self.calls = Calls(prefix, outbox)
+        self.calls = Calls(prefix, outbox, cell)
         self.keys = self.calls.keys
         self.scripts = Scripts(client)
+
+    def in_cell(self, cell: int) -> Ledger:
+        """This ledger's calls on the keys of ``cell`` (:mod:`toolq.cells`): the same
+        client, durability and loaded scripts, so a process needs one Ledger per
+        cell it touches and loads the library once."""
+        other = copy.copy(self)
+        other.calls = Calls(self.keys.prefix, self.calls.outbox, cell)
+        other.keys = other.calls.keys
+        return other
 
     # ------------------------------------------------------------------ writes
 

@@ -1,0 +1,57 @@
+"""The ledger on a Valkey/Redis Cluster: a RedisCluster that finds FCALL's keys itself.
+
+redis-py finds the keys of ``EVAL``/``EVALSHA`` in the call, but those of any
+command its table marks "movable keys", ``FCALL`` among them, by sending the
+whole call (arguments included) to the cluster's *default node* as ``COMMAND
+GETKEYS`` first. For the ledger that is one more round trip and one more
+command per script call, every one of them on that one node, and, worse, sent
+outside the client's retry loop: with the default node dead (a primary
+SIGKILLed, before the client refreshed its map) every FCALL failed with a
+connection error, whichever node its cell was on (tests/integration/cluster).
+Pipelines ask the same way.
+
+:class:`LedgerCluster` reads the keys of ``FCALL`` and ``FCALL_RO`` from the
+call itself (``FCALL name numkeys key...``), direct calls and pipelined ones,
+as redis-py does for ``EVALSHA``. The ledger always declares every key a
+script touches (:mod:`toolq.ledger.scripts`), all under one cell's tag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis._parsers import CommandsParser
+from redis.cluster import RedisCluster
+
+_FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
+
+
+def function_keys(args: tuple[Any, ...]) -> list[Any] | None:
+    """The keys a function call declares (``FCALL name numkeys key ... arg ...``);
+    None for any other command."""
+    if len(args) < 3 or str(args[0]).upper() not in _FUNCTION_CALLS:
+        return None
+    return list(args[3 : 3 + int(args[2])])
+
+
+class _FunctionKeysParser(CommandsParser):
+    """redis-py's parser, sharing its command table, that needs no server for FCALL."""
+
+    def __init__(self, parser: CommandsParser) -> None:  # no COMMAND round trip again
+        self.commands = parser.commands
+        self.redis_connection = parser.redis_connection
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        keys = function_keys(args)
+        if keys is not None:
+            return keys
+        return super().get_keys(redis_conn, *args)  # type: ignore[no-untyped-call]
+
+
+class LedgerCluster(RedisCluster):
+    """``RedisCluster`` that reads a function call's keys from the call (see above)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Pipelines get the client's parser (RedisCluster.pipeline), so they ask no more.
+        self.commands_parser = _FunctionKeysParser(self.commands_parser)
