@@ -125,9 +125,14 @@ class _Bound:
         self.url = url
         self.redis = app.async_redis(max_connections=CONNECTIONS_PER_LOOP)
         s = app.settings
-        self.ledger = AsyncLedger(self.redis, s.prefix, s.durability, outbox=s.outbox)
-        keys = self.ledger.keys
-        self.notifier = AsyncNotifier(self.redis, keys.notify, keys.notify_steps)
+        self.ledger = AsyncLedger(
+            self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells
+        )
+        self.notifier = AsyncNotifier(
+            self.redis, app.notify_channels(), app.notify_channels(steps=True)
+        )
+        #: Cells mode: the number of cells is checked against the ledger's meta once.
+        self.unchecked = s.cells is not None
         self.turns = Turns(CALLS_PER_PASS)
         self._forget = forget
         self._closing = asyncio.Event()
@@ -168,6 +173,11 @@ class AsyncToolQueue:
         """This loop's connections, once it is this caller's turn (see :class:`Turns`)."""
         loop = _running_loop()
         url = self.app.redis_url
+        if self.app.settings.cluster:
+            raise errors.RequestRefused(
+                "tq.aio does not support a ledger on a Cluster yet (cluster=true): "
+                "use the sync client, tq"
+            )
         while True:
             with self._lock:
                 b = self._bound_to.get(loop)
@@ -178,6 +188,9 @@ class AsyncToolQueue:
                     b = self._bound_to[loop] = _Bound(self.app, url, self._forget)
             if b.url == url:
                 await b.turns.take()
+                if b.unchecked:
+                    await b.ledger.record_cells()
+                    b.unchecked = False
                 return b
             await b.aclose()  # configure() pointed the app elsewhere since
 

@@ -29,7 +29,9 @@ from toolq.broker.messages import (
     OperationNotSucceeded,
     task_result,
 )
+from toolq.keys import Keys
 from toolq.ledger import Ledger, lists
+from toolq.ledger.cluster import LedgerCluster
 from toolq.notify import Notifier
 from toolq.recovery import operator, outcome
 from toolq.recovery.transition import Transition
@@ -42,6 +44,15 @@ from toolq.tools import Registry, fingerprint
 
 #: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
 MAX_BOUND_TOOLS = 1024
+
+
+def cluster_client(url: str, options: dict[str, Any]) -> redis.Redis:
+    """The ledger's client on a Cluster (``settings.cluster``), from the URL of any of
+    its nodes: it finds the node of each call's cell itself, FCALLs included
+    (:class:`LedgerCluster`). Typed as the Redis client: toolq sends it the same commands."""
+    options = {k: v for k, v in options.items() if k != "timeout"}  # no blocking pool here
+    client: Any = LedgerCluster.from_url(url, **options)
+    return client  # type: ignore[no-any-return]
 
 
 class App:
@@ -98,8 +109,12 @@ class App:
     def redis(self) -> redis.Redis:
         with self._lock:
             if self._redis is None:
-                pool = redis.BlockingConnectionPool.from_url(self.redis_url, **self._pool_options())
-                self._redis = redis.Redis(connection_pool=pool)
+                if self.settings.cluster:
+                    self._redis = cluster_client(self.redis_url, self._pool_options())
+                else:
+                    options = self._pool_options()
+                    pool = redis.BlockingConnectionPool.from_url(self.redis_url, **options)
+                    self._redis = redis.Redis(connection_pool=pool)
             return self._redis
 
     def async_redis(self, *, max_connections: int) -> aioredis.Redis:
@@ -133,7 +148,9 @@ class App:
         with self._lock:
             if self._ledger is None:
                 s = self.settings
-                self._ledger = Ledger(self.redis, s.prefix, s.durability, outbox=s.outbox)
+                ledger = Ledger(self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells)
+                ledger.record_cells()
+                self._ledger = ledger
             return self._ledger
 
     @property
@@ -202,8 +219,17 @@ class App:
     def notifier(self) -> Notifier:
         with self._lock:
             if self._notifier is None:
-                self._notifier = Notifier(self.redis, self.ledger.keys.notify)
+                self._notifier = Notifier(self.redis, *self.notify_channels())
             return self._notifier
+
+    def notify_channels(self, steps: bool = False) -> list[str]:
+        """The channels the ledger's scripts announce settled states on (``steps``: the
+        other states and progress): one per cell in cells mode."""
+        s = self.settings
+        cells = [None] if s.cells is None else range(s.cells)
+        return [
+            Keys(s.prefix, c).notify_steps if steps else Keys(s.prefix, c).notify for c in cells
+        ]
 
     # ------------------------------------------------------------------ what clients ask for
     # The sync client (tq) and the async one (tq.aio) only differ in how they send these.
@@ -245,7 +271,14 @@ class App:
         )
 
     def list_query(self, state: object, **filters: Any) -> lists.ListQuery:
-        """A checked list request (:func:`toolq.ledger.lists.parse_query`), at this app's time."""
+        """A checked list request (:func:`toolq.ledger.lists.parse_query`), at this app's time.
+
+        Not in cells mode yet: a page would merge every cell's index (docs/cells.md)."""
+        if self.settings.cells is not None:
+            raise errors.RequestRefused(
+                "listing operations by state is not available in cells mode yet "
+                "(TOOLQ_CELLS set): read operations by ref"
+            )
         limit = self.settings.limits.max_ref_length
         return lists.parse_query(state, now_ms=self.now_ms(), max_ref_length=limit, **filters)
 

@@ -58,3 +58,18 @@ def keys_of(ref: str, prefix: str, cells: int) -> Keys:
 def every_cell(prefix: str, cells: int) -> list[Keys]:
     """The keys of every cell, in cell order (what a view or a scheduler walks)."""
     return [Keys(prefix, cell) for cell in range(check_cells(cells))]
+
+
+def cells_conflict(recorded: str | bytes | None, wanted: int) -> str | None:
+    """Why ``wanted`` cells cannot serve a ledger whose meta recorded ``recorded``
+    (None: nothing recorded yet, or the same number); the text names both."""
+    if recorded is None:
+        return None
+    text = recorded.decode() if isinstance(recorded, bytes) else recorded
+    if text == str(wanted):
+        return None
+    return (
+        f"this ledger lives in {text} cells, not {wanted}: the number of cells is fixed "
+        "for the ledger's life (a ref's cell depends on it); set TOOLQ_CELLS="
+        f"{text}"
+    )

@@ -163,6 +163,13 @@ class Keys:
         return f"{self.tag}:worker_nodes"
 
     @property
+    def meta(self) -> str:
+        """Hash: what is fixed for the ledger's life, recorded at first use (``cells``).
+
+        Deployment-wide: read under :class:`Keys` without a cell (one slot)."""
+        return f"{self.tag}:meta"
+
+    @property
     def series(self) -> str:
         """Hash: sample time (ms) -> the counts then (JSON; toolq.scheduler.series)."""
         return f"{self.tag}:series"

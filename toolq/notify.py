@@ -36,7 +36,7 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -241,15 +241,16 @@ class Wake(threading.Event):
 class Notifier:
     """The sync client's subscription: one thread, shared by every waiting thread."""
 
-    def __init__(self, client: redis.Redis, channel: str) -> None:
+    def __init__(self, client: redis.Redis, *channels: str) -> None:
         self.client = client
-        self.channel = channel
+        #: One channel, or one per ledger cell (cells mode): subscribed together.
+        self.channels = channels
+        self._confirmed = 0
         self._watch: dict[str, set[Wake]] = defaultdict(set)
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._subscribed_before = False
 
     def watch(self, ref: str) -> Wake:
         ev = Wake(self._lock)
@@ -301,7 +302,7 @@ class Notifier:
         while not self._stop.is_set():
             sub = self.client.pubsub()  # type: ignore[no-untyped-call]
             try:
-                sub.subscribe(self.channel)
+                sub.subscribe(*self.channels)
                 while not self._stop.is_set():
                     msg = sub.get_message(timeout=0.5)
                     if msg is not None:
@@ -320,11 +321,13 @@ class Notifier:
         elif msg.get("type") == "subscribe":
             # The server confirms each subscription, also the one redis-py makes by
             # itself after reconnecting: from now on nothing is missed, but what
-            # was published meanwhile is gone, so every waiter reads again.
-            if self._subscribed_before:
+            # was published meanwhile is gone, so every waiter reads again. One
+            # confirmation per channel: ready once every channel is confirmed.
+            self._confirmed += 1
+            if self._confirmed > len(self.channels):
                 self._wake_all()
-            self._subscribed_before = True
-            self._ready.set()
+            if self._confirmed >= len(self.channels):
+                self._ready.set()
 
 
 # --------------------------------------------------------------------------- the async subscriber
@@ -393,10 +396,18 @@ class AsyncNotifier:
     and progress) from the first watch that wants those.
     """
 
-    def __init__(self, client: aioredis.Redis, channel: str, steps_channel: str) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        channel: str | Sequence[str],
+        steps_channel: str | Sequence[str],
+    ) -> None:
         self.client = client
-        self.channel = channel
-        self.steps_channel = steps_channel
+        #: One channel of each kind, or one per ledger cell (cells mode).
+        self.channels = (channel,) if isinstance(channel, str) else tuple(channel)
+        self.steps_channels = (
+            (steps_channel,) if isinstance(steps_channel, str) else tuple(steps_channel)
+        )
         self._watch: dict[str, set[Waiter]] = {}
         self._ready = asyncio.Event()
         self._steps_ready = asyncio.Event()
@@ -463,7 +474,7 @@ class AsyncNotifier:
             return  # not connected (the next subscription includes it), or done already
         self._steps_on = sub
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError, OSError):
-            await sub.subscribe(self.steps_channel)
+            await sub.subscribe(*self.steps_channels)
         _cancelled_meanwhile()
 
     def _wake_all(self, steps_only: bool = False) -> None:
@@ -485,7 +496,7 @@ class AsyncNotifier:
         while True:
             sub = self.client.pubsub()
             try:
-                await sub.subscribe(self.channel)
+                await sub.subscribe(*self.channels)
                 _cancelled_meanwhile()
                 self._sub = sub
                 if self._want_steps:
@@ -520,16 +531,19 @@ class AsyncNotifier:
         elif msg.get("type") == "subscribe":
             # Confirmed, also after redis-py re-subscribed by itself: what was
             # published while the connection was down is gone, so read again.
-            if _text(msg.get("channel")) == self.steps_channel:
+            # One confirmation per channel: ready once every channel is confirmed.
+            if _text(msg.get("channel")) in self.steps_channels:
                 self._steps_subscriptions += 1
-                if self._steps_subscriptions > 1:
+                if self._steps_subscriptions > len(self.steps_channels):
                     self._wake_all(steps_only=True)
-                self._steps_ready.set()
+                if self._steps_subscriptions >= len(self.steps_channels):
+                    self._steps_ready.set()
             else:
                 self.subscriptions += 1
-                if self.subscriptions > 1:
+                if self.subscriptions > len(self.channels):
                     self._wake_all()
-                self._ready.set()
+                if self.subscriptions >= len(self.channels):
+                    self._ready.set()
 
 
 def _cancelled_meanwhile() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toolq.redact import redact_url
@@ -146,6 +146,22 @@ class ToolqSettings(BaseSettings):
     #: answers before the fsync). ``none``: trust the server's own persistence.
     #: Cost and measurements: README "What it guarantees", bench/RESULTS.md "Durability".
     durability: Literal["fsync", "none"] = "fsync"
+    #: **Cells mode** (issue 18, docs/cells.md): the ledger is split into this many
+    #: cells, each under its own hash tag (``toolq.cells.cell_of`` of the ref picks
+    #: one), so that a Valkey Cluster can spread them. Fixed for the ledger's life:
+    #: the first process records it in ``Keys.meta`` and any other value is refused.
+    #: Unset: one tag for the whole ledger, as always (a ledger written that way is
+    #: moved into cells by ``toolq cells migrate``). At most 16384
+    #: (``toolq.cells.MAX_CELLS``: Cluster's slots).
+    cells: int | None = Field(default=None, ge=1, le=16384)
+    #: ``redis_url`` names a node of a Valkey/Redis Cluster: the ledger's client is a
+    #: cluster client (``toolq.ledger.cluster.LedgerCluster``). Needs ``cells`` (one
+    #: tag would be one slot: one node) and outbox mode (``broker_url``: Celery cannot
+    #: use a Cluster as its broker, and the ledger's scripts cannot push to the
+    #: queues' untagged lists there), and ``durability=none`` for now (fsync's WAITAOF
+    #: is not yet sent to the node of the call). The sync client, workers, the
+    #: scheduler and the relay; ``tq.aio`` refuses it for now.
+    cluster: bool = False
     lease: LeaseSettings = LeaseSettings()
     queues: QueueSettings = QueueSettings()
     recovery: RecoverySettings = RecoverySettings()
@@ -184,6 +200,26 @@ class ToolqSettings(BaseSettings):
                 schemes = ", ".join(BROKER_SCHEMES)
                 raise ValueError(f"broker_url must start with {schemes}: {redact_url(url)}")
         return value
+
+    @model_validator(mode="after")
+    def _cluster_needs(self) -> ToolqSettings:
+        if self.cluster:
+            if self.cells is None:
+                raise ValueError(
+                    "cluster=true needs cells (e.g. TOOLQ_CELLS=256): the single-tag "
+                    "ledger lives in one slot, on one node"
+                )
+            if self.broker_url is None:
+                raise ValueError(
+                    "cluster=true needs outbox mode (TOOLQ_BROKER_URL): Celery cannot use "
+                    "a Cluster as its broker (docs/brokers.md)"
+                )
+            if self.durability == "fsync":
+                raise ValueError(
+                    "cluster=true does not support durability=fsync yet (WAITAOF is not "
+                    "sent to the node of the call): set TOOLQ_DURABILITY=none"
+                )
+        return self
 
     @property
     def outbox(self) -> bool:

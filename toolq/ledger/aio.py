@@ -21,6 +21,9 @@ import redis
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
+from toolq import errors
+from toolq.cells import cells_conflict
+from toolq.keys import Keys
 from toolq.ledger import scripts
 from toolq.ledger.durability import AsyncDurability, lost_scripts
 from toolq.ledger.store import (
@@ -95,14 +98,31 @@ class AsyncLedger:
         durability: str = "none",
         *,
         outbox: bool = False,
+        cells: int | None = None,
     ) -> None:
         self.redis = client
         #: A submit is on disk before it is acknowledged, as the sync ledger's is
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = AsyncDurability(client, durability)
-        self.calls = Calls(prefix, outbox)
+        #: Cells mode: every call by ref goes to its cell (as the sync Ledger's).
+        self.calls = Calls(prefix, outbox, cells=cells)
         self.keys = self.calls.keys
+        self.cells = cells
         self.scripts = AsyncScripts(client)
+
+    async def record_cells(self) -> None:
+        """:meth:`toolq.ledger.store.Ledger.record_cells` (errors.RequestRefused)."""
+        if self.cells is None:
+            return
+        meta = Keys(self.keys.prefix).meta
+        async with self._command():
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hsetnx(meta, "cells", self.cells)
+            pipe.hget(meta, "cells")
+            recorded = (await pipe.execute())[1]
+        why = cells_conflict(recorded, self.cells)
+        if why is not None:
+            raise errors.RequestRefused(why)
 
     @contextlib.asynccontextmanager
     async def _command(self) -> AsyncIterator[None]:
@@ -118,7 +138,7 @@ class AsyncLedger:
 
     async def submit(self, **operation: Any) -> SubmitResult:
         """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
-        keys, args = self.calls.submit(**operation)
+        keys, args = self.calls.of(operation["ref"]).submit(**operation)
         async with self._command():
             return submit_result(await self.durable.call(self.scripts, "submit", keys, args))
 
@@ -126,35 +146,44 @@ class AsyncLedger:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
         if not transitions:
             return []
-        keys, args = self.calls.apply(transitions, now_ms)
-        async with self._command():
-            return strs(await self.scripts("apply", keys, args))
+        if self.cells is None:
+            keys, args = self.calls.apply(transitions, now_ms)
+            async with self._command():
+                return strs(await self.scripts("apply", keys, args))
+        results = [""] * len(transitions)
+        for calls, where in self.calls.by_cell([t.ref for t in transitions]).items():
+            keys, args = calls.apply([transitions[i] for i in where], now_ms)
+            async with self._command():
+                answers = strs(await self.scripts("apply", keys, args))
+            for i, res in zip(where, answers, strict=True):
+                results[i] = res
+        return results
 
     async def apply_one(self, transition: Transition, now_ms: int) -> str:
         return (await self.apply([transition], now_ms))[0]
 
     async def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
         async with self._command():
-            raw = await self.redis.hgetall(self.keys.op(ref))
+            raw = await self.redis.hgetall(self.calls.of(ref).keys.op(ref))
         return record_of(raw, with_history)
 
     async def fields(self, ref: str, *names: str) -> dict[str, str]:
         async with self._command():
-            values = await self.redis.hmget(self.keys.op(ref), list(names))
+            values = await self.redis.hmget(self.calls.of(ref).keys.op(ref), list(names))
         return fields_of(names, values)
 
     async def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
         """The history entries after the first ``after``; OperationNotFound for no operation."""
         start = history_start(after)
         async with self._command():
-            raw = await self.redis.hgetall(self.keys.op(ref))
+            raw = await self.redis.hgetall(self.calls.of(ref).keys.op(ref))
         return history_of(ref, raw, start)
 
     async def state_of(self, ref: str) -> tuple[dict[str, str], int]:
         """The record's state, rev and envelope, and how many history entries it has."""
         names = ("state", "rev", "envelope", "hn")
         async with self._command():
-            values = await self.redis.hmget(self.keys.op(ref), list(names))
+            values = await self.redis.hmget(self.calls.of(ref).keys.op(ref), list(names))
         fields = fields_of(names, values)
         return fields, int(fields.pop("hn", None) or 0)
 

@@ -8,6 +8,7 @@ an entry is read from its id, with no field of its own.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -28,6 +29,18 @@ def oldest_ms(client: redis.Redis, keys: Keys) -> int | None:
     """When the oldest entry still in the outbox was added (ms); None: it is empty."""
     first: Any = client.xrange(keys.outbox, count=1)
     return entry_ms(first[0][0]) if first else None
+
+
+def oldest_of(client: redis.Redis, cells: Sequence[Any]) -> int | None:
+    """:func:`oldest_ms` over the outboxes of ``cells`` (ledgers: one per cell, or
+    the ledger alone without cells), one pipeline; None: all empty."""
+    if len(cells) == 1:
+        return oldest_ms(client, cells[0].keys)
+    pipe = client.pipeline(transaction=False)
+    for cell in cells:
+        pipe.xrange(cell.keys.outbox, count=1)
+    heads = [entry_ms(first[0][0]) for first in pipe.execute() if first]
+    return min(heads) if heads else None
 
 
 def queue_status(pipe: Any, keys: Keys) -> None:

@@ -22,6 +22,7 @@ from redis.commands.core import Script
 from redis.connection import Connection
 
 from toolq import errors
+from toolq.cells import cell_of, cells_conflict
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys
 from toolq.ledger import scripts
@@ -223,13 +224,44 @@ class Calls:
     The worker's and the scheduler's calls are the sync Ledger's own."""
 
     def __init__(
-        self, prefix: str = "toolq", outbox: bool = False, cell: int | None = None
+        self,
+        prefix: str = "toolq",
+        outbox: bool = False,
+        cell: int | None = None,
+        cells: int | None = None,
     ) -> None:
         self.keys = Keys(prefix, cell)
         self.fixed = scripts.fixed_keys(self.keys)
         self.notify = self.keys.notify
         #: Outbox mode (``ToolqSettings.outbox``): messages go to :attr:`Keys.outbox`.
         self.outbox = outbox
+        #: Cells mode (``ToolqSettings.cells``): every call by ref goes to :meth:`of` it.
+        self.cells = cells
+        self._cells: dict[int, Calls] = {}
+
+    def of(self, ref: str) -> Calls:
+        """The calls on ``ref``'s keys: its cell's (:func:`toolq.cells.cell_of`) in
+        cells mode, else these."""
+        if self.cells is None:
+            return self
+        return self.cell(cell_of(ref, self.cells))
+
+    def cell(self, cell: int) -> Calls:
+        """The calls on the keys of ``cell`` (made once)."""
+        found = self._cells.get(cell)
+        if found is None:
+            found = Calls(self.keys.prefix, self.outbox, cell, self.cells)
+            found._cells = self._cells  # one cache for every cell's calls
+            self._cells[cell] = found
+        return found
+
+    def by_cell(self, refs: Sequence[str]) -> dict[Calls, list[int]]:
+        """The positions of ``refs`` grouped by the calls of their cell, in order (one
+        script touches one cell: a call on several cells is one call per cell)."""
+        groups: dict[Calls, list[int]] = {}
+        for i, ref in enumerate(refs):
+            groups.setdefault(self.of(ref), []).append(i)
+        return groups
 
     def submit(
         self,
@@ -289,13 +321,19 @@ class Ledger:
         *,
         outbox: bool = False,
         cell: int | None = None,
+        cells: int | None = None,
     ) -> None:
         self.redis = client
         #: Submits and claims of runs are on disk before they are answered
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = Durability(client, durability)
-        self.calls = Calls(prefix, outbox, cell)
+        #: In cells mode (``cells``) every call by ref goes to the ref's cell; the
+        #: ledger's own :attr:`keys` are then the deployment-wide ones (schedulers,
+        #: workers, meta: no cell), and the per-cell keys (due, wake, stats, tools,
+        #: indexes, outbox) are each cell's (:meth:`in_cell`).
+        self.calls = Calls(prefix, outbox, cell, cells)
         self.keys = self.calls.keys
+        self.cells = cells
         self.scripts = Scripts(client)
 
     def in_cell(self, cell: int) -> Ledger:
@@ -303,15 +341,38 @@ class Ledger:
         client, durability and loaded scripts, so a process needs one Ledger per
         cell it touches and loads the library once."""
         other = copy.copy(self)
-        other.calls = Calls(self.keys.prefix, self.calls.outbox, cell)
+        other.calls = self.calls.cell(cell)
         other.keys = other.calls.keys
         return other
+
+    def every_cell(self) -> list[Ledger]:
+        """:meth:`in_cell` of every cell in cells mode; else this ledger alone."""
+        if self.cells is None:
+            return [self]
+        return [self.in_cell(cell) for cell in range(self.cells)]
+
+    def keys_of(self, ref: str) -> Keys:
+        """The keys of ``ref``'s cell (this ledger's own without cells)."""
+        return self.calls.of(ref).keys
+
+    def record_cells(self) -> None:
+        """Cells mode: record the number of cells in the deployment's meta at first use,
+        and refuse (errors.RequestRefused) a ledger recorded with another number."""
+        if self.cells is None:
+            return
+        meta = Keys(self.keys.prefix).meta
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(meta, "cells", self.cells)
+        pipe.hget(meta, "cells")
+        why = cells_conflict(pipe.execute()[1], self.cells)
+        if why is not None:
+            raise errors.RequestRefused(why)
 
     # ------------------------------------------------------------------ writes
 
     def submit(self, **operation: Any) -> SubmitResult:
         """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
-        keys, args = self.calls.submit(**operation)
+        keys, args = self.calls.of(operation["ref"]).submit(**operation)
         return submit_result(self.durable.call(self.scripts, "submit", keys, args))
 
     def claim(
@@ -327,8 +388,9 @@ class Ledger:
     ) -> Claim:
         """Claim an attempt or a check; with ``ack`` (a Celery delivery tag), an answer
         other than claimed acknowledges the delivery in the same step."""
-        keys = [*self.calls.fixed, self.keys.op(ref)]
-        args: list[Any] = [self.calls.notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
+        calls = self.calls.of(ref)
+        keys = [*calls.fixed, calls.keys.op(ref)]
+        args: list[Any] = [calls.notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
         if ack:
             keys.extend(UNACKED_KEYS)
             args.append(ack)
@@ -342,10 +404,23 @@ class Ledger:
         """Extend leases given as (ref, attempt, kind, holder); returns the refs no longer held."""
         if not held:
             return []
-        keys = list(self.calls.fixed)
-        args: list[Any] = [self.calls.notify, now_ms, lease_ms]
+        if self.cells is not None:  # one call per cell
+            groups = self.calls.by_cell([h[0] for h in held])
+            return [
+                ref
+                for g in groups.values()
+                for ref in self._renew(now_ms, lease_ms, [held[i] for i in g])
+            ]
+        return self._renew(now_ms, lease_ms, held)
+
+    def _renew(
+        self, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str, str]]
+    ) -> list[str]:
+        calls = self.calls.of(held[0][0])
+        keys = list(calls.fixed)
+        args: list[Any] = [calls.notify, now_ms, lease_ms]
         for ref, attempt, kind, holder in held:
-            keys.append(self.keys.op(ref))
+            keys.append(calls.keys.op(ref))
             args.extend((ref, attempt, kind, holder))
         return strs(self.scripts("renew", keys, args))
 
@@ -359,8 +434,17 @@ class Ledger:
         """
         if not transitions:
             return []
-        keys, args = self.calls.apply(transitions, now_ms, ack)
-        return strs(self.scripts("apply", keys, args))
+        if self.cells is None:
+            keys, args = self.calls.apply(transitions, now_ms, ack)
+            return strs(self.scripts("apply", keys, args))
+        groups = self.calls.by_cell([t.ref for t in transitions])
+        results = [""] * len(transitions)
+        for calls, where in groups.items():  # one call per cell, answers put back in order
+            keys, args = calls.apply([transitions[i] for i in where], now_ms, ack)
+            ack = None  # acknowledged once
+            for i, res in zip(where, strs(self.scripts("apply", keys, args)), strict=True):
+                results[i] = res
+        return results
 
     def apply_one(self, transition: Transition, now_ms: int, ack: str | None = None) -> str:
         return self.apply([transition], now_ms, ack)[0]
@@ -379,6 +463,45 @@ class Ledger:
 
     def _claim_due_call(self, now_ms: int, limit: int, hold_ms: int) -> tuple[list[str], list[Any]]:
         return [*self.calls.fixed, self.keys.op_prefix], [self.calls.notify, now_ms, limit, hold_ms]
+
+    # Cells mode: the scheduler's two calls on every cell, pipelined (a ClusterPipeline
+    # sends each node its cells' calls together).
+
+    def claim_due_cells(self, now_ms: int, limit: int, hold_ms: int) -> list[list[dict[str, str]]]:
+        """:meth:`claim_due` in every cell, in cell order."""
+        calls = [self.in_cell(c)._claim_due_call(now_ms, limit, hold_ms) for c in self._cells()]
+        return [_due_rows(raw) for raw in self._on_cells("claim_due", calls)]
+
+    def plan_sleep_cells(self, now_ms: int, max_ms: int) -> int:
+        """:meth:`plan_sleep` in every cell: the earliest wake-up over them."""
+        calls = []
+        for c in self._cells():
+            cell = self.calls.cell(c)
+            calls.append((cell.fixed, [cell.notify, now_ms, max_ms]))
+        return min(int(float(raw)) for raw in self._on_cells("plan_sleep", calls))
+
+    def _cells(self) -> range:
+        if self.cells is None:
+            raise ValueError("not in cells mode")
+        return range(self.cells)
+
+    def _on_cells(
+        self, name: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    ) -> list[Any]:
+        """Script ``name`` once per (keys, args), in one pipeline; loaded again and the
+        whole pipeline sent again when the server lost the scripts (what a first
+        CLAIM_DUE held then comes back after its hold: later, never lost)."""
+        for attempt in (1, 2):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.execute_command(*self.scripts.command(name, keys, args))  # type: ignore[no-untyped-call]
+            try:
+                return list(pipe.execute())
+            except redis.ResponseError as exc:
+                if attempt == 2 or not lost_scripts(exc):
+                    raise
+                self.scripts.load()
+        raise AssertionError("unreachable")
 
     # The same two calls split into send and read, for a caller that keeps them in
     # flight on connections of its own (the scheduler's drain). The scripts must be
@@ -409,25 +532,41 @@ class Ledger:
     # ------------------------------------------------------------------ reads
 
     def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
-        return record_of(self.redis.hgetall(self.keys.op(ref)), with_history)
+        return record_of(self.redis.hgetall(self.keys_of(ref).op(ref)), with_history)
 
     def fields(self, ref: str, *names: str) -> dict[str, str]:
-        return fields_of(names, self.redis.hmget(self.keys.op(ref), list(names)))
+        return fields_of(names, self.redis.hmget(self.keys_of(ref).op(ref), list(names)))
 
     def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
         """The history entries after the first ``after``; OperationNotFound for no operation."""
         start = history_start(after)
-        return history_of(ref, self.redis.hgetall(self.keys.op(ref)), start)
+        return history_of(ref, self.redis.hgetall(self.keys_of(ref).op(ref)), start)
 
     def envelope(self, ref: str) -> ToolSuccess | ToolError | None:
-        raw = self.redis.hget(self.keys.op(ref), "envelope")
+        raw = self.redis.hget(self.keys_of(ref).op(ref), "envelope")
         return None if raw is None else load_envelope(raw)
 
     def stats(self) -> dict[str, int]:
-        return {_s(k): int(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+        """The counters (:attr:`Keys.stats`); in cells mode summed over every cell."""
+        if self.cells is None:
+            return {_s(k): int(v) for k, v in self.redis.hgetall(self.keys.stats).items()}
+        pipe = self.redis.pipeline(transaction=False)
+        for cell in range(self.cells):
+            pipe.hgetall(self.calls.cell(cell).keys.stats)
+        total: dict[str, int] = {}
+        for raw in pipe.execute():
+            for k, v in raw.items():
+                total[_s(k)] = total.get(_s(k), 0) + int(v)
+        return total
 
     def tools(self) -> list[str]:
-        return sorted(_s(t) for t in self.redis.smembers(self.keys.tools))
+        """Every tool the ledger has seen; in cells mode the union of every cell's."""
+        if self.cells is None:
+            return sorted(_s(t) for t in self.redis.smembers(self.keys.tools))
+        pipe = self.redis.pipeline(transaction=False)
+        for cell in range(self.cells):
+            pipe.smembers(self.calls.cell(cell).keys.tools)
+        return sorted({_s(t) for raw in pipe.execute() for t in raw})
 
 
 # --------------------------------------------------------------------------- replies, read once

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import ClusterError, NoScriptError, TryAgainError
 
 from toolq.broker.depth import Depths
 from toolq.broker.messages import message_head
@@ -83,6 +83,9 @@ MAINTENANCE_EVERY_S = 60.0
 QUEUE_HEAD = 8
 #: Sleeps shorter than this are taken locally rather than in a blocking BLPOP.
 SHORT_SLEEP_S = 0.1
+#: Cells mode on a Cluster: one BLPOP cannot wait on the wake lists of cells on several
+#: nodes, so the scheduler sleeps locally, at most this long, then looks at every cell.
+CLUSTER_POLL_S = 0.5
 
 
 @dataclass
@@ -106,6 +109,8 @@ class _Batch:
     transitions: list[Transition] = field(default_factory=list)
     lags: list[int] = field(default_factory=list)
     left: list[tuple[str, str, int] | None] = field(default_factory=list)
+    #: Cells mode: some cell had a full batch due (more is due right now).
+    full: bool = False
 
 
 class Scheduler:
@@ -125,6 +130,7 @@ class Scheduler:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.on_tick = on_tick
         self._stop = threading.Event()
+        self._beat = 0.0
         self._last_maintenance = 0.0
         # The chart's samples (toolq.scheduler.series), one per interval across schedulers.
         self._series = Sampler(lambda: app.redis, app.ledger.keys, self.clock)
@@ -149,9 +155,22 @@ class Scheduler:
         return self._commit(self._take())
 
     def _take(self) -> _Batch:
-        """Claim a batch of due items (hidden from other ticks for ``hold``) and decide."""
+        """Claim a batch of due items (hidden from other ticks for ``hold``) and decide.
+
+        In cells mode a batch from every cell (one pipeline), decided together; it
+        counts as full (more is due now) when any cell's was."""
         now = self.now_ms()
-        return self._decide(self.app.ledger.claim_due(now, self.batch, self.hold_ms), now)
+        ledger = self.app.ledger
+        if ledger.cells is None:
+            return self._decide(ledger.claim_due(now, self.batch, self.hold_ms), now)
+        rows: list[dict[str, str]] = []
+        full = False
+        for taken in ledger.claim_due_cells(now, self.batch, self.hold_ms):
+            rows += taken
+            full = full or len(taken) >= self.batch
+        batch = self._decide(rows, now)
+        batch.full = full
+        return batch
 
     def _decide(self, rows: list[dict[str, str]], now: int) -> _Batch:
         """What each claimed item needs: the batch's transitions, not yet applied."""
@@ -174,7 +193,7 @@ class Scheduler:
             t = for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
             if t is None:
                 if d.action is Action.DROP:
-                    app.redis.zrem(app.ledger.keys.due, snap.ref)
+                    app.redis.zrem(app.ledger.keys_of(snap.ref).due, snap.ref)
                 continue
             transitions.append(t)
             leaves = not t.quiet and t.to != snap.state and snap.state in PENDING_RECOVERY
@@ -223,7 +242,8 @@ class Scheduler:
         refs = list(dict.fromkeys(h[0] for h in calls + verify if h[0]))
         pipe = self.app.redis.pipeline(transaction=False)
         for ref in refs:
-            pipe.hmget(self.app.ledger.keys.op(ref), ["attempt", "vcheck", "repubs", "published"])
+            op = self.app.ledger.keys_of(ref).op(ref)
+            pipe.hmget(op, ["attempt", "vcheck", "repubs", "published"])
         records = dict(zip(refs, pipe.execute(), strict=True))
 
         def waiting(head: list[tuple[str | None, int, bool]], verify: bool) -> list[Waiting]:
@@ -253,7 +273,7 @@ class Scheduler:
         (:func:`toolq.recovery.policy.on_its_way`)."""
         assert self._depths is not None
         q = self.app.settings.queues
-        oldest = outbox.oldest_ms(self.app.redis, self.app.ledger.keys)
+        oldest = outbox.oldest_of(self.app.redis, self.app.ledger.every_cell())
         depths = self._depths.read((q.calls, q.verify))
         return Queues(
             opaque=True,
@@ -270,7 +290,14 @@ class Scheduler:
         while not self._stop.is_set():
             try:
                 batch = self._take()
-                if batch.stats.taken >= self.batch:  # more is due right now
+                if self.app.ledger.cells is not None:
+                    more = batch.full  # the drain's raw connections reach one server only
+                else:
+                    more = batch.stats.taken >= self.batch  # more is due right now
+                if more and self.app.ledger.cells is not None:
+                    self._commit(batch)
+                    self._heartbeat_every_s(1.0)
+                elif more:
                     self._drain(batch)
                 else:
                     self._commit(batch)
@@ -282,6 +309,8 @@ class Scheduler:
                 redis.ConnectionError,
                 redis.TimeoutError,
                 redis.BusyLoadingError,
+                ClusterError,  # a Cluster's node down, before its replica took over
+                TryAgainError,  # keys of a cell in the middle of a slot migration
                 NoScriptError,  # a drain's raw script call after SCRIPT FLUSH: loaded again
             ) as exc:
                 log.warning("redis unavailable (%s); retrying", type(exc).__name__)
@@ -338,13 +367,21 @@ class Scheduler:
             contextlib.suppress(redis.RedisError),
             redis.Redis.from_url(self.app.redis_url, socket_timeout=1) as client,
         ):
-            client.lpush(self.app.ledger.keys.wake, "stop")
+            client.lpush(self.app.ledger.every_cell()[0].keys.wake, "stop")
 
     def _sleep(self) -> None:
         now = self.now_ms()
-        wake_at = self.app.ledger.plan_sleep(now, int(self.max_sleep * 1000))
+        ledger = self.app.ledger
+        max_ms = int(self.max_sleep * 1000)
+        if ledger.cells is None:
+            wake_at = ledger.plan_sleep(now, max_ms)
+        else:
+            wake_at = ledger.plan_sleep_cells(now, max_ms)
         seconds = sleep_seconds(wake_at, now, self.max_sleep)
         if seconds <= 0.001:
+            return
+        if self.app.settings.cluster:
+            self._stop.wait(min(seconds, CLUSTER_POLL_S))
             return
         if seconds < SHORT_SLEEP_S:
             # A server checks blocked clients' timeouts only every 1/hz s (100 ms at
@@ -354,9 +391,10 @@ class Scheduler:
         # Woken early when a script adds an item due before the planned wake-up. An idle
         # server times blocked clients out only when its event loop wakes (every 1/hz s):
         # block until SHORT_SLEEP_S before the due time and take the rest locally.
-        keys = self.app.ledger.keys
+        # Cells mode on one server: one BLPOP waits on every cell's wake list.
+        wakes = [cell.keys.wake for cell in ledger.every_cell()]
         timeout = max(seconds - SHORT_SLEEP_S, 0.01)  # 0 would block for ever
-        self._blocking_client().blpop([keys.wake], timeout=timeout)
+        self._blocking_client().blpop(wakes, timeout=timeout)
 
     def _blocking_client(self) -> redis.Redis:
         if self._blocking is None:
@@ -367,6 +405,11 @@ class Scheduler:
 
     def _heartbeat(self) -> None:
         self.app.redis.hset(self.app.ledger.keys.schedulers, self.id, self.now_ms())
+        self._beat = time.monotonic()
+
+    def _heartbeat_every_s(self, seconds: float) -> None:
+        if time.monotonic() - self._beat > seconds:
+            self._heartbeat()
 
     def _maintain(self) -> None:
         """Forget index entries of finished operations past retention (the records expire)."""
@@ -378,8 +421,9 @@ class Scheduler:
         cutoff = self.now_ms() - self.app.settings.recovery.retention * 1000
         pipe = self.app.redis.pipeline(transaction=False)
         for tool in self.app.ledger.tools():
-            for state in TERMINAL:
-                pipe.zremrangebyscore(keys.index(tool, state), "-inf", cutoff)
+            for cell in self.app.ledger.every_cell():
+                for state in TERMINAL:
+                    pipe.zremrangebyscore(cell.keys.index(tool, state), "-inf", cutoff)
         stale = self.now_ms() - 3_600_000
         for sid, beat in self.app.redis.hgetall(keys.schedulers).items():
             if int(beat) < stale:

@@ -1,0 +1,86 @@
+"""A tool app for cells mode (issue 18): the ledger in cells, on one server or a Cluster.
+
+The processes a test starts read ``TOOLQ_CELLS`` (and ``TOOLQ_CLUSTER``,
+``TOOLQ_BROKER_URL``, ``TOOLQ_DURABILITY``) from their environment; the test
+process builds its own client with :func:`make`. The provider stub writes its side
+effects (``provider:effects``, ``provider:committed:<ref>``) to ``PROVIDER_URL``
+when set (a Cluster's node would answer MOVED to a plain client), else to the
+ledger's server.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+from pydantic import BaseModel
+
+from toolq import CallContext, ToolQueue, errors
+from toolq.settings import (
+    LeaseSettings,
+    RecoverySettings,
+    RelaySettings,
+    SchedulerSettings,
+    ToolqSettings,
+)
+
+APP = "tests.integration.apps.cells_app:tq"
+
+SETTINGS = ToolqSettings(
+    lease=LeaseSettings(seconds=1.5),
+    recovery=RecoverySettings(unclaimed_after=3.0, approval_timeout=60, input_timeout=60),
+    scheduler=SchedulerSettings(hold=2.0, max_sleep=1.0),
+    relay=RelaySettings(block=0.5, claim_after=1.0),
+)
+
+
+class Pay(BaseModel):
+    mode: str = "ok"
+
+
+class Provider:
+    """One client per process on the provider's server (a forked child makes its own)."""
+
+    def __init__(self, tq: ToolQueue) -> None:
+        self._tq = tq
+        self._client: redis.Redis | None = None
+        self._pid = 0
+
+    def __call__(self) -> redis.Redis:
+        if self._client is None or self._pid != os.getpid():
+            url = os.environ.get("PROVIDER_URL") or self._tq.redis_url
+            self._client = redis.Redis.from_url(url)
+            self._pid = os.getpid()
+        return self._client
+
+
+def make(settings: ToolqSettings) -> ToolQueue:
+    """The app's tools on a ToolQueue of these settings."""
+    tq = ToolQueue(settings=settings)
+    provider = Provider(tq)
+
+    @tq.tool(
+        writes=True, consistency_window=0.5, max_attempts=5, verify_checks=3, verify_backoff=0.1
+    )
+    def pay(args: Pay, ctx: CallContext) -> dict[str, Any]:
+        p = provider()
+        if args.mode == "rate_limited" and ctx.attempt < 3:
+            raise errors.RateLimited(retry_after=0.3)
+        p.rpush("provider:effects", ctx.operation_ref)
+        p.set(f"provider:committed:{ctx.operation_ref}", "1")
+        if args.mode == "lost_reply" and ctx.attempt == 1:
+            raise ConnectionResetError("connection reset by peer")
+        return {"paid": ctx.operation_ref, "attempt": ctx.attempt}
+
+    @pay.verifier
+    def find_payment(ctx: CallContext) -> dict[str, Any] | None:
+        if provider().get(f"provider:committed:{ctx.operation_ref}"):
+            return {"paid": ctx.operation_ref, "found": True}
+        return None
+
+    return tq
+
+
+tq = make(SETTINGS)
+celery_app = tq.celery

@@ -1,0 +1,101 @@
+"""Cells mode on one server (issue 18): the ledger split into cells, each call by ref
+in its ref's cell, real workers and a scheduler (retries, verification) across them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.helpers import start_scheduler, start_worker, stop_process
+from tests.integration.apps import cells_app
+from toolq import ToolQueue, errors
+from toolq.cells import cell_of
+from toolq.keys import Keys
+from toolq.settings import ToolqSettings
+
+CELLS = 8
+APP = cells_app.APP
+
+
+@pytest.fixture(scope="module")
+def tq(module_redis_url: str) -> Iterator[ToolQueue]:
+    settings = cells_app.SETTINGS.model_copy(update={"cells": CELLS, "durability": "none"})
+    client = cells_app.make(settings)
+    client.configure(redis_url=module_redis_url)
+    env = {"TOOLQ_CELLS": str(CELLS), "TOOLQ_DURABILITY": "none"}
+    procs = [
+        start_worker(APP, module_redis_url, env=env),
+        start_scheduler(APP, module_redis_url, env=env),
+    ]
+    yield client
+    for p in procs:
+        stop_process(p, timeout=5)
+    client.close()
+
+
+def _effects(r: redis.Redis, ref: str) -> int:
+    return sum(1 for x in r.lrange("provider:effects", 0, -1) if x.decode() == ref)
+
+
+def test_calls_in_every_cell_complete_once_each_in_their_cell(tq: ToolQueue) -> None:
+    refs = [f"cells/ok/{i}" for i in range(24)]
+    assert {cell_of(ref, CELLS) for ref in refs} == set(range(CELLS))
+    for ref in refs:
+        tq.submit("pay", {}, operation_ref=ref)
+    for ref in refs:
+        assert tq.wait(ref, timeout=30).ok
+    r = tq.redis
+    for ref in refs:
+        assert _effects(r, ref) == 1
+        # the record is in its cell's keys, and nowhere under the single tag
+        assert r.exists(Keys("toolq", cell_of(ref, CELLS)).op(ref))
+        assert not r.exists(Keys("toolq").op(ref))
+        record = tq.get(ref)
+        assert record is not None and record.state == "succeeded"
+    assert not r.keys("{toolq}:op:*")
+    assert sum(v for k, v in tq.ledger.stats().items() if k.endswith("|succeeded")) >= len(refs)
+    assert tq.ledger.tools() == ["pay"]
+
+
+def test_the_scheduler_retries_and_verifies_across_cells(tq: ToolQueue) -> None:
+    limited = [f"cells/rl/{i}" for i in range(4)]
+    lost = [f"cells/lost/{i}" for i in range(4)]
+    for ref in limited:
+        tq.submit("pay", {"mode": "rate_limited"}, operation_ref=ref)
+    for ref in lost:
+        tq.submit("pay", {"mode": "lost_reply"}, operation_ref=ref)
+    for ref in limited:
+        assert tq.wait(ref, timeout=30).ok
+        record = tq.get(ref)
+        assert record is not None and record.attempt == 3
+    for ref in lost:
+        result = tq.wait(ref, timeout=30)
+        assert result.ok  # the verifier found the write: no second attempt
+        record = tq.get(ref)
+        assert record is not None and record.attempt == 1
+    for ref in limited + lost:
+        assert _effects(tq.redis, ref) == 1
+
+
+def test_another_number_of_cells_is_refused_for_the_ledgers_life(
+    tq: ToolQueue, module_redis_url: str
+) -> None:
+    other = cells_app.make(cells_app.SETTINGS.model_copy(update={"cells": 16}))
+    other.configure(redis_url=module_redis_url)
+    try:
+        with pytest.raises(errors.RequestRefused, match="lives in 8 cells, not 16"):
+            other.submit("pay", {}, operation_ref="cells/other")
+    finally:
+        other.close()
+    assert tq.redis.hget(Keys("toolq").meta, "cells") == b"8"
+
+
+def test_a_cluster_without_cells_or_outbox_is_refused_clearly() -> None:
+    with pytest.raises(ValueError, match="needs cells"):
+        ToolqSettings(cluster=True, durability="none")
+    with pytest.raises(ValueError, match="needs outbox mode"):
+        ToolqSettings(cluster=True, cells=8, durability="none")
+    with pytest.raises(ValueError, match="durability=fsync"):
+        ToolqSettings(cluster=True, cells=8, broker_url="redis://localhost/1")
