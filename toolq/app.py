@@ -374,8 +374,9 @@ class App:
     def _drop_redis(self) -> None:
         # Redis(connection_pool=...).close() leaves the pool's sockets open.
         if self._redis is not None:
-            self._redis.close()
-            self._redis.connection_pool.disconnect()
+            self._redis.close()  # a cluster client closes its nodes' pools itself
+            if not self.settings.cluster:
+                self._redis.connection_pool.disconnect()
         self._redis = None
         self._ledger = None
 

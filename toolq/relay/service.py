@@ -16,6 +16,14 @@ another takes them over once they have been idle ``relay.claim_after``
 once; a second copy of a message is refused by the ledger's claim (the
 attempt is claimed once), so nothing runs twice. Several relays may run: the
 group hands each entry to one of them.
+
+In cells mode (``cells``) every cell has its outbox: a relay reads them all, on
+one server with one blocking ``XREADGROUP`` of every stream; on a Cluster, where
+one command cannot name streams of several slots, with a non-blocking read per
+cell (one pipeline, each node its cells' reads) polled every :data:`POLL_S` at
+most while they are empty. There a batch is deleted then acknowledged per stream
+(no transaction across slots): a relay killed in between leaves a pending id
+whose entry is gone, which the next ``XAUTOCLAIM`` drops.
 """
 
 from __future__ import annotations
@@ -48,6 +56,13 @@ RETRY_S = 0.5
 #: Beats older than this (relays killed without a goodbye) are removed, now and then.
 FORGET_BEAT_MS = 3_600_000
 FORGET_EVERY_S = 60.0
+#: Cells mode on a Cluster: the longest an idle relay waits before reading every cell's
+#: outbox again (it backs off to it from :data:`FIRST_POLL_S` while they stay empty).
+POLL_S = 0.1
+FIRST_POLL_S = 0.005
+
+#: A batch: (stream, entry id, message) of each entry read.
+Entry = tuple[str, str, Outgoing | None]
 
 Hook = Callable[[Sequence[Outgoing]], None]
 
@@ -86,6 +101,11 @@ class Relay:
         self.app = app
         self.clock = app.clock
         self.keys = Keys(settings.prefix)
+        #: The outbox streams: the ledger's, or one per cell in cells mode.
+        cells = [None] if settings.cells is None else range(settings.cells)
+        self.outboxes = [Keys(settings.prefix, c).outbox for c in cells]
+        self.cluster = settings.cluster
+        self._poll = FIRST_POLL_S
         self.broker_url = settings.broker_url.get_secret_value()
         r = settings.relay
         self.batch = r.batch
@@ -118,12 +138,20 @@ class Relay:
     # ------------------------------------------------------------------ one round
 
     def setup(self) -> None:
-        """Create the consumer group (and the stream) if no relay has yet."""
-        try:
-            self.app.redis.xgroup_create(self.keys.outbox, OUTBOX_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create the consumer group (and the stream) of each outbox if no relay has yet."""
+        if len(self.outboxes) == 1:
+            try:
+                self.app.redis.xgroup_create(self.outboxes[0], OUTBOX_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            return
+        pipe = self.app.redis.pipeline(transaction=False)
+        for stream in self.outboxes:
+            pipe.xgroup_create(stream, OUTBOX_GROUP, id="0", mkstream=True)
+        for answer in pipe.execute(raise_on_error=False):
+            if isinstance(answer, redis.ResponseError) and "BUSYGROUP" not in str(answer):
+                raise answer
 
     def step(self, block: bool = True) -> int:
         """Take a batch (taken over, left from before, or new), publish it, acknowledge
@@ -131,20 +159,24 @@ class Relay:
         entries = self._take(block)
         if not entries:
             self.lag_ms = 0  # nothing waits: an idle relay is not behind
+            if block and self.cluster:  # no blocking read across slots: poll, backing off
+                self._stop.wait(self._poll)
+                self._poll = min(self._poll * 2, POLL_S)
             return 0
-        ids = [e for e, _ in entries]
-        messages = [m for _, m in entries if m is not None]
+        self._poll = FIRST_POLL_S
+        ids = [e for _, e, _ in entries]
+        messages = [m for _, _, m in entries if m is not None]
         if self.on_read is not None:
             self.on_read(messages)
         self._publish(messages)
         if self.on_published is not None:
             self.on_published(messages)
-        self._ack(ids)
+        self._ack(entries)
         self.published += len(messages)
         self.lag_ms = lag_ms(ids, int(self.clock() * 1000))
         return len(ids)
 
-    def _take(self, block: bool) -> list[tuple[str, Outgoing | None]]:
+    def _take(self, block: bool) -> list[Entry]:
         now = time.monotonic()
         if now >= self._next_autoclaim:
             # A dead relay's entries first: they are the oldest.
@@ -159,27 +191,36 @@ class Relay:
             self._backlog = False
         return self._read(">", block)
 
-    def _autoclaim(self) -> list[tuple[str, Outgoing | None]]:
-        reply = self.app.redis.xautoclaim(
-            self.keys.outbox, OUTBOX_GROUP, self.id, self.claim_after_ms, "0-0", count=self.batch
-        )
-        rows = _entries(reply[1])
+    def _autoclaim(self) -> list[Entry]:
+        rows: list[Entry] = []
+        for stream in self.outboxes:
+            reply = self.app.redis.xautoclaim(
+                stream, OUTBOX_GROUP, self.id, self.claim_after_ms, "0-0", count=self.batch
+            )
+            taken = _entries(stream, reply[1])
+            if len(taken) >= self.batch:
+                self._next_autoclaim = 0.0  # more may be left: look again next round
+            rows += taken
         if rows:
             log.warning("took over %d outbox entries of a relay that stopped", len(rows))
-        if len(rows) >= self.batch:
-            self._next_autoclaim = 0.0  # more may be left: look again next round
         return rows
 
-    def _read(self, last: str, block: bool) -> list[tuple[str, Outgoing | None]]:
-        client = self._blocking_client() if block and last == ">" else self.app.redis
+    def _read(self, last: str, block: bool) -> list[Entry]:
+        if self.cluster:  # a read per cell, each on its node: never blocking
+            pipe = self.app.redis.pipeline(transaction=False)
+            for stream in self.outboxes:
+                pipe.xreadgroup(OUTBOX_GROUP, self.id, {stream: last}, count=self.batch)
+            return [row for reply in pipe.execute() for row in _read_entries(reply)]
+        blocks = block and last == ">"
+        client = self._blocking_client() if blocks else self.app.redis
         reply: Any = client.xreadgroup(
             OUTBOX_GROUP,
             self.id,
-            {self.keys.outbox: last},
+            dict.fromkeys(self.outboxes, last),
             count=self.batch,
-            block=self.block_ms if block and last == ">" else None,
+            block=self.block_ms if blocks else None,
         )
-        return _entries(_first_stream(reply))
+        return _read_entries(reply)
 
     def _publish(self, messages: Sequence[Outgoing]) -> None:
         producer = self._producer_for()
@@ -198,10 +239,20 @@ class Relay:
                 **m.properties,
             )
 
-    def _ack(self, ids: Sequence[str]) -> None:
-        pipe = self.app.redis.pipeline(transaction=True)
-        pipe.xack(self.keys.outbox, OUTBOX_GROUP, *ids)
-        pipe.xdel(self.keys.outbox, *ids)
+    def _ack(self, entries: Sequence[Entry]) -> None:
+        by_stream: dict[str, list[str]] = {}
+        for stream, eid, _ in entries:
+            by_stream.setdefault(stream, []).append(eid)
+        # One transaction on one server; on a Cluster none can span slots: delete first,
+        # so that an interrupted pair leaves a pending id XAUTOCLAIM drops (see above).
+        pipe = self.app.redis.pipeline(transaction=not self.cluster)
+        for stream, ids in by_stream.items():
+            if self.cluster:
+                pipe.xdel(stream, *ids)
+                pipe.xack(stream, OUTBOX_GROUP, *ids)
+            else:
+                pipe.xack(stream, OUTBOX_GROUP, *ids)
+                pipe.xdel(stream, *ids)
         pipe.execute()
 
     def _queue(self, name: str) -> Queue:
@@ -270,15 +321,16 @@ class Relay:
             self.app.redis.hdel(self.keys.relays, *stale)
         # Each relay process joins the group under a name of its own: forget the
         # names of those gone long ago that hold nothing (what they held is taken over).
-        try:
-            consumers: Any = self.app.redis.xinfo_consumers(self.keys.outbox, OUTBOX_GROUP)
-        except redis.ResponseError:  # no group (yet)
-            return
-        for c in consumers:
-            name = _s(c.get("name", ""))
-            gone = int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > FORGET_BEAT_MS
-            if gone and name != self.id:
-                self.app.redis.xgroup_delconsumer(self.keys.outbox, OUTBOX_GROUP, name)
+        for stream in self.outboxes:
+            try:
+                consumers: Any = self.app.redis.xinfo_consumers(stream, OUTBOX_GROUP)
+            except redis.ResponseError:  # no group (yet)
+                continue
+            for c in consumers:
+                name = _s(c.get("name", ""))
+                gone = int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > FORGET_BEAT_MS
+                if gone and name != self.id:
+                    self.app.redis.xgroup_delconsumer(stream, OUTBOX_GROUP, name)
 
     def stop(self) -> None:
         """Stop after the current round (a blocked read returns within ``relay.block``)."""
@@ -311,27 +363,26 @@ class Relay:
             self._blocking.close()
 
 
-def _entries(raw: Any) -> list[tuple[str, Outgoing | None]]:
-    """Stream entries as (id, message); a message is None when the entry holds none."""
-    out: list[tuple[str, Outgoing | None]] = []
+def _entries(stream: str, raw: Any) -> list[Entry]:
+    """Stream entries as (stream, id, message); a message is None when the entry holds none."""
+    out: list[Entry] = []
     for entry_id, fields in raw or ():
         eid = _s(entry_id)
         decoded = {_s(k): _s(v) for k, v in (fields or {}).items()}
         message = outgoing(eid, decoded)
         if message is None:
             log.error("outbox entry %s holds no message; dropped", eid)
-        out.append((eid, message))
+        out.append((stream, eid, message))
     return out
 
 
-def _first_stream(reply: Any) -> Any:
-    """The entries of the one stream an ``XREADGROUP`` read (RESP2: a list of
+def _read_entries(reply: Any) -> list[Entry]:
+    """The entries of every stream an ``XREADGROUP`` read (RESP2: a list of
     [name, entries]; RESP3: a dict of name -> entries)."""
     if not reply:
         return []
-    if isinstance(reply, dict):
-        return next(iter(reply.values()))
-    return reply[0][1]
+    pairs = reply.items() if isinstance(reply, dict) else reply
+    return [row for name, raw in pairs for row in _entries(_s(name), raw)]
 
 
 def _s(value: Any) -> str:

@@ -1,0 +1,144 @@
+"""Cells mode on a real Valkey Cluster (issue 18): what a user runs.
+
+The ledger in 16 cells spread over three primaries (``TOOLQ_CLUSTER=1``), Celery's
+broker a plain Valkey (outbox mode), real worker, scheduler and relay processes.
+Calls in every cell complete once each; a primary SIGKILLed mid-run (its replica
+takes over) loses none, doubles none and strands none.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+from pydantic import SecretStr
+from redis.cluster import key_slot
+
+from tests.cluster import HOST, Cluster
+from tests.conftest import DatabasePool, _database_url
+from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process
+from tests.integration.apps import cells_app
+from toolq import ToolQueue, errors
+from toolq.cells import cell_of
+from toolq.keys import Keys
+
+CELLS = 16
+APP = cells_app.APP
+
+
+@pytest.fixture(scope="module")
+def broker_url(valkey: str, valkey_databases: DatabasePool) -> Iterator[str]:
+    """Celery's broker, and the provider's store: a plain Valkey database."""
+    yield from _database_url(valkey, valkey_databases)
+
+
+@pytest.fixture(scope="module")
+def tq(cluster: Cluster, broker_url: str) -> Iterator[ToolQueue]:
+    url = f"redis://{HOST}:{cluster.nodes[0].port}"
+    update = {
+        "cells": CELLS,
+        "cluster": True,
+        "durability": "none",
+        "redis_url": SecretStr(url),
+        "broker_url": SecretStr(broker_url),
+    }
+    client = cells_app.make(cells_app.SETTINGS.model_copy(update=update))
+    env = {
+        "TOOLQ_CELLS": str(CELLS),
+        "TOOLQ_CLUSTER": "1",
+        "TOOLQ_DURABILITY": "none",
+        "TOOLQ_REDIS_URL": url,
+        "TOOLQ_BROKER_URL": broker_url,
+        "PROVIDER_URL": broker_url,
+    }
+    procs = [
+        start_worker(APP, url, env=env, concurrency=8),
+        start_scheduler(APP, url, env=env),
+        start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env),
+    ]
+    yield client
+    for p in procs:
+        stop_process(p, timeout=5)
+    client.close()
+
+
+@pytest.fixture
+def provider(broker_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(broker_url)
+    yield client
+    client.close()
+
+
+def _effects(provider: redis.Redis) -> Counter[str]:
+    return Counter(x.decode() for x in provider.lrange("provider:effects", 0, -1))
+
+
+def test_calls_in_every_cell_complete_once_each_on_their_node(
+    tq: ToolQueue, provider: redis.Redis, cluster: Cluster
+) -> None:
+    refs = [f"cluster/ok/{i}" for i in range(48)]
+    assert {cell_of(ref, CELLS) for ref in refs} == set(range(CELLS))
+    for ref in refs:
+        tq.submit("pay", {}, operation_ref=ref)
+    for ref in refs:
+        assert tq.wait(ref, timeout=30).ok
+    effects = _effects(provider)
+    assert all(effects[ref] == 1 for ref in refs)
+    # each record lives on the primary that serves its cell's slot
+    for ref in refs[:8]:
+        key = Keys("toolq", cell_of(ref, CELLS)).op(ref)
+        assert cluster.owner(key_slot(key.encode())).client().exists(key)
+    # the cells are on every primary, not one
+    owners = {cluster.owner(key_slot(Keys("toolq", c).due.encode())).id for c in range(CELLS)}
+    assert len(owners) == 3
+
+
+def test_a_primary_killed_mid_run_loses_doubles_and_strands_nothing(
+    tq: ToolQueue, provider: redis.Redis, cluster: Cluster
+) -> None:
+    refs = [f"cluster/kill/{i}" for i in range(60)]
+    retried = [f"cluster/kill-rl/{i}" for i in range(6)]
+    # a primary serving some of these calls' cells, not the one the processes start from
+    slots = [key_slot(Keys("toolq", cell_of(r, CELLS)).due.encode()) for r in refs]
+    slot = next(s for s in slots if cluster.owner(s) is not cluster.nodes[0])
+    submitted: list[str] = []
+
+    def submit_all() -> None:
+        for ref in refs:
+            # what an agent does when the server is away: the same call again (same ref)
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    tq.submit("pay", {}, operation_ref=ref)
+                    break
+                except errors.ServerUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            submitted.append(ref)
+
+    for ref in retried:
+        tq.submit("pay", {"mode": "rate_limited"}, operation_ref=ref)
+    writer = threading.Thread(target=submit_all)
+    writer.start()
+    victim, took = cluster.kill_primary(slot)
+    writer.join(timeout=60)
+    try:
+        assert submitted == refs
+        for ref in refs + retried:
+            result = tq.wait(ref, timeout=45)
+            assert result.ok, (ref, result)
+        effects = _effects(provider)
+        doubled = [r for r in refs + retried if effects[r] > 1]
+        lost = [r for r in refs + retried if effects[r] == 0]
+        assert doubled == [] and lost == []
+        for ref in refs + retried:
+            record = tq.get(ref)
+            assert record is not None and record.state == "succeeded"
+        print(f"failover took {took:.2f} s")
+    finally:
+        cluster.revive(victim)
