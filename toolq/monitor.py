@@ -85,6 +85,17 @@ class Sources:
     #: Outbox mode: the queues are the broker's (read through ``broker_depths``, if
     #: given), and the ledger's outbox stream and relays are read instead.
     outbox: bool = False
+    #: Cells mode (``ToolqSettings.cells``): the ledger's per-cell keys (due, stats,
+    #: tools, indexes, outbox) are read in every cell and merged: counts summed, tools
+    #: united, the oldest the earliest. :attr:`keys` then names the deployment-wide ones.
+    cells: int | None = None
+
+    @property
+    def cell_keys(self) -> list[Keys]:
+        """The keys of every cell; :attr:`keys` alone without cells."""
+        if self.cells is None:
+            return [self.keys]
+        return [Keys(self.keys.prefix, cell) for cell in range(self.cells)]
 
 
 #: Outbox mode: reads each queue's depth from the broker (None: it did not answer).
@@ -94,7 +105,9 @@ BrokerDepths = Callable[[Iterable[str]], dict[str, int | None]]
 def settings_sources(settings: ToolqSettings) -> Sources:
     """Where a deployment with these settings keeps the numbers."""
     q = settings.queues
-    return Sources(Keys(settings.prefix), (q.calls, q.verify), outbox=settings.outbox)
+    return Sources(
+        Keys(settings.prefix), (q.calls, q.verify), outbox=settings.outbox, cells=settings.cells
+    )
 
 
 def broker_depths(settings: ToolqSettings) -> BrokerDepths | None:
@@ -181,18 +194,18 @@ def read_status(
     pipe = client.pipeline(transaction=False)
     _queue_common(pipe, sources, now_ms)
     for tool in guess:
-        _queue_tool(pipe, sources.keys, tool)
+        _queue_tool(pipe, sources, tool)
     replies = iter(pipe.execute())
     common = _parse_common(replies, sources, now_ms)
-    per_tool = {tool: _parse_tool(replies) for tool in guess}
+    per_tool = {tool: _parse_tool(replies, sources) for tool in guess}
     ledger_tools = _ledger_tools(common)
     missing = sorted(ledger_tools - set(guess))
     if missing:
         pipe = client.pipeline(transaction=False)
         for tool in missing:
-            _queue_tool(pipe, sources.keys, tool)
+            _queue_tool(pipe, sources, tool)
         more = iter(pipe.execute())
-        per_tool.update({tool: _parse_tool(more) for tool in missing})
+        per_tool.update({tool: _parse_tool(more, sources) for tool in missing})
     if sources.outbox and broker_depths is not None:
         depths = broker_depths(sources.queues)
         common["queues"] = {q: n for q, n in depths.items() if n is not None}
@@ -242,17 +255,21 @@ def _queue_keys(queue: str) -> list[str]:
 
 
 def _queue_common(pipe: Any, src: Sources, now_ms: int) -> None:
+    for k in src.cell_keys:
+        pipe.smembers(k.tools)
+        pipe.hgetall(k.stats)
+        pipe.zcard(k.due)
+        pipe.zcount(k.due, "-inf", now_ms)
+        pipe.zrange(k.due, 0, 0, withscores=True)
     k = src.keys
-    pipe.smembers(k.tools)
-    pipe.hgetall(k.stats)
-    pipe.zcard(k.due)
-    pipe.zcount(k.due, "-inf", now_ms)
-    pipe.zrange(k.due, 0, 0, withscores=True)
     pipe.hgetall(k.schedulers)
     pipe.hgetall(k.workers)
     pipe.hgetall(k.worker_nodes)
     if src.outbox:
-        outbox.queue_status(pipe, k)
+        for cell in src.cell_keys:
+            pipe.xlen(cell.outbox)
+            pipe.xrange(cell.outbox, count=1)
+        pipe.hgetall(k.relays)
         return
     for queue in src.queues:
         for key in _queue_keys(queue):
@@ -261,9 +278,21 @@ def _queue_common(pipe: Any, src: Sources, now_ms: int) -> None:
 
 
 def _parse_common(replies: Iterator[Any], src: Sources, now_ms: int) -> dict[str, Any]:
-    tools = {_s(t) for t in next(replies)}
-    stats = {_s(k): int(v) for k, v in next(replies).items()}
-    backlog, due_now, first = int(next(replies)), int(next(replies)), next(replies)
+    tools: set[str] = set()
+    stats: dict[str, int] = {}
+    backlog = due_now = 0
+    earliest: int | None = None
+    for _ in src.cell_keys:  # summed over the cells (one without)
+        tools |= {_s(t) for t in next(replies)}
+        for k, v in next(replies).items():
+            stats[_s(k)] = stats.get(_s(k), 0) + int(v)
+        backlog, due_now, first = (
+            backlog + int(next(replies)),
+            due_now + int(next(replies)),
+            next(replies),
+        )
+        if first and (earliest is None or int(first[0][1]) < earliest):
+            earliest = int(first[0][1])
     schedulers = {_s(k): int(float(v)) for k, v in next(replies).items()}
     beats = worker_beats(next(replies))
     nodes = worker_nodes(next(replies))
@@ -271,15 +300,22 @@ def _parse_common(replies: Iterator[Any], src: Sources, now_ms: int) -> dict[str
     queues: dict[str, int] = {}
     unacked: int | None = None
     if src.outbox:
-        length, head, relays = next(replies), next(replies), next(replies)
-        box = outbox.parse_status(length, head, relays, now_ms, ALIVE_MS)
+        length, head = 0, None
+        for _ in src.cell_keys:  # entries summed; the head: the oldest of the cells'
+            length += int(next(replies))
+            first = next(replies)
+            if first and (
+                head is None or outbox.entry_ms(first[0][0]) < outbox.entry_ms(head[0][0])
+            ):
+                head = first
+        box = outbox.parse_status(length, head, next(replies), now_ms, ALIVE_MS)
     else:
         queues = {q: sum(int(next(replies)) for _ in _queue_keys(q)) for q in src.queues}
         unacked = int(next(replies))
     return {
         "tools": tools,
         "stats": stats,
-        "due": (backlog, due_now, int(first[0][1]) if first else None),
+        "due": (backlog, due_now, earliest),
         "schedulers": schedulers,
         "worker_beats": beats,
         "nodes": nodes,
@@ -289,21 +325,42 @@ def _parse_common(replies: Iterator[Any], src: Sources, now_ms: int) -> dict[str
     }
 
 
-def _queue_tool(pipe: Any, keys: Keys, tool: str) -> None:
-    for state in STATES:
-        pipe.zcard(keys.index(tool, state))
-    for state in AGED:
-        pipe.zrange(keys.index(tool, state), 0, 0, withscores=True)
+def _queue_tool(pipe: Any, src: Sources, tool: str) -> None:
+    for keys in src.cell_keys:
+        for state in STATES:
+            pipe.zcard(keys.index(tool, state))
+        for state in AGED:
+            pipe.zrange(keys.index(tool, state), 0, 0, withscores=True)
 
 
-def _parse_tool(replies: Iterator[Any]) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
-    counts = {state: int(next(replies)) for state in STATES}
+def _parse_tool(
+    replies: Iterator[Any], src: Sources
+) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
+    counts = dict.fromkeys(STATES, 0)
     oldest: dict[str, tuple[str, int]] = {}
-    for state in AGED:
-        first = next(replies)
-        if first:
-            oldest[state] = (_s(first[0][0]), int(first[0][1]))
+    for _ in src.cell_keys:  # summed over the cells; the oldest of the cells'
+        for state in STATES:
+            counts[state] += int(next(replies))
+        for state in AGED:
+            first = next(replies)
+            if first and (state not in oldest or int(first[0][1]) < oldest[state][1]):
+                oldest[state] = (_s(first[0][0]), int(first[0][1]))
     return counts, oldest
+
+
+def _queue_escalated(pipe: Any, src: Sources, tool: str) -> None:
+    for keys in src.cell_keys:
+        pipe.zrange(keys.index(tool, State.ESCALATED), 0, 0, withscores=True)
+
+
+def _parse_escalated(replies: Iterator[Any], src: Sources) -> Any:
+    """The oldest escalated operation over the cells (ZRANGE's reply shape)."""
+    found: Any = []
+    for _ in src.cell_keys:
+        first = next(replies)
+        if first and (not found or int(first[0][1]) < int(found[0][1])):
+            found = first
+    return found
 
 
 # --------------------------------------------------------------------------- shaping (pure)
@@ -448,26 +505,26 @@ async def aread_status(
         _queue_common(pipe, sources, now_ms)
         pipe.hmget(sources.keys.series, [str(f) for f in fields])
         for tool in guess:
-            _queue_tool(pipe, sources.keys, tool)
-            pipe.zrange(sources.keys.index(tool, State.ESCALATED), 0, 0, withscores=True)
+            _queue_tool(pipe, sources, tool)
+            _queue_escalated(pipe, sources, tool)
         replies = iter(await pipe.execute())
     common = _parse_common(replies, sources, now_ms)
     sampled = [samples.parse_sample(raw) for raw in next(replies)]
     per_tool, escalated = {}, {}
     for tool in guess:
-        per_tool[tool] = _parse_tool(replies)
-        escalated[tool] = next(replies)
+        per_tool[tool] = _parse_tool(replies, sources)
+        escalated[tool] = _parse_escalated(replies, sources)
     ledger_tools = _ledger_tools(common)
     missing = sorted(ledger_tools - set(guess))
     if missing:
         async with client.pipeline(transaction=False) as pipe:
             for tool in missing:
-                _queue_tool(pipe, sources.keys, tool)
-                pipe.zrange(sources.keys.index(tool, State.ESCALATED), 0, 0, withscores=True)
+                _queue_tool(pipe, sources, tool)
+                _queue_escalated(pipe, sources, tool)
             more = iter(await pipe.execute())
         for tool in missing:
-            per_tool[tool] = _parse_tool(more)
-            escalated[tool] = next(more)
+            per_tool[tool] = _parse_tool(more, sources)
+            escalated[tool] = _parse_escalated(more, sources)
     snap = _shape_read(common, per_tool, ledger_tools, sources, now_ms)
     snap["workers"] = shape_workers(common["nodes"], now_ms)
     oldest_escalated = {

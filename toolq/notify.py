@@ -173,9 +173,13 @@ class ProgressPublisher:
     """
 
     def __init__(
-        self, client: redis.Redis, channel: str, clock: Callable[[], float] = time.monotonic
+        self,
+        client: redis.Redis,
+        channel: str | Callable[[str], str],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
+        #: The steps channel, or (cells mode) the steps channel of a ref's cell.
         self.channel = channel
         self.clock = clock
         self._paused_until = 0.0
@@ -198,7 +202,8 @@ class ProgressPublisher:
         if self.clock() < self._paused_until:
             return False
         try:
-            self.client.publish(self.channel, progress_notice(ref, fraction, message))
+            channel = self.channel if isinstance(self.channel, str) else self.channel(ref)
+            self.client.publish(channel, progress_notice(ref, fraction, message))
         except (redis.RedisError, OSError):
             self._paused_until = self.clock() + PROGRESS_PAUSE_S
             log.debug("progress of %s not published", ref, exc_info=True)

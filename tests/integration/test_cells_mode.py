@@ -13,6 +13,7 @@ from tests.integration.apps import cells_app
 from toolq import ToolQueue, errors
 from toolq.cells import cell_of
 from toolq.keys import Keys
+from toolq.monitor import status_snapshot
 from toolq.settings import ToolqSettings
 
 CELLS = 8
@@ -99,3 +100,16 @@ def test_a_cluster_without_cells_or_outbox_is_refused_clearly() -> None:
         ToolqSettings(cluster=True, cells=8, durability="none")
     with pytest.raises(ValueError, match="durability=fsync"):
         ToolqSettings(cluster=True, cells=8, broker_url="redis://localhost/1")
+
+
+def test_status_sums_every_cell(tq: ToolQueue) -> None:
+    # Given the calls above, succeeded in every cell
+    per_cell = [tq.redis.zcard(Keys("toolq", c).index("pay", "succeeded")) for c in range(CELLS)]
+    assert all(per_cell)
+    # When toolq status reads the ledger
+    snap = status_snapshot(tq, workers=False)
+    # Then it counts what every cell holds: states and counters summed, tools united
+    pay = snap["tools"]["pay"]
+    assert pay["states"]["succeeded"] == sum(per_cell)
+    assert pay["counters"]["succeeded"] == tq.ledger.stats()["pay|succeeded"] >= sum(per_cell)
+    assert list(snap["tools"]) == ["pay"]

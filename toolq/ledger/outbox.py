@@ -43,13 +43,6 @@ def oldest_of(client: redis.Redis, cells: Sequence[Any]) -> int | None:
     return min(heads) if heads else None
 
 
-def queue_status(pipe: Any, keys: Keys) -> None:
-    """Queue the reads :func:`parse_status` shapes on a pipeline (three commands)."""
-    pipe.xlen(keys.outbox)
-    pipe.xrange(keys.outbox, count=1)
-    pipe.hgetall(keys.relays)
-
-
 def parse_status(
     length: Any, first: Any, beats: dict[Any, Any], now_ms: int, alive_ms: int
 ) -> dict[str, Any]:
