@@ -15,7 +15,7 @@ import importlib
 import click
 
 #: Where each area of commands lives (``toolq.cli.<name>``, its ``COMMANDS``).
-MODULES = ("processes", "operations", "monitor", "stack", "interfaces")
+MODULES = ("processes", "operations", "monitor", "stack", "interfaces", "cells")
 #: Commands that load only their own module; any other name loads every module.
 QUICK = {"status": "monitor"}
 
