@@ -25,6 +25,7 @@ some values: changing them is a migration, never a refactor.
 from __future__ import annotations
 
 import hashlib
+import math
 
 from toolq.keys import Keys
 
@@ -73,3 +74,18 @@ def cells_conflict(recorded: str | bytes | None, wanted: int) -> str | None:
         "for the ledger's life (a ref's cell depends on it); set TOOLQ_CELLS="
         f"{text}"
     )
+
+
+def fair_share(cells: int, schedulers: int) -> int:
+    """How many cells one of ``schedulers`` live schedulers holds at most: all of them
+    between them, none holding more than one cell over another."""
+    return math.ceil(check_cells(cells) / max(1, schedulers))
+
+
+def lease_plan(held: list[int], cells: int, schedulers: int) -> tuple[list[int], int]:
+    """What a scheduler holding ``held`` does next: the cells it gives up (its share
+    shrank: another scheduler came) and how many more it may take (its share grew:
+    one went, or it just started). Pure."""
+    share = fair_share(cells, schedulers)
+    keep = sorted(held)[:share]
+    return sorted(held)[share:], share - len(keep)

@@ -148,6 +148,11 @@ class Keys:
         return f"{self.index_prefix}{tool}:{state}"
 
     @property
+    def cell_lease(self) -> str:
+        """String: the scheduler holding this cell (cells mode), expiring unless renewed."""
+        return f"{self.tag}:cell_lease"
+
+    @property
     def schedulers(self) -> str:
         """Hash: scheduler id -> last heartbeat (ms)."""
         return f"{self.tag}:schedulers"

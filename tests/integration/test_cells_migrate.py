@@ -93,7 +93,9 @@ def test_a_ledger_in_every_state_moves_into_cells_and_works_there(client: redis.
     assert ledger.claim(refs[2], 1, "worker-2", NOW, LEASE).outcome == "claimed"
     assert ledger.claim(refs[0], 1, "worker-2", NOW, LEASE).outcome == "held"
     taken = {
-        row["ref"] for rows in ledger.claim_due_cells(NOW + 120_000, 100, 5_000) for row in rows
+        row["ref"]
+        for rows in ledger.claim_due_cells(range(CELLS), NOW + 120_000, 100, 5_000)
+        for row in rows
     }
     assert taken >= set(refs[3:6]) | {f"mig/put/{s}" for s in PENDING_RECOVERY}
     assert ledger.tools() == [TOOL]

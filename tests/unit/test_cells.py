@@ -7,7 +7,17 @@ import hashlib
 import pytest
 from redis.crc import key_slot
 
-from toolq.cells import DEFAULT_CELLS, MAX_CELLS, cell_of, check_cells, every_cell, keys_of
+from toolq.cells import (
+    DEFAULT_CELLS,
+    MAX_CELLS,
+    cell_of,
+    cells_conflict,
+    check_cells,
+    every_cell,
+    fair_share,
+    keys_of,
+    lease_plan,
+)
 from toolq.keys import Keys
 
 # Pinned: a ref's cell must never change across versions and processes. Computed
@@ -113,3 +123,41 @@ def test_a_bad_number_of_cells_is_refused(bad: object) -> None:
 def test_a_bad_cell_is_refused(bad: int) -> None:
     with pytest.raises(ValueError, match="cell"):
         Keys("toolq", bad)
+
+
+@pytest.mark.parametrize(
+    ("cells", "schedulers", "share"),
+    [(256, 1, 256), (256, 2, 128), (256, 3, 86), (8, 3, 3), (2, 3, 1), (1, 1, 1), (8, 0, 8)],
+)
+def test_a_fair_share_covers_every_cell(cells: int, schedulers: int, share: int) -> None:
+    assert fair_share(cells, schedulers) == share
+    assert share * max(1, schedulers) >= cells
+
+
+@pytest.mark.parametrize(
+    ("held", "cells", "schedulers", "release", "take"),
+    [
+        ([], 8, 1, [], 8),  # alone: every cell
+        ([0, 1, 2, 3, 4, 5, 6, 7], 8, 2, [4, 5, 6, 7], 0),  # another came: half go
+        ([0, 1, 2, 3], 8, 1, [], 4),  # the other went: take its cells
+        ([5, 1, 3], 8, 3, [], 0),  # at its share: nothing changes
+        ([6, 2, 4], 8, 4, [6], 0),  # the highest cells go first
+    ],
+)
+def test_a_lease_plan_moves_towards_the_share(
+    held: list[int], cells: int, schedulers: int, release: list[int], take: int
+) -> None:
+    assert lease_plan(held, cells, schedulers) == (release, take)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "wanted", "refused"),
+    [(None, 8, False), (b"8", 8, False), ("8", 8, False), (b"256", 8, True)],
+)
+def test_the_number_of_cells_recorded_is_the_only_one_accepted(
+    recorded: str | bytes | None, wanted: int, refused: bool
+) -> None:
+    why = cells_conflict(recorded, wanted)
+    assert (why is not None) == refused
+    if refused:
+        assert why is not None and "TOOLQ_CELLS=256" in why

@@ -77,7 +77,7 @@ FIXED = ("DUE", "WAKE", "SLEEP", "STATS", "TOOLS", "IDX")
 WAKE_HORIZON_MS = 10_000
 
 #: The scripts, by the name callers use (the function is ``<library>_<name>``).
-NAMES = ("submit", "claim", "renew", "apply", "claim_due", "plan_sleep")
+NAMES = ("submit", "claim", "renew", "apply", "claim_due", "plan_sleep", "cell_lease")
 
 
 def fixed_keys(keys: Keys) -> list[str]:
@@ -571,6 +571,22 @@ redis.call('SET', SLEEP, wake_at)
 return wake_at
 """
 
+#: Cells mode: a scheduler's lease on a cell (``Keys.cell_lease``, the one key after the
+#: fixed ones). ``hold`` takes a free (or expired) lease or renews its own: 1 if held
+#: now, 0 if another holds it; ``release`` gives its own up. ARGV: notify, holder,
+#: ttl ms, hold|release.
+CELL_LEASE = r"""
+local key, holder, ttl = KEYS[NFIXED + 1], ARGV[2], tonumber(ARGV[3])
+local current = redis.call('GET', key)
+if ARGV[4] == 'release' then
+  if current == holder then redis.call('DEL', key) end
+  return 0
+end
+if current and current ~= holder then return 0 end
+redis.call('SET', key, holder, 'PX', ttl)
+return 1
+"""
+
 _BODIES = {
     "submit": SUBMIT,
     "claim": CLAIM,
@@ -578,6 +594,7 @@ _BODIES = {
     "apply": APPLY,
     "claim_due": CLAIM_DUE,
     "plan_sleep": PLAN_SLEEP,
+    "cell_lease": CELL_LEASE,
 }
 
 

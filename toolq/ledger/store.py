@@ -22,7 +22,7 @@ from redis.commands.core import Script
 from redis.connection import Connection
 
 from toolq import errors
-from toolq.cells import cell_of, cells_conflict
+from toolq.cells import cell_of, cells_conflict, lease_plan
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys
 from toolq.ledger import scripts
@@ -467,18 +467,58 @@ class Ledger:
     # Cells mode: the scheduler's two calls on every cell, pipelined (a ClusterPipeline
     # sends each node its cells' calls together).
 
-    def claim_due_cells(self, now_ms: int, limit: int, hold_ms: int) -> list[list[dict[str, str]]]:
-        """:meth:`claim_due` in every cell, in cell order."""
-        calls = [self.in_cell(c)._claim_due_call(now_ms, limit, hold_ms) for c in self._cells()]
+    def claim_due_cells(
+        self, cells: Sequence[int], now_ms: int, limit: int, hold_ms: int
+    ) -> list[list[dict[str, str]]]:
+        """:meth:`claim_due` in each of ``cells``, in that order."""
+        calls = [self.in_cell(c)._claim_due_call(now_ms, limit, hold_ms) for c in cells]
         return [_due_rows(raw) for raw in self._on_cells("claim_due", calls)]
 
-    def plan_sleep_cells(self, now_ms: int, max_ms: int) -> int:
-        """:meth:`plan_sleep` in every cell: the earliest wake-up over them."""
+    def plan_sleep_cells(self, cells: Sequence[int], now_ms: int, max_ms: int) -> int:
+        """:meth:`plan_sleep` in each of ``cells``: the earliest wake-up over them."""
         calls = []
-        for c in self._cells():
+        for c in cells:
             cell = self.calls.cell(c)
             calls.append((cell.fixed, [cell.notify, now_ms, max_ms]))
         return min(int(float(raw)) for raw in self._on_cells("plan_sleep", calls))
+
+    def hold_cells(
+        self, holder: str, held: Sequence[int], ttl_ms: int, schedulers: int
+    ) -> list[int]:
+        """Cells mode: the cells scheduler ``holder`` holds now, its fair share of them
+        (:func:`toolq.cells.lease_plan` among ``schedulers`` live ones). Renews the
+        leases of ``held`` it keeps (for ``ttl_ms``), gives up the rest, and takes free
+        or expired ones while below its share. At most three round trips."""
+        cells = self._cells()
+        release, _ = lease_plan(list(held), len(cells), schedulers)
+        keep = [c for c in held if c not in release]
+        calls = [self._lease_call(c, holder, ttl_ms, "hold") for c in keep]
+        calls += [self._lease_call(c, holder, ttl_ms, "release") for c in release]
+        answers = self._on_cells("cell_lease", calls) if calls else []
+        now_held = [c for c, held_now in zip(keep, answers, strict=False) if int(held_now)]
+        _, want = lease_plan(now_held, len(cells), schedulers)
+        if want > 0:
+            pipe = self.redis.pipeline(transaction=False)
+            others = [c for c in cells if c not in now_held]
+            for c in others:
+                pipe.get(self.calls.cell(c).keys.cell_lease)
+            free = [c for c, who in zip(others, pipe.execute(), strict=True) if who is None][:want]
+            if free:
+                taking = [self._lease_call(c, holder, ttl_ms, "hold") for c in free]
+                answers = self._on_cells("cell_lease", taking)
+                now_held += [c for c, took in zip(free, answers, strict=True) if int(took)]
+        return sorted(now_held)
+
+    def release_cells(self, holder: str, held: Sequence[int]) -> None:
+        """Give up the leases of ``held`` (a scheduler stopping: others take over at once)."""
+        if held:
+            self._on_cells("cell_lease", [self._lease_call(c, holder, 0, "release") for c in held])
+
+    def _lease_call(
+        self, cell: int, holder: str, ttl_ms: int, mode: str
+    ) -> tuple[list[str], list[Any]]:
+        calls = self.calls.cell(cell)
+        return [*calls.fixed, calls.keys.cell_lease], [calls.notify, holder, ttl_ms, mode]
 
     def _cells(self) -> range:
         if self.cells is None:

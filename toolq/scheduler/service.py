@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -86,6 +87,10 @@ SHORT_SLEEP_S = 0.1
 #: Cells mode on a Cluster: one BLPOP cannot wait on the wake lists of cells on several
 #: nodes, so the scheduler sleeps locally, at most this long, then looks at every cell.
 CLUSTER_POLL_S = 0.5
+#: Cells mode: schedulers share the cells, each holding a lease on its own (renewed
+#: every loop, at most this often). A dead scheduler's cells are free once its leases
+#: run out (:meth:`Scheduler.lease_ttl_ms`) and its beat is older than that.
+LEASE_EVERY_S = 1.0
 
 
 @dataclass
@@ -130,6 +135,9 @@ class Scheduler:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.on_tick = on_tick
         self._stop = threading.Event()
+        #: Cells mode: the cells this scheduler holds the lease of (and walks).
+        self.held: list[int] = []
+        self._leased = -math.inf
         self._beat = 0.0
         self._last_maintenance = 0.0
         # The chart's samples (toolq.scheduler.series), one per interval across schedulers.
@@ -142,6 +150,31 @@ class Scheduler:
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        """How long a cell's lease outlives its last renewal: past the longest sleep
+        between two renewals, so that a live scheduler never loses one."""
+        return int((3 * self.max_sleep + 5) * 1000)
+
+    def lease(self, force: bool = False) -> list[int]:
+        """Cells mode: renew, give up or take cells' leases to hold this scheduler's share
+        among the live ones (beats newer than a lease); at most every LEASE_EVERY_S."""
+        now = time.monotonic()
+        if self.app.ledger.cells is None or (not force and now - self._leased < LEASE_EVERY_S):
+            return self.held
+        self._leased = now
+        ledger = self.app.ledger
+        oldest = self.now_ms() - self.lease_ttl_ms
+        beats = self.app.redis.hgetall(ledger.keys.schedulers)
+        live = {_s(sid) for sid, beat in beats.items() if _int(beat) >= oldest} | {self.id}
+        held = ledger.hold_cells(self.id, self.held, self.lease_ttl_ms, len(live))
+        if held != self.held:
+            log.info(
+                "scheduler %s holds %d cells (%d live schedulers)", self.id, len(held), len(live)
+            )
+        self.held = held
+        return held
 
     @property
     def timeouts(self) -> Timeouts:
@@ -165,7 +198,10 @@ class Scheduler:
             return self._decide(ledger.claim_due(now, self.batch, self.hold_ms), now)
         rows: list[dict[str, str]] = []
         full = False
-        for taken in ledger.claim_due_cells(now, self.batch, self.hold_ms):
+        held = self.lease()
+        if not held:
+            return _Batch(now, TickStats())
+        for taken in ledger.claim_due_cells(held, now, self.batch, self.hold_ms):
             rows += taken
             full = full or len(taken) >= self.batch
         batch = self._decide(rows, now)
@@ -367,7 +403,10 @@ class Scheduler:
             contextlib.suppress(redis.RedisError),
             redis.Redis.from_url(self.app.redis_url, socket_timeout=1) as client,
         ):
-            client.lpush(self.app.ledger.every_cell()[0].keys.wake, "stop")
+            ledger = self.app.ledger
+            cell = self.held[0] if ledger.cells is not None and self.held else None
+            wake = ledger.keys.wake if cell is None else ledger.in_cell(cell).keys.wake
+            client.lpush(wake, "stop")
 
     def _sleep(self) -> None:
         now = self.now_ms()
@@ -375,8 +414,10 @@ class Scheduler:
         max_ms = int(self.max_sleep * 1000)
         if ledger.cells is None:
             wake_at = ledger.plan_sleep(now, max_ms)
-        else:
-            wake_at = ledger.plan_sleep_cells(now, max_ms)
+        elif self.held:
+            wake_at = ledger.plan_sleep_cells(self.held, now, max_ms)
+        else:  # no cell for this one now (more schedulers than cells): look again later
+            wake_at = now + max_ms
         seconds = sleep_seconds(wake_at, now, self.max_sleep)
         if seconds <= 0.001:
             return
@@ -391,8 +432,14 @@ class Scheduler:
         # Woken early when a script adds an item due before the planned wake-up. An idle
         # server times blocked clients out only when its event loop wakes (every 1/hz s):
         # block until SHORT_SLEEP_S before the due time and take the rest locally.
-        # Cells mode on one server: one BLPOP waits on every cell's wake list.
-        wakes = [cell.keys.wake for cell in ledger.every_cell()]
+        # Cells mode on one server: one BLPOP waits on the wake lists of every cell held.
+        if ledger.cells is None:
+            wakes = [ledger.keys.wake]
+        else:
+            wakes = [ledger.in_cell(c).keys.wake for c in self.held]
+        if not wakes:
+            self._stop.wait(seconds)
+            return
         timeout = max(seconds - SHORT_SLEEP_S, 0.01)  # 0 would block for ever
         self._blocking_client().blpop(wakes, timeout=timeout)
 
@@ -433,6 +480,10 @@ class Scheduler:
     def close(self) -> None:
         if self._depths is not None:
             self._depths.close()
+        if self.held:  # the others take them over now, not when the leases run out
+            with contextlib.suppress(redis.RedisError):
+                self.app.ledger.release_cells(self.id, self.held)
+            self.held = []
         self.app.redis.hdel(self.app.ledger.keys.schedulers, self.id)
         if self._blocking is not None:
             self._blocking.close()
@@ -443,3 +494,7 @@ def _int(value: Any) -> int:
         return int(float(value or 0))
     except (TypeError, ValueError):
         return 0
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
