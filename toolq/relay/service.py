@@ -18,10 +18,13 @@ attempt is claimed once), so nothing runs twice. Several relays may run: the
 group hands each entry to one of them.
 
 In cells mode (``cells``) every cell has its outbox: a relay reads them all, on
-one server with one blocking ``XREADGROUP`` of every stream; on a Cluster, where
-one command cannot name streams of several slots, with a non-blocking read per
-cell (one pipeline, each node its cells' reads) polled every :data:`POLL_S` at
-most while they are empty. There a batch is deleted then acknowledged per stream
+one server with one blocking ``XREADGROUP`` of every stream. On a Cluster one
+command cannot name streams of several slots, and a non-blocking read of every
+cell costs the nodes ~8 ms of CPU at 256 cells: there the relay listens to the
+cells' notice channels (a script that appends to an outbox announces the state
+it entered in the same step) and reads the outboxes of the cells it heard of,
+at once; every :data:`FULL_READ_S` it reads them all (quiet transitions, such as
+a republish, announce nothing). There a batch is deleted then acknowledged per stream
 (no transaction across slots): a relay killed in between leaves a pending id
 whose entry is gone, which the next ``XAUTOCLAIM`` drops.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -41,6 +45,7 @@ from typing import Any, Protocol
 import redis
 from amqp.exceptions import MessageNacked
 from kombu import Connection, Producer, Queue
+from redis.exceptions import ClusterError
 
 from toolq.broker.app import is_amqp, queue_for
 from toolq.keys import OUTBOX_GROUP, Keys
@@ -56,10 +61,9 @@ RETRY_S = 0.5
 #: Beats older than this (relays killed without a goodbye) are removed, now and then.
 FORGET_BEAT_MS = 3_600_000
 FORGET_EVERY_S = 60.0
-#: Cells mode on a Cluster: the longest an idle relay waits before reading every cell's
-#: outbox again (it backs off to it from :data:`FIRST_POLL_S` while they stay empty).
-POLL_S = 0.1
-FIRST_POLL_S = 0.005
+#: Cells mode on a Cluster: how often a relay reads every cell's outbox (between two,
+#: only those of the cells whose notices it heard).
+FULL_READ_S = 1.0
 
 #: A batch: (stream, entry id, message) of each entry read.
 Entry = tuple[str, str, Outgoing | None]
@@ -105,7 +109,16 @@ class Relay:
         cells = [None] if settings.cells is None else range(settings.cells)
         self.outboxes = [Keys(settings.prefix, c).outbox for c in cells]
         self.cluster = settings.cluster
-        self._poll = FIRST_POLL_S
+        #: Cluster: notice channel -> its cell's outbox, the outboxes heard of since
+        #: the last read, and when every outbox was last read.
+        self._channels: dict[str, str] = {}
+        if self.cluster:
+            for cell, stream in zip(cells, self.outboxes, strict=True):
+                keys = Keys(settings.prefix, cell)
+                self._channels[keys.notify] = self._channels[keys.notify_steps] = stream
+        self._heard: set[str] = set()
+        self._hints: Any = None
+        self._full_read = -math.inf
         self.broker_url = settings.broker_url.get_secret_value()
         r = settings.relay
         self.batch = r.batch
@@ -159,11 +172,9 @@ class Relay:
         entries = self._take(block)
         if not entries:
             self.lag_ms = 0  # nothing waits: an idle relay is not behind
-            if block and self.cluster:  # no blocking read across slots: poll, backing off
-                self._stop.wait(self._poll)
-                self._poll = min(self._poll * 2, POLL_S)
+            if block and self.cluster:  # no blocking read across slots: wait for a notice
+                self._listen(self.block_ms / 1000)
             return 0
-        self._poll = FIRST_POLL_S
         ids = [e for _, e, _ in entries]
         messages = [m for _, _, m in entries if m is not None]
         if self.on_read is not None:
@@ -207,8 +218,11 @@ class Relay:
 
     def _read(self, last: str, block: bool) -> list[Entry]:
         if self.cluster:  # a read per cell, each on its node: never blocking
+            streams = self._to_read() if last == ">" else self.outboxes
+            if not streams:
+                return []
             pipe = self.app.redis.pipeline(transaction=False)
-            for stream in self.outboxes:
+            for stream in streams:
                 pipe.xreadgroup(OUTBOX_GROUP, self.id, {stream: last}, count=self.batch)
             return [row for reply in pipe.execute() for row in _read_entries(reply)]
         blocks = block and last == ">"
@@ -221,6 +235,36 @@ class Relay:
             block=self.block_ms if blocks else None,
         )
         return _read_entries(reply)
+
+    def _to_read(self) -> list[str]:
+        """Cluster: the outboxes to read now: those heard of, or all now and then."""
+        now = time.monotonic()
+        self._collect(0.0)
+        if now - self._full_read >= FULL_READ_S:
+            self._full_read = now
+            self._heard.clear()
+            return self.outboxes
+        heard, self._heard = self._heard, set()
+        return [s for s in self.outboxes if s in heard]
+
+    def _listen(self, timeout: float) -> None:
+        """Cluster, nothing to publish: wait for a notice (or the next full read)."""
+        wait = min(timeout, max(0.0, self._full_read + FULL_READ_S - time.monotonic()))
+        self._collect(wait)
+
+    def _collect(self, timeout: float) -> None:
+        """Note the cells whose notices arrived (waiting up to ``timeout`` for one)."""
+        if self._hints is None:
+            self._hints = self.app.redis.pubsub()  # type: ignore[no-untyped-call]
+            self._hints.subscribe(*self._channels)
+            self._full_read = -math.inf  # what was announced before is read in full
+        msg = self._hints.get_message(timeout=timeout)
+        while msg is not None:
+            if msg.get("type") == "message":
+                stream = self._channels.get(_s(msg["channel"]))
+                if stream is not None:
+                    self._heard.add(stream)
+            msg = self._hints.get_message(timeout=0.0)
 
     def _publish(self, messages: Sequence[Outgoing]) -> None:
         producer = self._producer_for()
@@ -281,8 +325,14 @@ class Relay:
                 while not self._stop.is_set():
                     self.step()
                     self._beat()
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            except (
+                redis.ConnectionError,
+                redis.TimeoutError,
+                redis.BusyLoadingError,
+                ClusterError,  # a Cluster's node down, before its replica took over
+            ) as exc:
                 log.warning("ledger unavailable (%s); retrying", type(exc).__name__)
+                self._drop_hints()  # subscribed again, and everything read, next round
                 self._stop.wait(RETRY_S)
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -361,6 +411,15 @@ class Relay:
             log.debug("could not remove the relay's heartbeat", exc_info=True)
         if self._blocking is not None:
             self._blocking.close()
+        self._drop_hints()
+
+    def _drop_hints(self) -> None:
+        hints, self._hints = self._hints, None
+        if hints is not None:
+            try:
+                hints.close()
+            except Exception:  # a broken connection may fail to close
+                log.debug("closing the notice subscription failed", exc_info=True)
 
 
 def _entries(stream: str, raw: Any) -> list[Entry]:
