@@ -3,6 +3,7 @@ in its ref's cell, real workers and a scheduler (retries, verification) across t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +15,7 @@ from toolq import ToolQueue, errors
 from toolq.cells import cell_of
 from toolq.keys import Keys
 from toolq.monitor import status_snapshot
+from toolq.scheduler.series import Sampler
 from toolq.settings import ToolqSettings
 
 CELLS = 8
@@ -113,3 +115,13 @@ def test_status_sums_every_cell(tq: ToolQueue) -> None:
     assert pay["states"]["succeeded"] == sum(per_cell)
     assert pay["counters"]["succeeded"] == tq.ledger.stats()["pay|succeeded"] >= sum(per_cell)
     assert list(snap["tools"]) == ["pay"]
+
+
+def test_the_charts_sample_sums_every_cell(tq: ToolQueue) -> None:
+    cells = [Keys("toolq", c) for c in range(CELLS)]
+    sampler = Sampler(lambda: tq.redis, Keys("toolq"), tq.clock, cells=cells)
+    at = 1_000 * 60_000  # an interval long gone: no scheduler writes it
+    sampler.sample(at)
+    point = json.loads(tq.redis.hget(Keys("toolq").series, str(at)) or "{}")
+    assert point["totals"]["succeeded"] == tq.ledger.stats()["pay|succeeded"] > 0
+    assert point["totals"]["submitted"] == tq.ledger.stats()["pay|submitted"]

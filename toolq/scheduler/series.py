@@ -128,6 +128,8 @@ class Sampler:
     clock: Callable[[], float]
     every_s: int = EVERY_S
     keep_s: int = KEEP_S
+    #: Cells mode: the keys of every cell, whose counts a sample sums (none: ``keys``').
+    cells: list[Keys] = field(default_factory=list)
     _last: int = field(default=-1, init=False)
 
     def maybe(self) -> bool:
@@ -142,22 +144,28 @@ class Sampler:
     def sample(self, at_ms: int) -> None:
         """Write the sample for the interval starting ``at_ms`` (if no one has) and trim."""
         r = self.client()
+        cells = self.cells or [self.keys]
         pipe = r.pipeline(transaction=False)
-        pipe.smembers(self.keys.tools)
-        pipe.hgetall(self.keys.stats)
+        for keys in cells:
+            pipe.smembers(keys.tools)
+            pipe.hgetall(keys.stats)
         pipe.hkeys(self.keys.series)
-        members, raw_stats, fields = pipe.execute()
-        tools = sorted(_s(t) for t in members)
+        *read, fields = pipe.execute()
+        tools = sorted({_s(t) for members in read[0::2] for t in members})
+        stats: dict[str, int] = {}
+        for raw_stats in read[1::2]:  # summed over the cells
+            for k, v in raw_stats.items():
+                stats[_s(k)] = stats.get(_s(k), 0) + int(v)
         pipe = r.pipeline(transaction=False)
         for tool in tools:
-            for state in GAUGED:
-                pipe.zcard(self.keys.index(tool, state))
+            for keys in cells:
+                for state in GAUGED:
+                    pipe.zcard(keys.index(tool, state))
         cards = iter(pipe.execute())
         sizes = dict.fromkeys(GAUGED, 0)
-        for _tool in tools:
+        for _ in range(len(tools) * len(cells)):
             for state in GAUGED:
                 sizes[state] += int(next(cards))
-        stats = {_s(k): int(v) for k, v in raw_stats.items()}
         point = sample_of(stats, sizes, at_ms)
         cutoff = at_ms - self.keep_s * 1000
         old = [f for f in (_s(x) for x in fields) if f.isdigit() and int(f) < cutoff]

@@ -141,7 +141,8 @@ class Scheduler:
         self._beat = 0.0
         self._last_maintenance = 0.0
         # The chart's samples (toolq.scheduler.series), one per interval across schedulers.
-        self._series = Sampler(lambda: app.redis, app.ledger.keys, self.clock)
+        cells = [c.keys for c in app.ledger.every_cell()] if app.settings.cells else []
+        self._series = Sampler(lambda: app.redis, app.ledger.keys, self.clock, cells=cells)
         # Blocking waits get their own connection, with a read timeout past the longest sleep.
         self._blocking: redis.Redis | None = None
         # Outbox mode: the broker's queue depths, read on a connection of its own.
