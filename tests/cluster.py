@@ -113,8 +113,15 @@ class Cluster:
     """A Valkey Cluster of embedded servers on loopback (see the module docstring)."""
 
     def __init__(
-        self, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = NODE_TIMEOUT_MS
+        self,
+        primaries: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = NODE_TIMEOUT_MS,
+        *,
+        appendonly: bool = False,
     ) -> None:
+        #: AOF on every node (``appendfsync always``): what ``durability="fsync"`` needs.
+        self.appendonly = appendonly
         self.primaries_count = primaries
         self.replicas_count = replicas
         self.node_timeout_ms = node_timeout_ms
@@ -146,7 +153,7 @@ class Cluster:
                 server = EmbeddedServer(
                     self._root / f"node{i}",
                     port=free_port(),
-                    appendonly=False,
+                    appendonly=self.appendonly,
                     databases=1,
                     extra_config=config,
                 )

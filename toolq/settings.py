@@ -158,9 +158,9 @@ class ToolqSettings(BaseSettings):
     #: cluster client (``toolq.ledger.cluster.LedgerCluster``). Needs ``cells`` (one
     #: tag would be one slot: one node) and outbox mode (``broker_url``: Celery cannot
     #: use a Cluster as its broker, and the ledger's scripts cannot push to the
-    #: queues' untagged lists there), and ``durability=none`` for now (fsync's WAITAOF
-    #: is not yet sent to the node of the call). The sync client, workers, the
-    #: scheduler and the relay; ``tq.aio`` refuses it for now.
+    #: queues' untagged lists there). With ``durability=fsync`` each write's WAITAOF
+    #: goes to the node that ran it, one more round trip. The sync client, workers,
+    #: the scheduler and the relay; ``tq.aio`` refuses it for now.
     cluster: bool = False
     lease: LeaseSettings = LeaseSettings()
     queues: QueueSettings = QueueSettings()
@@ -213,11 +213,6 @@ class ToolqSettings(BaseSettings):
                 raise ValueError(
                     "cluster=true needs outbox mode (TOOLQ_BROKER_URL): Celery cannot use "
                     "a Cluster as its broker (docs/brokers.md)"
-                )
-            if self.durability == "fsync":
-                raise ValueError(
-                    "cluster=true does not support durability=fsync yet (WAITAOF is not "
-                    "sent to the node of the call): set TOOLQ_DURABILITY=none"
                 )
         return self
 

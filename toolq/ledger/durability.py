@@ -42,6 +42,7 @@ plan out.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aioredis
+from redis.cluster import RedisCluster
 
 from toolq import errors
 
@@ -231,18 +233,29 @@ class Durability:
         self, client: redis.Redis, mode: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.client = client
+        #: A Cluster client: WAITAOF has no key, so it is sent to the call's node itself.
+        self.cluster = isinstance(client, RedisCluster)
         self.plans = _Plans(mode, where(client), clock)
 
     def current(self) -> Plan:
-        """The plan for the next write (reads the server's settings when due)."""
+        """The plan for the next write (reads the server's settings when due; on a
+        Cluster, one node's, taken to speak for all: they are deployed alike)."""
         if self.plans.due():
-            self.plans.probed(_persistence(self.client.config_get, "append*"))
+            config_get: Callable[[str], Any] = self.client.config_get
+            if self.cluster:
+                cluster: Any = self.client
+                node = cluster.get_default_node()
+                config_get = functools.partial(cluster.config_get, target_nodes=node)
+            self.plans.probed(_persistence(config_get, "append*"))
         return self.plans.current()
 
     def call(self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run script ``name``; with a waiting plan, WAITAOF in the same round trip."""
+        """Run script ``name``; with a waiting plan, WAITAOF in the same round trip
+        (on a Cluster, in a second one, to the node that ran the call)."""
         if not self.current().wait:
             return run(name, keys, args)
+        if self.cluster:
+            return self._cluster_call(run, name, keys, args)
         for _ in range(2):  # once more after NOSCRIPT (a restarted server lost its scripts)
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command(*run.command(name, keys, args))  # type: ignore[no-untyped-call]
@@ -253,6 +266,20 @@ class Durability:
             run.load()
         if isinstance(reply, Exception):
             raise reply
+        self.plans.learned(ack)
+        return reply
+
+    def _cluster_call(
+        self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]
+    ) -> Any:
+        reply = run(name, keys, args)
+        # The node that serves the call's slot now: the client followed any MOVED.
+        cluster: Any = self.client
+        node = cluster.get_node_from_key(keys[0])
+        try:
+            ack = cluster.execute_command(*WAITAOF, target_nodes=node)
+        except redis.ResponseError as exc:
+            ack = exc
         self.plans.learned(ack)
         return reply
 
