@@ -469,6 +469,9 @@ class AsyncToolQueue:
             newest_first=newest_first,
         )
         b = await self._bound()
+        cells = self.app.cell_keys()
+        if cells is not None:
+            return await lists.aread_page_cells(b.redis, q, cells)
         return await lists.aread_page(b.redis, q, b.ledger.keys)
 
     async def _view(self, ref: str) -> tuple[_Bound, operator.View]:

@@ -222,6 +222,11 @@ class App:
                 self._notifier = Notifier(self.redis, *self.notify_channels())
             return self._notifier
 
+    def cell_keys(self) -> list[Keys] | None:
+        """Cells mode: the keys of every cell (what lists read and merge); else None."""
+        s = self.settings
+        return None if s.cells is None else [Keys(s.prefix, c) for c in range(s.cells)]
+
     def notify_channels(self, steps: bool = False) -> list[str]:
         """The channels the ledger's scripts announce settled states on (``steps``: the
         other states and progress): one per cell in cells mode."""
@@ -271,14 +276,7 @@ class App:
         )
 
     def list_query(self, state: object, **filters: Any) -> lists.ListQuery:
-        """A checked list request (:func:`toolq.ledger.lists.parse_query`), at this app's time.
-
-        Not in cells mode yet: a page would merge every cell's index (docs/cells.md)."""
-        if self.settings.cells is not None:
-            raise errors.RequestRefused(
-                "listing operations by state is not available in cells mode yet "
-                "(TOOLQ_CELLS set): read operations by ref"
-            )
+        """A checked list request (:func:`toolq.ledger.lists.parse_query`), at this app's time."""
         limit = self.settings.limits.max_ref_length
         return lists.parse_query(state, now_ms=self.now_ms(), max_ref_length=limit, **filters)
 

@@ -273,7 +273,11 @@ class ToolQueue:
     @server_errors
     def list_operations(self, state: str, **filters: Any) -> OperationPage:
         """One page of the operations in ``state`` (as :meth:`AsyncToolQueue.list_operations`)."""
-        return lists.read_page(self.redis, self.app.list_query(state, **filters), self.ledger.keys)
+        q = self.app.list_query(state, **filters)
+        cells = self.app.cell_keys()
+        if cells is not None:
+            return lists.read_page_cells(self.redis, q, cells)
+        return lists.read_page(self.redis, q, self.ledger.keys)
 
     def _view(self, ref: str) -> operator.View:
         return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))

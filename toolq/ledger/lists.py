@@ -388,6 +388,47 @@ def _keys(keys: Keys, tools: list[str], q: ListQuery) -> list[str]:
     return [keys.op_prefix, keys.due, *(keys.index(t, q.state) for t in tools)]
 
 
+def merge_cells(raws: list[Any], q: ListQuery) -> OperationPage:
+    """Cells mode: the pages one query read in every cell as one page. Pure.
+
+    Positions (score, ref) are a total order in every cell, so the merged walk is
+    the cells' rows in that order, up to where the cell that stopped first stopped
+    (past it another cell's rows could be missing), at most ``q.limit`` of them; the
+    next page starts after the last row it gives, or where that cell stopped."""
+    outs = [json.loads(raw) for raw in raws]
+
+    def at(score: Any, ref: Any) -> Position:
+        return Position(int(float(score)), str(ref))
+
+    rows = sorted(
+        (row for out in outs for row in out.get("rows") or ()),
+        key=lambda row: at(row[2], row[0]),
+        reverse=q.newest_first,
+    )
+    stops = [at(*out["last"]) for out in outs if out.get("more") and out.get("last")]
+    stop = (max(stops) if q.newest_first else min(stops)) if stops else None
+    if stop is not None:
+        rows = [
+            row
+            for row in rows
+            if (at(row[2], row[0]) >= stop if q.newest_first else at(row[2], row[0]) <= stop)
+        ]
+    more = stop is not None or len(rows) > q.limit
+    if len(rows) > q.limit:
+        rows = rows[: q.limit]
+        stop = at(rows[-1][2], rows[-1][0])
+    totals = [out.get("total") for out in outs]
+    merged = {
+        "rows": rows,
+        "more": more,
+        "last": None if stop is None else [stop.score, stop.ref],
+        "total": None if None in totals else sum(int(t) for t in totals),
+        "budget": any(out.get("budget") for out in outs),
+        "scanned": sum(int(out.get("scanned") or 0) for out in outs),
+    }
+    return page_of(json.dumps(merged), q)
+
+
 def page_of(raw: Any, q: ListQuery) -> OperationPage:
     """The script's answer as a page (the rows' fields as the script found them)."""
     out = json.loads(raw)
@@ -442,6 +483,39 @@ def read_page(client: redis.Redis, q: ListQuery, keys: Keys) -> OperationPage:
         return _empty(q)
     script = client.register_script(LIST)
     return page_of(script(keys=_keys(keys, tools, q), args=_args(q)), q)
+
+
+def read_page_cells(client: redis.Redis, q: ListQuery, cells: list[Keys]) -> OperationPage:
+    """Cells mode: the page read in every cell (one script call each) and merged."""
+    if q.tool is None:
+        pipe = client.pipeline(transaction=False)
+        for keys in cells:
+            pipe.smembers(keys.tools)
+        tools = _tools(q, {t for members in pipe.execute() for t in members})
+    else:
+        tools = [q.tool]
+    if not tools:
+        return _empty(q)
+    script = client.register_script(LIST)
+    return merge_cells([script(keys=_keys(keys, tools, q), args=_args(q)) for keys in cells], q)
+
+
+async def aread_page_cells(
+    client: aioredis.Redis, q: ListQuery, cells: list[Keys]
+) -> OperationPage:
+    """:func:`read_page_cells` on ``redis.asyncio``."""
+    if q.tool is None:
+        pipe = client.pipeline(transaction=False)
+        for keys in cells:
+            pipe.smembers(keys.tools)
+        tools = _tools(q, {t for members in await pipe.execute() for t in members})
+    else:
+        tools = [q.tool]
+    if not tools:
+        return _empty(q)
+    script = client.register_script(LIST)
+    raws = [await script(keys=_keys(keys, tools, q), args=_args(q)) for keys in cells]
+    return merge_cells(raws, q)
 
 
 async def aread_page(client: aioredis.Redis, q: ListQuery, keys: Keys) -> OperationPage:
