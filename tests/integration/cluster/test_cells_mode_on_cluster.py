@@ -142,3 +142,26 @@ def test_a_primary_killed_mid_run_loses_doubles_and_strands_nothing(
         print(f"failover took {took:.2f} s")
     finally:
         cluster.revive(victim)
+
+
+def test_a_cell_migrated_mid_run_loses_doubles_and_strands_nothing(
+    tq: ToolQueue, provider: redis.Redis, cluster: Cluster
+) -> None:
+    # calls in one cell (and a few retried there), while the cell's slot moves
+    cell = 3
+    refs = [f"cluster/move/{i}" for i in range(400) if cell_of(f"cluster/move/{i}", CELLS) == cell]
+    retried = refs[:3]
+    slot = key_slot(Keys("toolq", cell).due.encode())
+    target = next(p for p in cluster.primaries() if p is not cluster.owner(slot))
+    for ref in refs[3:]:
+        tq.submit("pay", {}, operation_ref=ref)
+    for ref in retried:
+        tq.submit("pay", {"mode": "rate_limited"}, operation_ref=ref)
+    cluster.migrate_slot(slot, target)
+    assert cluster.owner(slot) is target
+    for ref in refs:
+        assert tq.wait(ref, timeout=45).ok, ref
+    effects = _effects(provider)
+    assert [r for r in refs if effects[r] != 1] == []
+    # the cell's records, due set and outbox moved with it
+    assert target.client().exists(Keys("toolq", cell).op(refs[0]))
