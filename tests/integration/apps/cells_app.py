@@ -10,12 +10,11 @@ ledger's server.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import redis
 from pydantic import BaseModel
 
+from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue, errors
 from toolq.settings import (
     LeaseSettings,
@@ -39,26 +38,10 @@ class Pay(BaseModel):
     mode: str = "ok"
 
 
-class Provider:
-    """One client per process on the provider's server (a forked child makes its own)."""
-
-    def __init__(self, tq: ToolQueue) -> None:
-        self._tq = tq
-        self._client: redis.Redis | None = None
-        self._pid = 0
-
-    def __call__(self) -> redis.Redis:
-        if self._client is None or self._pid != os.getpid():
-            url = os.environ.get("PROVIDER_URL") or self._tq.redis_url
-            self._client = redis.Redis.from_url(url)
-            self._pid = os.getpid()
-        return self._client
-
-
 def make(settings: ToolqSettings) -> ToolQueue:
     """The app's tools on a ToolQueue of these settings."""
     tq = ToolQueue(settings=settings)
-    provider = Provider(tq)
+    provider = ProcessClient(tq, url_env="PROVIDER_URL")
 
     @tq.tool(
         writes=True, consistency_window=0.5, max_attempts=5, verify_checks=3, verify_backoff=0.1
