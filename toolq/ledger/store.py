@@ -491,7 +491,8 @@ class Ledger:
         or expired ones while below its share. At most three round trips."""
         cells = self._cells()
         release, _ = lease_plan(list(held), len(cells), schedulers)
-        keep = [c for c in held if c not in release]
+        gone = set(release)
+        keep = [c for c in held if c not in gone]
         calls = [self._lease_call(c, holder, ttl_ms, "hold") for c in keep]
         calls += [self._lease_call(c, holder, ttl_ms, "release") for c in release]
         answers = self._on_cells("cell_lease", calls) if calls else []
@@ -499,7 +500,8 @@ class Ledger:
         _, want = lease_plan(now_held, len(cells), schedulers)
         if want > 0:
             pipe = self.redis.pipeline(transaction=False)
-            others = [c for c in cells if c not in now_held]
+            mine = set(now_held)
+            others = [c for c in cells if c not in mine]
             for c in others:
                 pipe.get(self.calls.cell(c).keys.cell_lease)
             free = [c for c, who in zip(others, pipe.execute(), strict=True) if who is None][:want]
