@@ -85,7 +85,10 @@ QUEUE_HEAD = 8
 #: Sleeps shorter than this are taken locally rather than in a blocking BLPOP.
 SHORT_SLEEP_S = 0.1
 #: Cells mode on a Cluster: one BLPOP cannot wait on the wake lists of cells on several
-#: nodes, so the scheduler sleeps locally, at most this long, then looks at every cell.
+#: nodes. The scheduler listens to its cells' notice channels instead (a transition that
+#: adds a due item announces the state it entered) and, woken by one, looks again, but
+#: not sooner than this after its last look (under load notices never stop); a quiet
+#: transition (no notice) is seen at the planned wake-up, at most ``max_sleep`` later.
 CLUSTER_POLL_S = 0.5
 #: Cells mode: schedulers share the cells, each holding a lease on its own (renewed
 #: every loop, at most this often). A dead scheduler's cells are free once its leases
@@ -138,6 +141,9 @@ class Scheduler:
         #: Cells mode: the cells this scheduler holds the lease of (and walks).
         self.held: list[int] = []
         self._leased = -math.inf
+        #: Cluster: the subscription to the held cells' notices, and its channels.
+        self._notices: Any = None
+        self._listening: list[str] = []
         self._beat = 0.0
         self._last_maintenance = 0.0
         # The chart's samples (toolq.scheduler.series), one per interval across schedulers.
@@ -351,6 +357,7 @@ class Scheduler:
                 NoScriptError,  # a drain's raw script call after SCRIPT FLUSH: loaded again
             ) as exc:
                 log.warning("redis unavailable (%s); retrying", type(exc).__name__)
+                self._drop_notices()  # subscribed again on the next sleep
                 self._stop.wait(0.5)
         log.info("scheduler %s stopped", self.id)
 
@@ -423,7 +430,7 @@ class Scheduler:
         if seconds <= 0.001:
             return
         if self.app.settings.cluster:
-            self._stop.wait(min(seconds, CLUSTER_POLL_S))
+            self._listen(seconds)
             return
         if seconds < SHORT_SLEEP_S:
             # A server checks blocked clients' timeouts only every 1/hz s (100 ms at
@@ -443,6 +450,38 @@ class Scheduler:
             return
         timeout = max(seconds - SHORT_SLEEP_S, 0.01)  # 0 would block for ever
         self._blocking_client().blpop(wakes, timeout=timeout)
+
+    def _listen(self, seconds: float) -> None:
+        """Cluster: sleep ``seconds``, or until a notice of a held cell (after at least
+        CLUSTER_POLL_S); the subscription follows the cells held."""
+        began = time.monotonic()
+        channels = [ch for c in self.held for ch in self._cell_channels(c)]
+        if self._notices is None or self._listening != channels:
+            self._drop_notices()
+            if not channels:
+                self._stop.wait(seconds)
+                return
+            self._notices = self.app.redis.pubsub()  # type: ignore[no-untyped-call]
+            self._notices.subscribe(*channels)
+            self._listening = channels
+        end = began + seconds
+        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            msg = self._notices.get_message(timeout=min(left, 1.0))
+            if msg is not None and msg.get("type") == "message":
+                while self._notices.get_message(timeout=0.0) is not None:
+                    pass  # one look answers every notice so far: none piles up
+                self._stop.wait(max(0.0, began + CLUSTER_POLL_S - time.monotonic()))
+                return
+
+    def _cell_channels(self, cell: int) -> tuple[str, str]:
+        keys = self.app.ledger.in_cell(cell).keys
+        return keys.notify, keys.notify_steps
+
+    def _drop_notices(self) -> None:
+        notices, self._notices, self._listening = self._notices, None, []
+        if notices is not None:
+            with contextlib.suppress(Exception):  # a broken connection may fail to close
+                notices.close()
 
     def _blocking_client(self) -> redis.Redis:
         if self._blocking is None:
@@ -481,6 +520,7 @@ class Scheduler:
     def close(self) -> None:
         if self._depths is not None:
             self._depths.close()
+        self._drop_notices()
         if self.held:  # the others take them over now, not when the leases run out
             with contextlib.suppress(redis.RedisError):
                 self.app.ledger.release_cells(self.id, self.held)
