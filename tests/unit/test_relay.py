@@ -224,3 +224,35 @@ def test_a_takeover_of_a_full_batch_looks_again_at_once(tq: ToolQueue, fake_redi
     finally:
         first._drop_broker()
         second._drop_broker()
+
+
+def test_a_redis_broker_gets_the_ledgers_message_as_it_is_and_a_failed_push_is_the_brokers(
+    tq: ToolQueue,
+) -> None:
+    # A Redis broker's queue list holds kombu's Redis envelope, which the ledger built:
+    # pushed unchanged (what the scripts push without an outbox), not re-published.
+    from toolq.relay.service import BrokerUnavailable
+
+    queue, raw = tq.app.messages.run("op/1", 1)
+    out = outgoing("1-0", {"queue": queue, "message": raw})
+    assert out is not None and out.raw == raw
+    settings = ToolqSettings(
+        redis_url=SecretStr("redis://127.0.0.1:1/0"),
+        broker_url=SecretStr("redis://127.0.0.1:1/1"),  # nothing listens there
+    )
+
+    class Parts:
+        clock = time.time
+        redis_url = "redis://127.0.0.1:1/0"
+
+        def __init__(self) -> None:
+            self.settings = settings
+
+    relay = Relay(Parts())  # type: ignore[arg-type]
+    with pytest.raises(BrokerUnavailable) as caught:
+        relay._publish([out])
+    # An OSError, so run() handles it as the broker's failure (read the batch again),
+    # not the ledger's.
+    assert isinstance(caught.value, OSError)
+    assert isinstance(caught.value, relay._broker_errors)
+    relay._drop_broker()

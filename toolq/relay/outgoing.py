@@ -36,6 +36,9 @@ class Outgoing:
     content_encoding: str
     headers: dict[str, Any] = field(default_factory=dict)
     properties: dict[str, Any] = field(default_factory=dict)
+    #: The message as the ledger built it: kombu's Redis transport's own envelope,
+    #: what a Redis broker's queue list holds (the relay pushes it as it is there).
+    raw: str = ""
 
 
 def outgoing(entry_id: str, fields: dict[str, str]) -> Outgoing | None:
@@ -56,7 +59,7 @@ def outgoing(entry_id: str, fields: dict[str, str]) -> Outgoing | None:
     if not isinstance(headers, dict) or not isinstance(props, dict):
         return None
     passed = {k: props[k] for k in PASSED_PROPERTIES if props.get(k)}
-    return Outgoing(entry_id, queue, body, content_type, content_encoding, headers, passed)
+    return Outgoing(entry_id, queue, body, content_type, content_encoding, headers, passed, raw)
 
 
 def lag_ms(entry_ids: list[str], now_ms: int) -> int:
