@@ -8,6 +8,7 @@ import sys
 
 from toolq.errors import ToolqError
 from toolq.queue import ToolQueue
+from toolq.settings import settings_problem
 
 
 def load_app(app_path: str, redis_url: str | None = None) -> ToolQueue:
@@ -24,6 +25,9 @@ def load_app(app_path: str, redis_url: str | None = None) -> ToolQueue:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
+        problem = settings_problem(exc)  # a bad TOOLQ_* variable: no traceback, no value
+        if problem is not None:
+            raise ToolqError(problem) from None
         raise ToolqError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
     obj: object = module
     for part in attr.split("."):

@@ -241,3 +241,18 @@ class ToolqSettings(BaseSettings):
     @property
     def safe_url(self) -> str:
         return redact_url(self.url) if self.redis_url else "(none)"
+
+
+def settings_problem(exc: BaseException) -> str | None:
+    """An invalid-settings error (pydantic's ValidationError of :class:`ToolqSettings`) as
+    one line per problem, named by the environment variable that sets it and without
+    the values given (a URL may hold a password); None for any other exception. What a
+    bad ``TOOLQ_*`` variable gets at the CLI instead of a traceback."""
+    if type(exc).__name__ != "ValidationError" or getattr(exc, "title", None) != "ToolqSettings":
+        return None
+    lines = []
+    for e in exc.errors(include_url=False, include_input=False):  # type: ignore[attr-defined]
+        loc = "__".join(str(part) for part in e.get("loc", ()))
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        lines.append(f"TOOLQ_{loc.upper()}: {msg}" if loc else msg)
+    return "invalid settings: " + "; ".join(lines)

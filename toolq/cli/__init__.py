@@ -14,6 +14,8 @@ import importlib
 
 import click
 
+from toolq.settings import settings_problem
+
 #: Where each area of commands lives (``toolq.cli.<name>``, its ``COMMANDS``).
 MODULES = ("processes", "operations", "monitor", "stack", "interfaces", "cells")
 #: Commands that load only their own module; any other name loads every module.
@@ -57,6 +59,15 @@ class _Commands(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(self.commands)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            problem = settings_problem(exc)
+            if problem is not None:
+                raise click.ClickException(problem) from None
+            raise
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

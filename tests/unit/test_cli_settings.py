@@ -1,0 +1,45 @@
+"""A bad TOOLQ_* variable gets one line naming it, never a traceback or its value."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from toolq.cli import main
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "expected"),
+    [
+        ({"TOOLQ_CELLS": "abc"}, ["status"], "TOOLQ_CELLS: Input should be a valid integer"),
+        ({"TOOLQ_LEASE__SECONDS": "x"}, ["status"], "TOOLQ_LEASE__SECONDS: Input should be"),
+        (
+            {"TOOLQ_CLUSTER": "1", "TOOLQ_REDIS_URL": "redis://u:s3cret@127.0.0.1:1/0"},
+            ["status"],
+            "cluster=true needs cells",
+        ),
+    ],
+)
+def test_a_bad_setting_is_one_line_without_its_value(
+    env: dict[str, str], args: list[str], expected: str
+) -> None:
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code != 0
+    assert expected in result.output
+    assert "invalid settings" in result.output
+    assert "Traceback" not in result.output and "s3cret" not in result.output
+    assert "input_value" not in result.output
+
+
+def test_the_loader_names_a_bad_setting_not_the_import() -> None:
+    from pydantic import ValidationError
+
+    from toolq.settings import ToolqSettings, settings_problem
+
+    with pytest.raises(ValidationError) as caught:
+        ToolqSettings(redis_url="http://u:s3cret@h/")  # type: ignore[arg-type]
+    problem = settings_problem(caught.value)
+    assert problem is not None
+    assert problem.startswith("invalid settings: TOOLQ_REDIS_URL: redis_url must start with")
+    assert "s3cret" not in problem
+    assert settings_problem(ValueError("x")) is None
