@@ -1,6 +1,8 @@
 """A real RabbitMQ for the tests: Debian's ``rabbitmq-server``, started in a temporary
-directory on free ports, stopped with everything it started (bar epmd, the
-Erlang port mapper every node on the host shares and that outlives them).
+directory on free ports, stopped with everything it started, epmd included: each
+node gets an Erlang port mapper of its own on a free port (``ERL_EPMD_PORT``),
+which a node starts as a daemon that outlives it, so :meth:`RabbitServer.stop`
+stops it (``epmd -kill``), never touching a port mapper the host runs.
 
 Missing binary: the tests that need it are skipped, saying how to get it,
 unless ``CI`` is set, where they fail (as the browser tests do without chromium).
@@ -48,6 +50,7 @@ class RabbitServer:
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="toolq-rabbit-"))
         self.name = f"toolq_{uuid.uuid4().hex[:8]}@localhost"
+        self.epmd_port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -70,6 +73,7 @@ class RabbitServer:
             "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq"),  # none: the defaults
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.dir / "advanced.config"),
             "RABBITMQ_PID_FILE": str(self.dir / "pid"),
+            "ERL_EPMD_PORT": str(self.epmd_port),
         }
         with (self.dir / "stdout.log").open("wb") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(
@@ -110,7 +114,24 @@ class RabbitServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        self._stop_epmd()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _stop_epmd(self) -> None:
+        """The node's own port mapper (a daemon, outside its process group)."""
+        epmd = shutil.which("epmd") or next(
+            (str(p) for p in sorted(Path("/usr/lib/erlang").glob("erts-*/bin/epmd"))), None
+        )
+        if epmd is None:
+            return
+        env = {**os.environ, "ERL_EPMD_PORT": str(self.epmd_port)}
+        subprocess.run(
+            [epmd, "-port", str(self.epmd_port), "-kill"],
+            env=env,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
 
 
 def start_rabbit() -> RabbitServer:
