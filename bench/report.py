@@ -40,6 +40,8 @@ ORDER = (
     "durability",
     "chaos",
     "chaos-power",
+    "relay",
+    "cluster",
 )
 
 
