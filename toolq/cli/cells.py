@@ -7,6 +7,7 @@ import time
 import click
 import redis
 
+from toolq.cells import MAX_CELLS
 from toolq.cli.common import CliError, handle_errors, redis_option, resolve_url, state_dir_option
 from toolq.redact import redact_url
 
@@ -22,7 +23,7 @@ def cells() -> None:
 @click.option(
     "--cells",
     "count",
-    type=click.IntRange(1, 16384),
+    type=click.IntRange(1, MAX_CELLS),
     required=True,
     help="How many cells (fixed for the ledger's life; then run with TOOLQ_CELLS=N).",
 )
