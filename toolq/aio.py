@@ -131,8 +131,9 @@ class _Bound:
         self.notifier = AsyncNotifier(
             self.redis, app.notify_channels(), app.notify_channels(steps=True)
         )
-        #: Cells mode: the number of cells is checked against the ledger's meta once.
-        self.unchecked = s.cells is not None
+        #: The number of cells (none: the single tag) is checked against the ledger's
+        #: meta once.
+        self.unchecked = True
         self.turns = Turns(CALLS_PER_PASS)
         self._forget = forget
         self._closing = asyncio.Event()

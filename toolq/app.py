@@ -149,7 +149,8 @@ class App:
             if self._ledger is None:
                 s = self.settings
                 ledger = Ledger(self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells)
-                ledger.record_cells()
+                if s.cells is not None:  # else at the first submit: no round trip here
+                    ledger.record_cells()
                 self._ledger = ledger
             return self._ledger
 

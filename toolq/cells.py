@@ -61,12 +61,20 @@ def every_cell(prefix: str, cells: int) -> list[Keys]:
     return [Keys(prefix, cell) for cell in range(check_cells(cells))]
 
 
-def cells_conflict(recorded: str | bytes | None, wanted: int) -> str | None:
-    """Why ``wanted`` cells cannot serve a ledger whose meta recorded ``recorded``
-    (None: nothing recorded yet, or the same number); the text names both."""
+def cells_conflict(recorded: str | bytes | None, wanted: int | None) -> str | None:
+    """Why a process with ``wanted`` cells (None: the single tag, no ``TOOLQ_CELLS``)
+    cannot serve a ledger whose meta recorded ``recorded`` (None: nothing recorded
+    yet, or the same number); the text names both."""
     if recorded is None:
         return None
     text = recorded.decode() if isinstance(recorded, bytes) else recorded
+    if wanted is None:
+        # After `toolq cells migrate`: a process on the single tag would write
+        # operations no other process reads, and read none of theirs.
+        return (
+            f"this ledger lives in {text} cells (toolq cells migrate), and this process "
+            f"has no TOOLQ_CELLS: set TOOLQ_CELLS={text}"
+        )
     if text == str(wanted):
         return None
     return (

@@ -99,7 +99,9 @@ def test_a_ledger_in_every_state_moves_into_cells_and_works_there(client: redis.
     }
     assert taken >= set(refs[3:6]) | {f"mig/put/{s}" for s in PENDING_RECOVERY}
     assert ledger.tools() == [TOOL]
-    assert old_ledger.get(refs[0]) is None  # a process left on one tag finds nothing
+    assert old_ledger.get(refs[0]) is None  # a process left on one tag finds nothing...
+    with pytest.raises(errors.RequestRefused, match="has no TOOLQ_CELLS: set TOOLQ_CELLS=8"):
+        old_ledger.record_cells()  # ...and is refused where it starts (App.ledger, tq.aio)
 
 
 def test_a_second_run_finds_the_ledger_moved_and_another_number_is_refused(

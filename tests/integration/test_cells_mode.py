@@ -96,6 +96,30 @@ def test_another_number_of_cells_is_refused_for_the_ledgers_life(
     assert tq.redis.hget(Keys("toolq").meta, "cells") == b"8"
 
 
+def test_a_process_without_cells_is_refused_on_a_ledger_in_cells(
+    tq: ToolQueue, module_redis_url: str
+) -> None:
+    # What a process started without TOOLQ_CELLS after `toolq cells migrate` meets:
+    # refused before it writes where no other process reads, sync and async alike.
+    other = cells_app.make(cells_app.SETTINGS.model_copy(update={"cells": None}))
+    other.configure(redis_url=module_redis_url)
+    try:
+        with pytest.raises(errors.RequestRefused, match="set TOOLQ_CELLS=8"):
+            other.submit("pay", {}, operation_ref="cells/none")
+
+        async def submit_async() -> None:
+            try:
+                await other.aio.submit("pay", {}, operation_ref="cells/none")
+            finally:
+                await other.aio.aclose()
+
+        with pytest.raises(errors.RequestRefused, match="set TOOLQ_CELLS=8"):
+            asyncio.run(submit_async())
+    finally:
+        other.close()
+    assert not tq.redis.exists(Keys("toolq").op("cells/none"))
+
+
 def test_a_cluster_without_cells_or_outbox_is_refused_clearly() -> None:
     with pytest.raises(ValueError, match="needs cells"):
         ToolqSettings(cluster=True, durability="none")

@@ -152,10 +152,17 @@ def test_a_lease_plan_moves_towards_the_share(
 
 @pytest.mark.parametrize(
     ("recorded", "wanted", "refused"),
-    [(None, 8, False), (b"8", 8, False), ("8", 8, False), (b"256", 8, True)],
+    [
+        (None, 8, False),
+        (b"8", 8, False),
+        ("8", 8, False),
+        (b"256", 8, True),
+        (None, None, False),  # the single tag, never moved
+        (b"256", None, True),  # moved into cells: a process without TOOLQ_CELLS
+    ],
 )
 def test_the_number_of_cells_recorded_is_the_only_one_accepted(
-    recorded: str | bytes | None, wanted: int, refused: bool
+    recorded: str | bytes | None, wanted: int | None, refused: bool
 ) -> None:
     why = cells_conflict(recorded, wanted)
     assert (why is not None) == refused

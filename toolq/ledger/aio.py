@@ -112,14 +112,15 @@ class AsyncLedger:
 
     async def record_cells(self) -> None:
         """:meth:`toolq.ledger.store.Ledger.record_cells` (errors.RequestRefused)."""
-        if self.cells is None:
-            return
         meta = Keys(self.keys.prefix).meta
         async with self._command():
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hsetnx(meta, "cells", self.cells)
-            pipe.hget(meta, "cells")
-            recorded = (await pipe.execute())[1]
+            if self.cells is None:
+                recorded = await self.redis.hget(meta, "cells")
+            else:
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.hsetnx(meta, "cells", self.cells)
+                pipe.hget(meta, "cells")
+                recorded = (await pipe.execute())[1]
         why = cells_conflict(recorded, self.cells)
         if why is not None:
             raise errors.RequestRefused(why)

@@ -335,6 +335,8 @@ class Ledger:
         self.keys = self.calls.keys
         self.cells = cells
         self.scripts = Scripts(client)
+        #: :meth:`record_cells` ran: the number of cells (or none) is the ledger's.
+        self.cells_checked = False
 
     def in_cell(self, cell: int) -> Ledger:
         """This ledger's calls on the keys of ``cell`` (:mod:`toolq.cells`): the same
@@ -357,21 +359,29 @@ class Ledger:
 
     def record_cells(self) -> None:
         """Cells mode: record the number of cells in the deployment's meta at first use,
-        and refuse (errors.RequestRefused) a ledger recorded with another number."""
-        if self.cells is None:
-            return
+        and refuse (errors.RequestRefused) a ledger recorded with another number. On the
+        single tag: refuse a ledger that was moved into cells (``toolq cells migrate``)."""
         meta = Keys(self.keys.prefix).meta
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hsetnx(meta, "cells", self.cells)
-        pipe.hget(meta, "cells")
-        why = cells_conflict(pipe.execute()[1], self.cells)
+        if self.cells is None:
+            recorded = self.redis.hget(meta, "cells")
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hsetnx(meta, "cells", self.cells)
+            pipe.hget(meta, "cells")
+            recorded = pipe.execute()[1]
+        why = cells_conflict(recorded, self.cells)
         if why is not None:
             raise errors.RequestRefused(why)
+        self.cells_checked = True
 
     # ------------------------------------------------------------------ writes
 
     def submit(self, **operation: Any) -> SubmitResult:
-        """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
+        """Create an operation (the fields of :class:`toolq.calls.NewOperation`).
+        The first one checks the number of cells (:meth:`record_cells`) if nothing
+        did yet: an operation written on the wrong layout is one no process reads."""
+        if not self.cells_checked:
+            self.record_cells()
         keys, args = self.calls.of(operation["ref"]).submit(**operation)
         return submit_result(self.durable.call(self.scripts, "submit", keys, args))
 
