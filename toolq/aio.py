@@ -28,6 +28,10 @@ The sync client's names and semantics (:class:`toolq.queue.ToolQueue`), on
   first use in a process freezes the import-time heap (:mod:`toolq.heap`), so a
   full garbage collection does not walk Celery, kombu and pydantic on the loop.
 
+- On a Valkey/Redis Cluster (``settings.cluster``) the loop's client is
+  :class:`toolq.ledger.cluster.AsyncLedgerCluster`: every call goes to the node
+  of its ref's cell, and the subscription is on one node (:func:`notice_client`).
+
 Runs on asyncio (and anyio's asyncio backend); redis.asyncio has no trio support.
 """
 
@@ -63,11 +67,11 @@ OnProgress = Callable[[Progress], Awaitable[None] | None]
 _AWAY: tuple[type[Exception], ...] = (*UNREACHABLE, OSError)
 
 
-#: Connections per event loop: one for the notice subscription, the others for
-#: commands (past them a command waits for a free one). Every command toolq sends
-#: is short, so a few dozen carry thousands of waiting calls; each one more costs
-#: a handshake, and every connection's reply can resume a task in the same pass
-#: of the loop.
+#: Connections per event loop (on a Cluster, per node): one for the notice
+#: subscription, the others for commands (past them a command waits for a free
+#: one). Every command toolq sends is short, so a few dozen carry thousands of
+#: waiting calls; each one more costs a handshake, and every connection's reply
+#: can resume a task in the same pass of the loop.
 CONNECTIONS_PER_LOOP = 32
 
 #: Calls that begin in one pass of the event loop (the rest: the next passes).
@@ -78,6 +82,22 @@ CONNECTIONS_PER_LOOP = 32
 #: notices dispatched per pass): 26-27 ms at 32 per pass, 12-22 ms at 16, 10-21 ms
 #: at 8, 7-13 ms at 4 (6 waves each, the same throughput; bench/RESULTS.md).
 CALLS_PER_PASS = 4
+
+#: On a Cluster: connections of each node the ledger's commands leave to the rest
+#: (the notice subscription, a submit's liveness read, a list or a view).
+CLUSTER_SPARE_CONNECTIONS = 4
+
+
+def notice_client(client: aioredis.Redis) -> aioredis.Redis:
+    """What :class:`AsyncNotifier` subscribes with: this loop's client.
+
+    On a Cluster that is the cluster client, whose ``pubsub()`` holds one connection
+    of the node serving the first channel's slot (``ClusterPubSub``, made again on
+    each re-subscription, so after a failover it follows the client's map): the
+    scripts' classic PUBLISH is broadcast over the cluster bus, so that node hears
+    every cell's notices.
+    """
+    return client
 
 
 class Turns:
@@ -125,11 +145,16 @@ class _Bound:
         self.url = url
         self.redis = app.async_redis(max_connections=CONNECTIONS_PER_LOOP)
         s = app.settings
+        self.cluster = s.cluster
+        # A Cluster's nodes raise when out of connections (App.async_redis): the
+        # ledger's commands leave room on each for the subscription and the reads
+        # outside the ledger (a submit's liveness read, lists, views).
+        in_flight = CONNECTIONS_PER_LOOP - CLUSTER_SPARE_CONNECTIONS if s.cluster else None
         self.ledger = AsyncLedger(
-            self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells
+            self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells, in_flight=in_flight
         )
         self.notifier = AsyncNotifier(
-            self.redis, app.notify_channels(), app.notify_channels(steps=True)
+            notice_client(self.redis), app.notify_channels(), app.notify_channels(steps=True)
         )
         #: The number of cells (none: the single tag) is checked against the ledger's
         #: meta once.
@@ -148,8 +173,9 @@ class _Bound:
             self._forget(self)
             await self.notifier.aclose()
             with contextlib.suppress(Exception):  # a server that is away: close anyway
-                await self.redis.aclose()
-            await self.redis.connection_pool.disconnect()
+                await self.redis.aclose()  # a Cluster client closes its nodes' pools
+            if not self.cluster:
+                await self.redis.connection_pool.disconnect()
 
     async def aclose(self) -> None:
         self._closing.set()
@@ -174,11 +200,6 @@ class AsyncToolQueue:
         """This loop's connections, once it is this caller's turn (see :class:`Turns`)."""
         loop = _running_loop()
         url = self.app.redis_url
-        if self.app.settings.cluster:
-            raise errors.RequestRefused(
-                "tq.aio does not support a ledger on a Cluster yet (cluster=true): "
-                "use the sync client, tq"
-            )
         while True:
             with self._lock:
                 b = self._bound_to.get(loop)

@@ -31,7 +31,7 @@ from toolq.broker.messages import (
 )
 from toolq.keys import Keys
 from toolq.ledger import Ledger, lists
-from toolq.ledger.cluster import LedgerCluster
+from toolq.ledger.cluster import AsyncLedgerCluster, LedgerCluster
 from toolq.notify import Notifier
 from toolq.recovery import operator, outcome
 from toolq.recovery.transition import Transition
@@ -52,6 +52,17 @@ def cluster_client(url: str, options: dict[str, Any]) -> redis.Redis:
     (:class:`LedgerCluster`). Typed as the Redis client: toolq sends it the same commands."""
     options = {k: v for k, v in options.items() if k != "timeout"}  # no blocking pool here
     client: Any = LedgerCluster.from_url(url, **options)
+    return client  # type: ignore[no-any-return]
+
+
+def async_cluster_client(url: str, options: dict[str, Any]) -> aioredis.Redis:
+    """:func:`cluster_client` on ``redis.asyncio`` (:class:`AsyncLedgerCluster`).
+
+    Its ``max_connections`` is per node, and a node out of connections raises
+    ``MaxConnectionsError`` rather than waiting for one (redis.asyncio's cluster
+    pool does not block): ``tq.aio`` bounds its commands in flight below it."""
+    options = {k: v for k, v in options.items() if k != "timeout"}
+    client: Any = AsyncLedgerCluster.from_url(url, **options)
     return client  # type: ignore[no-any-return]
 
 
@@ -122,13 +133,17 @@ class App:
         ``max_connections`` (never more than the settings allow).
 
         Not kept here: it belongs to the event loop it first connects on, so
-        ``tq.aio`` makes one per loop (and closes it).
+        ``tq.aio`` makes one per loop (and closes it). On a Cluster
+        (``settings.cluster``): :func:`async_cluster_client`, ``max_connections``
+        per node.
         """
         options = self._pool_options()
         options["max_connections"] = min(options["max_connections"], max_connections)
         # No CLIENT SETINFO on connect: redis-py reads its version from the package
         # metadata for it, each time (most of a new connection's client-side cost).
         options["driver_info"] = None
+        if self.settings.cluster:
+            return async_cluster_client(self.redis_url, options)
         pool = aioredis.BlockingConnectionPool.from_url(self.redis_url, **options)
         return aioredis.Redis(connection_pool=pool)
 

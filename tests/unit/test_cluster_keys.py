@@ -1,12 +1,14 @@
-"""LedgerCluster's own reading of a call's keys (no COMMAND GETKEYS round trip)."""
+"""LedgerCluster's own reading of a call's keys (no COMMAND GETKEYS round trip), and
+AsyncLedgerCluster's (tq.aio)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from toolq.ledger.cluster import function_keys, stream_keys
+from toolq.ledger.cluster import AsyncLedgerCluster, function_keys, stream_keys
 
 
 @pytest.mark.parametrize(
@@ -37,3 +39,15 @@ def test_function_keys(args: tuple[Any, ...], keys: list[Any] | None) -> None:
 )  # fmt: skip
 def test_stream_keys(args: tuple[Any, ...], keys: list[Any] | None) -> None:
     assert stream_keys(args) == keys
+
+
+def test_the_async_client_reads_declared_keys_without_a_server() -> None:
+    async def body() -> list[Any]:
+        client = AsyncLedgerCluster(host="127.0.0.1", port=1)  # nothing is sent here
+        parser = client.commands_parser  # its command table is empty: never read
+        return [
+            await parser.get_keys("FCALL", "f", 2, "{a}:x", "{a}:y", "arg"),
+            await parser.get_keys("XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"),
+        ]
+
+    assert asyncio.run(body()) == [["{a}:x", "{a}:y"], ["s"]]

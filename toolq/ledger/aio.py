@@ -7,7 +7,9 @@ actions) and read: claiming, renewing and the scheduler's calls stay with the
 sync ledger that workers and the scheduler use.
 
 A redis.asyncio client belongs to the event loop it connects on, so one
-AsyncLedger serves one loop.
+AsyncLedger serves one loop. On a Cluster (:class:`toolq.ledger.cluster.AsyncLedgerCluster`)
+every call by ref goes to its cell's node as the sync ledger's does: each
+command and script call names keys of one cell, so the client routes it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.commands.core import AsyncScript
 
 from toolq import errors
@@ -47,6 +50,7 @@ class AsyncScripts(ScriptWay):
     def __init__(self, client: aioredis.Redis) -> None:
         super().__init__()
         self.client = client
+        self.cluster = isinstance(client, AsyncRedisCluster)
         self._evals: dict[str, AsyncScript] = {}
 
     async def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -71,7 +75,8 @@ class AsyncScripts(ScriptWay):
     async def load(self) -> None:
         if self.functions is not False:
             try:
-                await self.client.function_load(scripts.library())
+                # REPLACE on a Cluster: see toolq.ledger.store.Scripts.load
+                await self.client.function_load(scripts.library(), replace=self.cluster)
                 self.functions = True
             except redis.ResponseError as exc:
                 self.refused(exc)
@@ -99,8 +104,12 @@ class AsyncLedger:
         *,
         outbox: bool = False,
         cells: int | None = None,
+        in_flight: int | None = None,
     ) -> None:
         self.redis = client
+        #: At most this many commands out at once (None: no bound): a Cluster client's
+        #: node raises when it has no free connection instead of waiting for one.
+        self._in_flight = None if in_flight is None else asyncio.Semaphore(in_flight)
         #: A submit is on disk before it is acknowledged, as the sync ledger's is
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = AsyncDurability(client, durability)
@@ -127,8 +136,13 @@ class AsyncLedger:
 
     @contextlib.asynccontextmanager
     async def _command(self) -> AsyncIterator[None]:
-        """Around every command: its caller's cancellation is never lost in it."""
-        yield
+        """Around every command: its caller's cancellation is never lost in it, and
+        it waits for its turn while ``in_flight`` commands are out."""
+        if self._in_flight is None:
+            yield
+        else:
+            async with self._in_flight:
+                yield
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # Python 3.11's asyncio.wait_for, which redis-py sends every command

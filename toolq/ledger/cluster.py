@@ -18,13 +18,18 @@ same for ``XREAD``/``XREADGROUP`` (also "movable keys"), which the relay sends
 for every cell's outbox: ~7 GETKEYS per call on the default node before
 (``python -m bench.cluster_bench``: that node 0.40-0.42 of the cluster's server
 CPU with 3 primaries, its cells' share 0.36; 0.35-0.36 with them read here).
+
+:class:`AsyncLedgerCluster` is the same for ``tq.aio``: redis.asyncio's cluster
+client asks the same way (``_determine_slot`` -> ``AsyncCommandsParser.get_keys``
+-> ``COMMAND GETKEYS``), its pipelines through the client's parser too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from redis._parsers import CommandsParser
+from redis._parsers import AsyncCommandsParser, CommandsParser
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 _FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
@@ -57,6 +62,12 @@ def stream_keys(args: tuple[Any, ...]) -> list[Any] | None:
     return list(rest[: len(rest) // 2])
 
 
+def declared_keys(args: tuple[Any, ...]) -> list[Any] | None:
+    """The keys of a call that declares them (FCALL, XREAD...); None for any other."""
+    keys = function_keys(args)
+    return stream_keys(args) if keys is None else keys
+
+
 class _FunctionKeysParser(CommandsParser):
     """redis-py's parser, sharing its command table, that needs no server for FCALL."""
 
@@ -65,12 +76,20 @@ class _FunctionKeysParser(CommandsParser):
         self.redis_connection = parser.redis_connection
 
     def get_keys(self, redis_conn: Any, *args: Any) -> Any:
-        keys = function_keys(args)
-        if keys is None:
-            keys = stream_keys(args)
+        keys = declared_keys(args)
         if keys is not None:
             return keys
         return super().get_keys(redis_conn, *args)  # type: ignore[no-untyped-call]
+
+
+class _AsyncFunctionKeysParser(AsyncCommandsParser):
+    """The same for redis.asyncio (its table is read by the client's ``initialize``)."""
+
+    async def get_keys(self, *args: Any) -> Any:
+        keys = declared_keys(args)
+        if keys is not None:
+            return keys
+        return await super().get_keys(*args)
 
 
 class LedgerCluster(RedisCluster):
@@ -80,3 +99,13 @@ class LedgerCluster(RedisCluster):
         super().__init__(*args, **kwargs)
         # Pipelines get the client's parser (RedisCluster.pipeline), so they ask no more.
         self.commands_parser = _FunctionKeysParser(self.commands_parser)
+
+
+class AsyncLedgerCluster(AsyncRedisCluster):
+    """redis.asyncio's ``RedisCluster`` that reads a function call's keys from the call."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Before the first command: initialize() fills its table from COMMAND, as
+        # it would redis-py's own; ClusterPipeline asks the client's parser.
+        self.commands_parser = _AsyncFunctionKeysParser()

@@ -52,6 +52,7 @@ from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from toolq import errors
@@ -285,29 +286,40 @@ class Durability:
 
 
 class AsyncDurability:
-    """The same for a ``redis.asyncio`` client (``tq.aio``'s submits)."""
+    """The same for a ``redis.asyncio`` client (``tq.aio``'s submits), a Cluster's too."""
 
     def __init__(
         self, client: aioredis.Redis, mode: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.client = client
+        self.cluster = isinstance(client, AsyncRedisCluster)
         self.plans = _Plans(mode, where(client), clock)
 
     async def current(self) -> Plan:
         if self.plans.due():
             try:
-                reply = await self.client.config_get("append*")
+                reply = await self._config_get("append*")
             except redis.ResponseError:
                 self.plans.probed(Persistence())
             else:
                 self.plans.probed(Persistence.from_config(reply))
         return self.plans.current()
 
+    async def _config_get(self, pattern: str) -> Any:
+        """On a Cluster, one node's settings, as :meth:`Durability.current` reads them."""
+        if not self.cluster:
+            return await self.client.config_get(pattern)
+        cluster: Any = self.client
+        await cluster.initialize()  # the default node is known once it ran (then a no-op)
+        return await cluster.config_get(pattern, target_nodes=cluster.get_default_node())
+
     async def call(
         self, run: AsyncRunner, name: str, keys: Sequence[Any], args: Sequence[Any]
     ) -> Any:
         if not (await self.current()).wait:
             return await run(name, keys, args)
+        if self.cluster:
+            return await self._cluster_call(run, name, keys, args)
         for _ in range(2):
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command(*(await run.command(name, keys, args)))
@@ -318,6 +330,20 @@ class AsyncDurability:
             await run.load()
         if isinstance(reply, Exception):
             raise reply
+        self.plans.learned(ack)
+        return reply
+
+    async def _cluster_call(
+        self, run: AsyncRunner, name: str, keys: Sequence[Any], args: Sequence[Any]
+    ) -> Any:
+        """As :meth:`Durability._cluster_call`: WAITAOF to the node that ran the call."""
+        reply = await run(name, keys, args)
+        cluster: Any = self.client
+        node = cluster.get_node_from_key(keys[0])
+        try:
+            ack = await cluster.execute_command(*WAITAOF, target_nodes=node)
+        except redis.ResponseError as exc:
+            ack = exc
         self.plans.learned(ack)
         return reply
 
