@@ -43,6 +43,7 @@ from bench.load import closed_loop
 from bench.report import table, update
 from tests.cluster import HOST, Cluster
 from toolq.keys import Keys
+from toolq.ledger import spread
 
 APP = "bench.apps:tq"
 CELLS = 256
@@ -145,9 +146,24 @@ def cells_per_node(cluster: Cluster) -> list[int]:
     return counts
 
 
+def balance_cells(url: str) -> None:
+    """``toolq cells balance`` before the processes start: the cell count recorded as
+    the first process would (HSETNX), then the cells' slots spread by cells per node."""
+    with redis.RedisCluster.from_url(url) as cluster:
+        cluster.hsetnx(Keys(PREFIX).meta, "cells", CELLS)
+    client = redis.Redis.from_url(url)
+    nodes = spread.Nodes(client)
+    try:
+        spread.balance(nodes, spread.plan_for(client, nodes, PREFIX), lambda *_: None)
+    finally:
+        nodes.close()
+        client.close()
+
+
 @contextlib.contextmanager
-def deployment(mode: str, broker_url: str) -> Iterator[Deployment]:
-    """A fresh server (inline) or cluster of N primaries for one run; stopped after it."""
+def deployment(mode: str, broker_url: str, balanced: bool = False) -> Iterator[Deployment]:
+    """A fresh server (inline) or cluster of N primaries for one run; stopped after it.
+    ``balanced``: the cells spread by cells per node (``toolq cells balance``) first."""
     common = {"TOOLQ_DURABILITY": "none"}  # appendonly is off everywhere: nothing to wait for
     if mode == INLINE:
         with server(None) as srv:
@@ -155,6 +171,9 @@ def deployment(mode: str, broker_url: str) -> Iterator[Deployment]:
         return
     with Cluster(primaries=int(mode), replicas=0, node_timeout_ms=NODE_TIMEOUT_MS) as cluster:
         url = f"redis://{HOST}:{cluster.nodes[0].port}"
+        if balanced:
+            balance_cells(url)
+            cluster.wait_ok()
         env = {
             **common,
             "TOOLQ_REDIS_URL": url,
@@ -167,7 +186,7 @@ def deployment(mode: str, broker_url: str) -> Iterator[Deployment]:
 
 
 def one_run(mode: str, broker_url: str, a: argparse.Namespace) -> dict[str, Any]:
-    with deployment(mode, broker_url) as dep:
+    with deployment(mode, broker_url, a.balance) as dep:
         kids = [
             procs.toolq_worker(
                 f"cluster-{mode}-worker",
@@ -337,7 +356,8 @@ def render(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> str:
     busiest3 = node_us3.index(max(node_us3))
     return (
         "## Cells on a Valkey Cluster: how far it scales (issue 18)\n\n"
-        f"`python -m bench.cluster_bench --calls {a.calls} --rounds {a.rounds}`: per run, a "
+        f"`python -m bench.cluster_bench --calls {a.calls} --rounds {a.rounds}"
+        f"{' --balance' if a.balance else ''}`: per run, a "
         f"fresh Valkey Cluster of N embedded primaries (no replicas: they only copy writes; "
         f"failover is the chaos tests' subject), the ledger in {CELLS} cells "
         "(`TOOLQ_CELLS`, `TOOLQ_CLUSTER=1`), Celery's broker a plain embedded Valkey outside "
@@ -391,8 +411,14 @@ def render(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> str:
         "node, so redis-py's default node; it also holds the deployment-wide `{toolq}` "
         "keys, slot 3607); the commands it runs per call beyond the others' mean: "
         f"{skew(runs['3'], a.calls)}. Its cells alone would give it "
-        f"{max(runs['3'][0]['cells']) / CELLS:.2f} of the work: the {CELLS} cell tags fall "
-        "unevenly into equal slot ranges, so slots should be balanced by cells per node.\n"
+        f"{max(runs['3'][0]['cells']) / CELLS:.2f} of the work"
+        + (
+            ": the cells were spread by cells per node before each run (`--balance`, "
+            "`toolq cells balance`).\n"
+            if a.balance
+            else f": the {CELLS} cell tags fall unevenly into equal slot ranges "
+            "(`--balance` spreads them by cells per node first, `toolq cells balance`).\n"
+        )
     )
 
 
@@ -411,6 +437,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--idle", type=float, default=2.0, help="seconds the idle cost is read per run (2)"
+    )
+    ap.add_argument(
+        "--balance",
+        action="store_true",
+        help="spread the cells by cells per primary (`toolq cells balance`) before each run",
     )
     a = ap.parse_args()
     if a.client:

@@ -6,7 +6,8 @@ node an :class:`toolq.embedded.EmbeddedServer` (so it dies with the test run) wi
 It assigns the slots itself (``CLUSTER ADDSLOTSRANGE``: the 16384 slots in equal
 ranges), joins the nodes (``CLUSTER MEET``), attaches the replicas (``CLUSTER
 REPLICATE``), and returns once every node says ``cluster_state:ok`` and agrees on
-who serves every slot.
+who serves every slot. :meth:`Cluster.convert` starts one around a single
+server's data instead, and leaves the joining to ``toolq cells adopt``.
 
 Chaos helpers: :meth:`Cluster.kill_primary` SIGKILLs the primary of a slot and
 returns once its replica has taken over (automatic failover: the short
@@ -135,31 +136,10 @@ class Cluster:
     def start(self) -> Self:
         began = time.monotonic()
         self._root = Path(tempfile.mkdtemp(prefix="toolq-cluster-"))
-        config = {
-            "cluster-enabled": "yes",
-            "cluster-config-file": "nodes.conf",
-            "cluster-node-timeout": str(self.node_timeout_ms),
-            # A replica whose primary died a moment ago is fresh enough to take over.
-            "cluster-replica-validity-factor": "0",
-            # A revived node stays the replica of its own shard.
-            "cluster-allow-replica-migration": "no",
-            # A replica's first sync (and a revived one's) starts at once, not after
-            # the default 5 s wait for more replicas to share the transfer.
-            "repl-diskless-sync-delay": "0",
-        }
         try:
             total = self.primaries_count * (1 + self.replicas_count)
             for i in range(total):
-                server = EmbeddedServer(
-                    self._root / f"node{i}",
-                    port=free_port(),
-                    appendonly=self.appendonly,
-                    databases=1,
-                    extra_config=config,
-                )
-                node = Node(server.start())
-                node.id = node.call("CLUSTER", "MYID")
-                self.nodes.append(node)
+                self._spawn(self._root / f"node{i}", free_port(), self.appendonly)
             primaries = self.nodes[: self.primaries_count]
             for node, (first, last) in zip(primaries, _slot_ranges(len(primaries)), strict=True):
                 node.call("CLUSTER", "ADDSLOTSRANGE", first, last)
@@ -171,10 +151,29 @@ class Cluster:
                 node.call("CLUSTER", "REPLICATE", primaries[i % len(primaries)].id)
             self.wait_ok()
             wait_for("the replicas to be in sync", self._replicas_synced)
+            # A client maps replicas from CLUSTER SLOTS, which lists one only once the
+            # node asked has heard of it (gossip; seen missing under load).
+            wait_for("every node to list every replica", self._replicas_listed)
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - began
+        return self
+
+    def convert(self, data_dir: Path, port: int) -> Self:
+        """The start of a Cluster around a single server's data (docs/cells.md): node 0
+        is that server, stopped before, started again on its ``data_dir`` and ``port``
+        with ``cluster-enabled yes`` and its AOF (it claims the slots its keys are in);
+        ``primaries - 1`` empty nodes beside it. No slot is assigned and no node met:
+        that is ``toolq cells adopt``'s work (then :meth:`wait_ok`). No replicas."""
+        self._root = Path(tempfile.mkdtemp(prefix="toolq-cluster-"))
+        try:
+            self._spawn(data_dir, port, appendonly=True)
+            for i in range(1, self.primaries_count):
+                self._spawn(self._root / f"node{i}", free_port(), self.appendonly)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
@@ -187,7 +186,8 @@ class Cluster:
             self._root = None
 
     def __enter__(self) -> Self:
-        return self.start()
+        # ``with Cluster(...).convert(...)`` enters one started already
+        return self if self.nodes else self.start()
 
     def __exit__(
         self,
@@ -282,6 +282,28 @@ class Cluster:
 
     # ----------------------------------------------------------------- internals
 
+    def _spawn(self, data_dir: Path, port: int, appendonly: bool) -> Node:
+        """Start one cluster-enabled node (not yet in the cluster) and add it to :attr:`nodes`."""
+        config = {
+            "cluster-enabled": "yes",
+            "cluster-config-file": "nodes.conf",
+            "cluster-node-timeout": str(self.node_timeout_ms),
+            # A replica whose primary died a moment ago is fresh enough to take over.
+            "cluster-replica-validity-factor": "0",
+            # A revived node stays the replica of its own shard.
+            "cluster-allow-replica-migration": "no",
+            # A replica's first sync (and a revived one's) starts at once, not after
+            # the default 5 s wait for more replicas to share the transfer.
+            "repl-diskless-sync-delay": "0",
+        }
+        server = EmbeddedServer(
+            data_dir, port=port, appendonly=appendonly, databases=1, extra_config=config
+        )
+        self.nodes.append(Node(server))
+        server.start()
+        self.nodes[-1].id = self.nodes[-1].call("CLUSTER", "MYID")
+        return self.nodes[-1]
+
     def _by_port(self, port: int) -> Node:
         for node in self.nodes:
             if node.port == port:
@@ -310,6 +332,10 @@ class Cluster:
             return False
         maps = [sorted((s[0], s[1], s[2][1]) for s in n.call("CLUSTER", "SLOTS")) for n in live]
         return all(m == maps[0] for m in maps)
+
+    def _replicas_listed(self) -> bool:
+        want = 3 + self.replicas_count  # first, last, primary, then each replica
+        return all(len(r) == want for n in self.live() for r in n.call("CLUSTER", "SLOTS"))
 
     def _replicas_synced(self) -> bool:
         for node in self.live():

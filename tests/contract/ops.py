@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+
+from toolq.keys import Keys
 from toolq.ledger import Ledger, SubmitResult
 from toolq.record import HistoryEntry
 from toolq.recovery.transition import Transition
-from toolq.states import State
+from toolq.states import PENDING_RECOVERY, State
 
 NOW = 1_700_000_000_000
 LEASE = 30_000
@@ -69,3 +72,26 @@ def history(ledger: Ledger, ref: str) -> list[HistoryEntry]:
 def snapshot(ledger: Ledger) -> dict[bytes, bytes | None]:
     """Every key and its serialised value: to show that a call wrote nothing."""
     return {k: ledger.redis.dump(k) for k in ledger.redis.scan_iter(count=1000)}
+
+
+def single_tag_ledger(client: redis.Redis) -> tuple[Ledger, list[str]]:
+    """Operations in every state: written by the scripts (queued, running) and put
+    (every state, with their index and due entries as the scripts keep them)."""
+    old = Keys("toolq")
+    ledger = Ledger(client, "toolq", "none")
+    refs = []
+    for i in range(6):
+        ref = f"mig/submitted/{i}"
+        submit(ledger, ref)
+        refs.append(ref)
+    for ref in refs[:2]:
+        assert ledger.claim(ref, 1, "worker-1", NOW, LEASE).outcome == "claimed"
+    for i, state in enumerate(State):
+        ref = f"mig/put/{state}"
+        put(ledger, ref, state)
+        client.zadd(old.index(TOOL, state), {ref: NOW + i})
+        if state in PENDING_RECOVERY:
+            client.zadd(old.due, {ref: NOW + 1000 + i})
+        refs.append(ref)
+    client.expire(old.op(refs[-1]), 3600)
+    return ledger, refs

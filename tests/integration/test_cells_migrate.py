@@ -10,7 +10,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from tests.contract.ops import LEASE, NOW, TOOL, put, submit
+from tests.contract.ops import LEASE, NOW, TOOL, single_tag_ledger
 from toolq import errors
 from toolq.cells import cell_of
 from toolq.cli import main
@@ -30,30 +30,8 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
     c.close()
 
 
-def _single_tag_ledger(client: redis.Redis) -> tuple[Ledger, list[str]]:
-    """Operations in every state: written by the scripts (queued, running) and put
-    (every state, with their index and due entries as the scripts keep them)."""
-    ledger = Ledger(client, "toolq", "none")
-    refs = []
-    for i in range(6):
-        ref = f"mig/submitted/{i}"
-        submit(ledger, ref)
-        refs.append(ref)
-    for ref in refs[:2]:
-        assert ledger.claim(ref, 1, "worker-1", NOW, LEASE).outcome == "claimed"
-    for i, state in enumerate(State):
-        ref = f"mig/put/{state}"
-        put(ledger, ref, state)
-        client.zadd(OLD.index(TOOL, state), {ref: NOW + i})
-        if state in PENDING_RECOVERY:
-            client.zadd(OLD.due, {ref: NOW + 1000 + i})
-        refs.append(ref)
-    client.expire(OLD.op(refs[-1]), 3600)
-    return ledger, refs
-
-
 def test_a_ledger_in_every_state_moves_into_cells_and_works_there(client: redis.Redis) -> None:
-    old_ledger, refs = _single_tag_ledger(client)
+    old_ledger, refs = single_tag_ledger(client)
     records = {ref: client.hgetall(OLD.op(ref)) for ref in refs}
     due = dict(client.zrange(OLD.due, 0, -1, withscores=True))
     indexes = {
@@ -107,7 +85,7 @@ def test_a_ledger_in_every_state_moves_into_cells_and_works_there(client: redis.
 def test_a_second_run_finds_the_ledger_moved_and_another_number_is_refused(
     client: redis.Redis,
 ) -> None:
-    _single_tag_ledger(client)
+    single_tag_ledger(client)
     assert not to_cells(client, "toolq", CELLS, NOW).already
     assert to_cells(client, "toolq", CELLS, NOW).already
     with pytest.raises(errors.RequestRefused, match="lives in 8 cells, not 16"):
@@ -117,7 +95,7 @@ def test_a_second_run_finds_the_ledger_moved_and_another_number_is_refused(
 def test_it_refuses_while_a_writer_beats_or_the_outbox_holds_messages(
     client: redis.Redis,
 ) -> None:
-    _single_tag_ledger(client)
+    single_tag_ledger(client)
     client.hset(OLD.schedulers, "host:1:abc", NOW - 1_000)
     with pytest.raises(errors.RequestRefused, match="scheduler host:1:abc"):
         to_cells(client, "toolq", CELLS, NOW)
@@ -133,7 +111,7 @@ def test_it_refuses_while_a_writer_beats_or_the_outbox_holds_messages(
 
 
 def test_the_command_moves_and_says_what_it_did(client: redis.Redis, redis_url: str) -> None:
-    _single_tag_ledger(client)
+    single_tag_ledger(client)
     runner = CliRunner()
     args = ["cells", "migrate", "--redis-url", redis_url, "--cells", str(CELLS)]
     result = runner.invoke(main, args)

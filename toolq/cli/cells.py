@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import click
 import redis
@@ -10,6 +11,9 @@ import redis
 from toolq.cells import MAX_CELLS
 from toolq.cli.common import CliError, handle_errors, redis_option, resolve_url, state_dir_option
 from toolq.redact import redact_url
+
+if TYPE_CHECKING:
+    from toolq.ledger.spread import Move
 
 
 @click.group()
@@ -68,6 +72,110 @@ def migrate(redis_url: str | None, state_dir: str, count: int, prefix: str, forc
         f"{moved.counters} counters and {moved.tools} tools into cell 0. "
         f"Run every process with TOOLQ_CELLS={count}."
     )
+
+
+def _connect(redis_url: str | None, state_dir: str) -> tuple[str, redis.Redis]:
+    from pathlib import Path
+
+    url = resolve_url(redis_url, Path(state_dir))
+    if url is None:
+        raise CliError("no Redis URL: pass --redis-url or set TOOLQ_REDIS_URL")
+    return url, redis.Redis.from_url(url, socket_timeout=30)
+
+
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{value!r} is not host:port")
+    return value
+
+
+@cells.command()
+@redis_option
+@state_dir_option
+@click.option(
+    "--node",
+    "joining",
+    multiple=True,
+    required=True,
+    callback=lambda _ctx, _param, values: [_address(v) for v in values],
+    help="host:port of an empty Cluster node to join as a primary (repeat the option).",
+)
+@handle_errors
+def adopt(redis_url: str | None, state_dir: str, joining: list[str]) -> None:
+    """Make a converted server a Cluster: it serves every slot, empty primaries join.
+
+    Run on the single server restarted with `cluster-enabled yes` (it claims the
+    slots its keys are in): it assigns itself the slots no node serves (CLUSTER
+    ADDSLOTSRANGE), meets each --node (CLUSTER MEET; each must be an empty
+    Cluster node) and waits for cluster_state:ok. Then `toolq cells balance`.
+    """
+    from toolq.ledger.spread import Nodes, adopt
+
+    url, client = _connect(redis_url, state_dir)
+    nodes = Nodes(client)
+    try:
+        adopt(client, nodes, joining, progress=click.echo)
+    finally:
+        nodes.close()
+        client.close()
+    click.echo(f"{redact_url(url)}: a Cluster of {1 + len(joining)} primaries, cluster_state:ok")
+
+
+@cells.command()
+@redis_option
+@state_dir_option
+@click.option(
+    "--prefix",
+    envvar="TOOLQ_PREFIX",
+    default="toolq",
+    show_default=True,
+    help="The ledger's key prefix (env TOOLQ_PREFIX).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan; move nothing.")
+@handle_errors
+def balance(redis_url: str | None, state_dir: str, prefix: str, dry_run: bool) -> None:
+    """Spread the ledger's cells evenly over the Cluster's primaries.
+
+    Reads the number of cells from the ledger's meta and the Cluster's slot map,
+    and moves the cells' slots (CLUSTER MIGRATESLOTS, Valkey 9's atomic slot
+    migration; processes may keep running) so that each primary serves as even a
+    share of the cells as it can, moving as few slots as it can. Slots without a
+    cell stay where they are.
+    """
+    from toolq.ledger.spread import Nodes, balance, plan_for
+
+    _, client = _connect(redis_url, state_dir)
+    nodes = Nodes(client)
+    try:
+        made = plan_for(client, nodes, prefix)
+        name = made.addresses
+        click.echo(f"{made.cells} cells of {prefix!r} on {len(made.before)} primaries:")
+        for node, count in made.before.items():
+            click.echo(f"  {name[node]}: {count} -> {made.after[node]} cells")
+        if not made.moves:
+            click.echo("balanced already: nothing to move")
+            return
+        click.echo(f"{len(made.moves)} slots to move")
+        if dry_run:
+            for m in made.moves:
+                click.echo(
+                    f"  slot {m.slot} ({m.cells} cell{'s' if m.cells > 1 else ''}): "
+                    f"{name[m.source]} -> {name[m.target]}"
+                )
+            return
+
+        def shown(done: int, total: int, batch: list[Move]) -> None:
+            click.echo(
+                f"  moved {done}/{total} slots ({len(batch)} {name[batch[0].source]} -> "
+                f"{name[batch[0].target]})"
+            )
+
+        balance(nodes, made, shown)
+    finally:
+        nodes.close()
+        client.close()
+    click.echo("balanced")
 
 
 COMMANDS = [cells]
