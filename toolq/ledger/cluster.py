@@ -18,6 +18,17 @@ same for ``XREAD``/``XREADGROUP`` (also "movable keys"), which the relay sends
 for every cell's outbox: ~7 GETKEYS per call on the default node before
 (``python -m bench.cluster_bench``: that node 0.40-0.42 of the cluster's server
 CPU with 3 primaries, its cells' share 0.36; 0.35-0.36 with them read here).
+
+It also refreshes its map of the cluster when a node it takes for a primary
+answers READONLY, and sends the command again, once. redis-py refreshes the map
+on a connection error or a MOVED, but a command sent to every primary (``FUNCTION
+LOAD``: what a process's first ledger call does) gets neither from a primary that
+failed over and came back as a replica, at the same address: it answers "You
+can't write against a read only replica", and a client whose map predates the
+failover (a prefork pool child: its parent read the map before it forked) failed
+every call that way until restarted (``python -m bench.cluster_chaos``). The
+refusal means the command did not run there, and what is sent to every primary
+(``FUNCTION LOAD ... REPLACE``, ``SCRIPT LOAD``) may run twice.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import Any
 
 from redis._parsers import CommandsParser
 from redis.cluster import RedisCluster
+from redis.exceptions import ReadOnlyError
 
 _FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
 _STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
@@ -80,3 +92,10 @@ class LedgerCluster(RedisCluster):
         super().__init__(*args, **kwargs)
         # Pipelines get the client's parser (RedisCluster.pipeline), so they ask no more.
         self.commands_parser = _FunctionKeysParser(self.commands_parser)
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)
+        except ReadOnlyError:  # a "primary" is a replica now: the map is stale (see above)
+            self.nodes_manager.initialize()
+            return super().execute_command(*args, **kwargs)

@@ -22,8 +22,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 from pydantic import SecretStr
+from redis.cluster import key_slot
 
 from tests.cluster import HOST, Cluster
+from tests.contract.ops import submit
 from tests.helpers import (
     REPO_ROOT,
     kill_group,
@@ -38,6 +40,8 @@ from tests.integration.apps import cells_app
 from toolq import State, ToolQueue
 from toolq.cells import cell_of
 from toolq.keys import OUTBOX_GROUP, Keys
+from toolq.ledger import Ledger
+from toolq.ledger.cluster import LedgerCluster
 from toolq.procs import pdeathsig_preexec
 
 CELLS = 16
@@ -298,6 +302,32 @@ def test_a_scheduler_killed_holding_cells_has_their_retries_dispatched_by_the_ot
     _agree(tq, provider, refs)
     assert len(set(_holders(tq).values())) == 1 and len(_holders(tq)) == CELLS
     deployment["scheduler-2"] = start_scheduler(APP, env["TOOLQ_REDIS_URL"], env=env)
+
+
+def test_a_ledger_whose_map_predates_a_failover_and_revive_still_loads_its_scripts(
+    cluster: Cluster, env: dict[str, str]
+) -> None:
+    # Given a ledger client that read the cluster's map and has not loaded its scripts
+    # yet (a prefork pool child whose parent read the map before it forked)
+    client = LedgerCluster.from_url(env["TOOLQ_REDIS_URL"])
+    ledger = Ledger(client, "toolq", "none", outbox=True, cells=CELLS)  # type: ignore[arg-type]
+    startup = cluster.nodes[0]
+    ref = next(
+        f"faults/stale-map/{i}"
+        for i in range(100)
+        if cluster.owner(key_slot(Keys("toolq", _cell(f"faults/stale-map/{i}")).due.encode()))
+        is not startup
+    )
+    # When the primary of its cell fails over and comes back as a replica, at the
+    # address the map still calls a primary's
+    victim, _ = cluster.kill_primary(key_slot(Keys("toolq", _cell(ref)).due.encode()))
+    try:
+        cluster.revive(victim)
+        assert victim not in cluster.primaries()
+        # Then its first call loads the scripts (on the primaries as they are now) and runs
+        assert submit(ledger, ref).outcome == "created"
+    finally:
+        client.close()
 
 
 def _cell(ref: str) -> int:
