@@ -95,7 +95,7 @@ class LedgerCluster(RedisCluster):
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().execute_command(*args, **kwargs)
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
         except ReadOnlyError:  # a "primary" is a replica now: the map is stale (see above)
             self.nodes_manager.initialize()
-            return super().execute_command(*args, **kwargs)
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
