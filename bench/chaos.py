@@ -133,7 +133,7 @@ class ChaosConfig:
 @dataclass
 class Role:
     name: str
-    kind: str  # calls | verify | scheduler
+    kind: str  # calls | verify | scheduler | relay
     pool: str = ""
     concurrency: int = 0
     gen: int = 0
@@ -170,6 +170,8 @@ class ChaosResult:
     #: loaded a truncated file.
     power_losses: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: A Cluster run's events (bench.cluster_chaos): failover, revive, slot migration.
+    cluster: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -189,13 +191,20 @@ class ChaosResult:
 
 
 class Chaos:
+    """The single-server run; :mod:`bench.cluster_chaos` overrides the hooks marked so."""
+
+    #: The kinds of kill and how often each is chosen.
+    KILLS: dict[str, float] = {"worker": 0.25, "parent": 0.2, "pool_child": 0.3, "scheduler": 0.25}
+    #: Process logs are under LOG_DIR/<DIR_PREFIX>-<time>-<run id>.
+    DIR_PREFIX = "chaos"
+
     def __init__(self, cfg: ChaosConfig) -> None:
         self.cfg = cfg
         if cfg.seed is None:
             cfg.seed = random.SystemRandom().randrange(1 << 30)
         self.rng = random.Random(cfg.seed)
         self.run_id = uuid.uuid4().hex[:6]
-        self.dir = f"chaos-{time.strftime('%H%M%S')}-{self.run_id}"
+        self.dir = f"{self.DIR_PREFIX}-{time.strftime('%H%M%S')}-{self.run_id}"
         (procs.LOG_DIR / self.dir).mkdir(parents=True, exist_ok=True)
         self.roles = [
             Role("calls-1", "calls", "prefork", 3),
@@ -231,7 +240,7 @@ class Chaos:
     def env(self) -> dict[str, str]:
         assert self.provider is not None
         return {
-            **ENV,
+            **self.client_env(),
             "TOOLQ_EXAMPLE_PROVIDER_URL": self.provider.url,
             "TOOLQ_DURABILITY": self.cfg.durability,
         }
@@ -240,6 +249,9 @@ class Chaos:
         name = f"{self.dir}/{role.name}-g{role.gen}"
         if role.kind == "scheduler":
             role.child = procs.toolq_scheduler(name, APP, self.url, env=self.env())
+        elif role.kind == "relay":
+            argv = ["-m", "toolq.cli", "relay", "--app", APP, "--redis-url", self.url]
+            role.child = procs.python_child(name, [*argv, "--loglevel", "WARNING"], self.env())
         else:
             queue = "toolq.calls" if role.kind == "calls" else "toolq.verify"
             role.child = procs.toolq_worker(
@@ -255,10 +267,8 @@ class Chaos:
         role.gen += 1
 
     def kill_one(self) -> None:
-        workers = [r for r in self.roles if r.kind != "scheduler"]
-        what = self.rng.choices(
-            ["worker", "parent", "pool_child", "scheduler"], [0.25, 0.2, 0.3, 0.25]
-        )[0]
+        workers = [r for r in self.roles if r.kind in ("calls", "verify")]
+        what = self.rng.choices(list(self.KILLS), list(self.KILLS.values()))[0]
         if what == "parent":
             # Only the leader: its pool children are orphaned and finish what they hold.
             role = self.rng.choice(workers)
@@ -286,13 +296,13 @@ class Chaos:
                 return
             what = "worker"
         role = self.rng.choice(
-            workers if what == "worker" else [r for r in self.roles if r.kind == "scheduler"]
+            workers if what == "worker" else [r for r in self.roles if r.kind == what]
         )
         assert role.child is not None
         role.child.kill()
         self.kills[what] += 1
         self.log(f"SIGKILL {role.name} (pid {role.child.pid}, whole group); starting another")
-        if what == "scheduler":
+        if what in ("scheduler", "relay"):
             time.sleep(self.rng.uniform(0.3, 1.5))
         self.spawn(role)
 
@@ -316,8 +326,21 @@ class Chaos:
 
     # ------------------------------------------------------------------ threads
 
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
+        """A client of the ledger's server (hook)."""
         return redis.Redis.from_url(self.url, socket_timeout=10, socket_connect_timeout=2)
+
+    def queues_client(self) -> redis.Redis:
+        """A client of the server holding Celery's queue lists (hook)."""
+        return self.client()  # type: ignore[no-any-return]
+
+    def op_key(self, ref: str) -> str:
+        """The ledger key of operation ``ref`` (hook)."""
+        return KEYS.op(ref)
+
+    def read_stats(self, r: Any) -> dict[str, int]:
+        """The ledger's counters (hook)."""
+        return {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items()}
 
     def submitter(self, tq: Any, seconds: float) -> None:
         t0 = time.monotonic()
@@ -344,7 +367,7 @@ class Chaos:
                 self.customer[ref] = customer
 
     def duplicator(self) -> None:
-        r = self.client()
+        r = self.queues_client()
         captured: list[tuple[str, bytes]] = []
         n = 0
         try:
@@ -367,26 +390,33 @@ class Chaos:
         finally:
             r.close()
 
-    def chaos_loop(self, seconds: float) -> None:
-        start = time.monotonic()
+    def planned(self, start: float, seconds: float) -> list[tuple[float, str]]:
+        """The server events of the run, (monotonic time, name), in order (hook)."""
         n = self.cfg.power_losses
-        events: list[tuple[float, str]] = []
         if self.server is not None and n:
-            events = [(start + seconds * (i + 1) / (n + 1), "power") for i in range(n)]
-        elif self.server is not None and self.cfg.restart_server:
-            events = [(start + seconds / 2, "restart")]
+            return [(start + seconds * (i + 1) / (n + 1), "power") for i in range(n)]
+        if self.server is not None and self.cfg.restart_server:
+            return [(start + seconds / 2, "restart")]
+        return []
+
+    def event(self, name: str) -> None:
+        """Do the server event ``name`` of :meth:`planned` (hook)."""
+        if name == "power":
+            self.power_loss()
+        else:
+            self.log("hard restart of the server (SIGKILL; same port and data dir)")
+            self.server.restart(hard=True)
+            self.log("server is back")
+        self.server_restarts += 1
+
+    def chaos_loop(self, seconds: float) -> None:
+        events = self.planned(time.monotonic(), seconds)
         kills_due = self.cfg.kills
         t_next = time.monotonic() + self.cfg.interval
         while (kills_due > 0 or events) and not self.stop_chaos.is_set():
             now = time.monotonic()
             if events and now >= events[0][0]:
-                if events.pop(0)[1] == "power":
-                    self.power_loss()
-                else:
-                    self.log("hard restart of the server (SIGKILL; same port and data dir)")
-                    self.server.restart(hard=True)
-                    self.log("server is back")
-                self.server_restarts += 1
+                self.event(events.pop(0)[1])
             self.ensure_running()
             if kills_due > 0 and now >= t_next:
                 self.kill_one()
@@ -447,14 +477,11 @@ class Chaos:
 
     # ------------------------------------------------------------------ the run
 
-    def run(self) -> ChaosResult:
+    def start_servers(self) -> None:
+        """Start the ledger's server (or flush ``--redis-url``) and set :attr:`url` (hook)."""
         from toolq.embedded import EmbeddedServer
-        from toolq.examples.provider import InvoiceProvider, ProviderConfig
 
         cfg = self.cfg
-        saved = {k: os.environ.get(k) for k in ENV}
-        os.environ.update(ENV)  # the client's settings (unclaimed_after) match the workers'
-        t_start = time.monotonic()
         if cfg.redis_url:
             self.url = cfg.redis_url
             with contextlib.closing(self.client()) as r:
@@ -469,6 +496,25 @@ class Chaos:
                 extra_config={"aof-load-truncated": "yes", "auto-aof-rewrite-percentage": "0"},
             ).start()
             self.url = str(self.server.url)
+
+    def stop_servers(self) -> None:
+        """Stop what :meth:`start_servers` started (hook)."""
+        if self.server is not None:
+            self.server.stop()
+
+    def client_env(self) -> dict[str, str]:
+        """The settings of the processes, for this process's client too (hook)."""
+        return dict(ENV)
+
+    def run(self) -> ChaosResult:
+        from toolq.examples.provider import InvoiceProvider, ProviderConfig
+
+        cfg = self.cfg
+        t_start = time.monotonic()
+        self.start_servers()
+        client_env = self.client_env()
+        saved = {k: os.environ.get(k) for k in client_env}
+        os.environ.update(client_env)  # the client's settings (unclaimed_after) match the workers'
         self.provider = InvoiceProvider(
             ProviderConfig(
                 dedup=cfg.dedup, precommit_stall=3.0, crash_stall=5.0, latency=(0.02, 0.2)
@@ -516,8 +562,7 @@ class Chaos:
                 child.kill()
             tq.close()
             self.provider.stop()
-            if self.server is not None:
-                self.server.stop()
+            self.stop_servers()
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -549,7 +594,7 @@ class Chaos:
     def states(self, r: redis.Redis) -> dict[str, str]:
         pipe = r.pipeline(transaction=False)
         for ref in self.refs:
-            pipe.hget(KEYS.op(ref), "state")
+            pipe.hget(self.op_key(ref), "state")
         return {
             ref: (s.decode() if s else "missing")
             for ref, s in zip(self.refs, pipe.execute(), strict=True)
@@ -563,9 +608,9 @@ class Chaos:
             states = self.states(r)
             pipe = r.pipeline(transaction=False)
             for ref in self.refs:
-                pipe.hgetall(KEYS.op(ref))  # the envelope and the history (h1 .. h<hn>)
+                pipe.hgetall(self.op_key(ref))  # the envelope and the history (h1 .. h<hn>)
             raw = pipe.execute()
-            stats = {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items()}
+            stats = self.read_stats(r)
         finally:
             r.close()
         store = self.provider.store
@@ -702,35 +747,25 @@ def summary(res: ChaosResult) -> str:
     return "\n".join(lines)
 
 
-def render(res: ChaosResult, cfg: ChaosConfig) -> str:
-    from bench.report import table
+def kills_text(kills: dict[str, int]) -> str:
+    """The kills of a run, by kind, as one table cell."""
+    k = kills
+    relays = f", relay {k['relay']}" if "relay" in k else ""
+    return (
+        f"{sum(k.values())}: whole worker {k.get('worker', 0)}, worker "
+        f"leader only {k.get('parent', 0)}, pool child {k.get('pool_child', 0)}, scheduler "
+        f"{k.get('scheduler', 0)}{relays}"
+    )
 
-    k = res.kills
-    rows = [
+
+def verdict_rows(res: ChaosResult, server_rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The rows of a run's section: what was done (``server_rows``: to the servers), then
+    the verdict."""
+    return [
         ("operations submitted", f"{res.submitted:,}"),
         ("by final state", ", ".join(f"{s} {n}" for s, n in res.by_state.items())),
-        (
-            "kills (SIGKILL)",
-            f"{sum(k.values())}: whole worker {k.get('worker', 0)}, worker "
-            f"leader only {k.get('parent', 0)}, pool child {k.get('pool_child', 0)}, scheduler "
-            f"{k.get('scheduler', 0)}",
-        ),
-        (
-            "server restarts (SIGKILL, AOF appendfsync " + res.appendfsync + ")",
-            str(res.server_restarts),
-        ),
-        (
-            "of which simulated power losses (AOF cut to its fsynced size)",
-            f"{len(res.power_losses)}: "
-            + (
-                ", ".join(
-                    f"{p['cut_bytes']:,} of {p['aof_bytes']:,} bytes cut"
-                    + (" (loaded truncated)" if p["loaded_truncated"] else "")
-                    for p in res.power_losses
-                )
-                or "-"
-            ),
-        ),
+        ("kills (SIGKILL)", kills_text(res.kills)),
+        *server_rows,
         ("duplicate messages pushed into the queues", f"{res.duplicate_pushes:,}"),
         ("**refs with ≥ 2 committed side effects**", f"**{len(res.duplicates)}**"),
         (
@@ -765,6 +800,29 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
         ("chaos duration, then quiet after", f"{res.seconds:.0f} s, {res.settled_after_s:.0f} s"),
         ("verdict", "**PASS**" if res.ok else "**FAIL**"),
     ]
+
+
+def render(res: ChaosResult, cfg: ChaosConfig) -> str:
+    from bench.report import table
+
+    server_rows = [
+        (
+            "server restarts (SIGKILL, AOF appendfsync " + res.appendfsync + ")",
+            str(res.server_restarts),
+        ),
+        (
+            "of which simulated power losses (AOF cut to its fsynced size)",
+            f"{len(res.power_losses)}: "
+            + (
+                ", ".join(
+                    f"{p['cut_bytes']:,} of {p['aof_bytes']:,} bytes cut"
+                    + (" (loaded truncated)" if p["loaded_truncated"] else "")
+                    for p in res.power_losses
+                )
+                or "-"
+            ),
+        ),
+    ]
     power = f" --power-losses {cfg.power_losses}" if cfg.power_losses else ""
     fsync = "" if cfg.appendfsync == "always" else f" --appendfsync {cfg.appendfsync}"
     dur = "" if cfg.durability == "fsync" else f" --durability {cfg.durability}"
@@ -779,7 +837,7 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
         f"idempotency-key dedup **{'on' if res.dedup else 'off'}** (so every commit is a real "
         "side effect), faults: lost reply after commit, timeout before commit, reply held past "
         "the timeout, 429, 409, always-503. Lease 2 s, unclaimed_after 5 s, visibility "
-        "timeout 20 s.\n\n" + table(("", ""), rows) + _power_note(res)
+        "timeout 20 s.\n\n" + table(("", ""), verdict_rows(res, server_rows)) + _power_note(res)
     )
 
 

@@ -40,6 +40,7 @@ ORDER = (
     "durability",
     "chaos",
     "chaos-power",
+    "chaos-cluster",
     "relay",
     "cluster",
 )

@@ -22,6 +22,17 @@ CPU with 3 primaries, its cells' share 0.36; 0.35-0.36 with them read here).
 :class:`AsyncLedgerCluster` is the same for ``tq.aio``: redis.asyncio's cluster
 client asks the same way (``_determine_slot`` -> ``AsyncCommandsParser.get_keys``
 -> ``COMMAND GETKEYS``), its pipelines through the client's parser too.
+
+Both also refresh their map of the cluster when a node it takes for a primary
+answers READONLY, and send the command again, once. redis-py refreshes the map
+on a connection error or a MOVED, but a command sent to every primary (``FUNCTION
+LOAD``: what a process's first ledger call does) gets neither from a primary that
+failed over and came back as a replica, at the same address: it answers "You
+can't write against a read only replica", and a client whose map predates the
+failover (a prefork pool child: its parent read the map before it forked) failed
+every call that way until restarted (``python -m bench.cluster_chaos``). The
+refusal means the command did not run there, and what is sent to every primary
+(``FUNCTION LOAD ... REPLACE``, ``SCRIPT LOAD``) may run twice.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from typing import Any
 from redis._parsers import AsyncCommandsParser, CommandsParser
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.exceptions import ReadOnlyError
 
 _FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
 _STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
@@ -100,6 +112,13 @@ class LedgerCluster(RedisCluster):
         # Pipelines get the client's parser (RedisCluster.pipeline), so they ask no more.
         self.commands_parser = _FunctionKeysParser(self.commands_parser)
 
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except ReadOnlyError:  # a "primary" is a replica now: the map is stale (see above)
+            self.nodes_manager.initialize()
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+
 
 class AsyncLedgerCluster(AsyncRedisCluster):
     """redis.asyncio's ``RedisCluster`` that reads a function call's keys from the call."""
@@ -109,3 +128,10 @@ class AsyncLedgerCluster(AsyncRedisCluster):
         # Before the first command: initialize() fills its table from COMMAND, as
         # it would redis-py's own; ClusterPipeline asks the client's parser.
         self.commands_parser = _AsyncFunctionKeysParser()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except ReadOnlyError:  # a "primary" is a replica now: the map is stale (see above)
+            await self.nodes_manager.initialize()
+            return await super().execute_command(*args, **kwargs)

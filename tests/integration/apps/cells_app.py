@@ -6,10 +6,16 @@ process builds its own client with :func:`make`. The provider stub writes its si
 effects (``provider:effects``, ``provider:committed:<ref>``) to ``PROVIDER_URL``
 when set (a Cluster's node would answer MOVED to a plain client), else to the
 ledger's server.
+
+Modes of ``pay``: ``ok``; ``rate_limited`` (429 on the first two attempts);
+``lost_reply`` (commits, then its reply is lost on the first attempt). ``sleep``
+holds the tool inside the write (after the side effect, before the reply): where a
+test kills its worker.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -36,6 +42,7 @@ SETTINGS = ToolqSettings(
 
 class Pay(BaseModel):
     mode: str = "ok"
+    sleep: float = 0.0
 
 
 def make(settings: ToolqSettings) -> ToolQueue:
@@ -52,6 +59,8 @@ def make(settings: ToolqSettings) -> ToolQueue:
             raise errors.RateLimited(retry_after=0.3)
         p.rpush("provider:effects", ctx.operation_ref)
         p.set(f"provider:committed:{ctx.operation_ref}", "1")
+        if args.sleep:
+            time.sleep(args.sleep)  # inside the write: after the side effect, before the reply
         if args.mode == "lost_reply" and ctx.attempt == 1:
             raise ConnectionResetError("connection reset by peer")
         return {"paid": ctx.operation_ref, "attempt": ctx.attempt}

@@ -2,8 +2,10 @@
 
     python -m tests.integration.apps.dying_relay read       # after XREADGROUP, before publishing
     python -m tests.integration.apps.dying_relay published  # after publishing, before XACK
+    python -m tests.integration.apps.dying_relay read MODULE:ATTR  # another app's relay
 
-The ledger and the broker come from TOOLQ_REDIS_URL and TOOLQ_BROKER_URL.
+The ledger and the broker come from TOOLQ_REDIS_URL and TOOLQ_BROKER_URL (and
+TOOLQ_CELLS, TOOLQ_CLUSTER); the app is the outbox tests' unless one is named.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from tests.integration.apps.outbox_app import tq
+from toolq.loader import load_app
 from toolq.relay.outgoing import Outgoing
 from toolq.relay.service import Relay
+
+OUTBOX_APP = "tests.integration.apps.outbox_app:tq"
 
 
 def die(batch: Sequence[Outgoing]) -> None:
@@ -25,6 +29,7 @@ def die(batch: Sequence[Outgoing]) -> None:
 
 if __name__ == "__main__":
     when = sys.argv[1]
+    tq = load_app(sys.argv[2] if len(sys.argv) > 2 else OUTBOX_APP)
     relay = Relay(
         tq.app,
         on_read=die if when == "read" else None,
