@@ -13,8 +13,11 @@ Two kinds of notice, on two Pub/Sub channels:
   through ``CallContext.progress`` (:class:`ProgressPublisher`, in the worker).
 
 Settled states go to ``Keys.notify``, everything else (unsettled states,
-progress) to ``Keys.notify_steps``: one PUBLISH per transition either way, and
+progress) to ``Keys.notify_steps``: one SPUBLISH per transition either way, and
 a process that only waits subscribes to the first and hears one notice per call.
+Both channels carry the cell's hash tag: notices are sharded Pub/Sub, on one
+server as on a Cluster, where each stays on the node of its cell
+(:class:`Subscription` says how subscribers follow them there).
 
 Subscribers, each one subscription shared by every waiter it serves:
 
@@ -22,8 +25,10 @@ Subscribers, each one subscription shared by every waiter it serves:
 - :class:`AsyncNotifier` for ``tq.aio``: one task per event loop (redis.asyncio
   connections belong to the loop they were made on), no thread.
 
-Both re-subscribe after a lost connection and then wake every waiter to read
-its record again: notices published meanwhile are gone.
+Both subscribe again after a lost connection or a moved slot, and then wake
+every waiter to read its record again: notices published meanwhile are gone.
+The scheduler and the relay of a Cluster hear notices through
+:class:`Subscription` too.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import contextlib
 import json
 import logging
 import math
+import select
 import threading
 import time
 from collections import defaultdict
@@ -43,6 +49,9 @@ from typing import Any, Literal
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from toolq.redact import scrub
 from toolq.states import State
@@ -203,12 +212,362 @@ class ProgressPublisher:
             return False
         try:
             channel = self.channel if isinstance(self.channel, str) else self.channel(ref)
-            self.client.publish(channel, progress_notice(ref, fraction, message))
+            # Sharded, as the scripts' notices (Subscription says why).
+            self.client.spublish(channel, progress_notice(ref, fraction, message))
         except (redis.RedisError, OSError):
             self._paused_until = self.clock() + PROGRESS_PAUSE_S
             log.debug("progress of %s not published", ref, exc_info=True)
             return False
         return True
+
+
+# --------------------------------------------------------------------------- subscribing
+
+
+#: After a channel could not be subscribed (its node down, its slot moving), the
+#: next try waits this long: a failover takes a second or two, a migration less.
+PLACE_RETRY_S = 0.2
+
+
+def _on_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+class Subscription:
+    """``SSUBSCRIBE`` to notice channels, on one server or on a Cluster (sync).
+
+    The scripts ``SPUBLISH`` a cell's notices to a channel in the cell's slot,
+    so on a Cluster a notice stays on the node that ran the script (a classic
+    ``PUBLISH`` is broadcast over the cluster bus to every node). A subscriber
+    therefore holds one connection per primary owning some of its channels,
+    each channel subscribed there by itself (one ``SSUBSCRIBE`` cannot span
+    slots). On one server: one connection, one ``SSUBSCRIBE`` of them all.
+
+    :meth:`get_message` answers as redis-py's ``PubSub`` does, with the sharded
+    kinds renamed: ``"message"``, and ``"subscribe"`` for each confirmation. A
+    channel whose slot left its node (a slot migration sends ``sunsubscribe``, a
+    failover or a lost connection breaks it) is subscribed again on its owner,
+    looked up afresh, so the caller counts one confirmation more than it has
+    channels: notices published meanwhile are gone, waiters read again.
+    """
+
+    def __init__(self, client: redis.Redis, channels: Sequence[str] = ()) -> None:
+        self.client = client
+        self.cluster = _on_cluster(client)
+        self.channels: list[str] = []
+        #: Node name ("" on one server) -> its connection; channel -> its node.
+        self._subs: dict[str, Any] = {}
+        self._where: dict[str, str] = {}
+        #: Channels subscribed nowhere now, and when to try them again.
+        self._homeless: list[str] = []
+        self._retry_at = 0.0
+        self._stale = False
+        self._turn = 0
+        self.add(*channels)
+
+    def add(self, *channels: str) -> None:
+        """Subscribe to these too (on the next :meth:`get_message` if it fails now)."""
+        new = [c for c in dict.fromkeys(channels) if c not in self.channels]
+        self.channels += new
+        self._homeless += new
+
+    def get_message(self, timeout: float) -> dict[str, Any] | None:
+        """The next message, waiting up to ``timeout`` s. Raises ``redis.ConnectionError``
+        when a node could not be reached or refused a channel: those channels are
+        subscribed again on a later call (the others are still heard)."""
+        self._place()
+        if self._homeless:  # some wait to be placed again: no longer than that
+            timeout = min(timeout, max(0.0, self._retry_at - time.monotonic()))
+        deadline = time.monotonic() + timeout
+        if not self._subs:  # nothing to hear, or nothing placed yet (a later call tries)
+            wait = timeout if not self._homeless else self._retry_at - time.monotonic()
+            time.sleep(max(0.0, min(timeout, wait)))
+            return None
+        if len(self._subs) == 1:
+            ((node, sub),) = self._subs.items()
+            return self._read(node, sub, timeout)
+        while True:
+            nodes = list(self._subs.items())
+            self._turn = (self._turn + 1) % len(nodes)
+            for node, sub in nodes[self._turn :] + nodes[: self._turn]:  # none starves
+                msg = self._read(node, sub, 0.0)
+                if msg is not None:
+                    return msg
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            # A plain select on the node connections' sockets: redis-py waits on one
+            # connection at a time (what it buffered was drained just above).
+            socks = [s.connection._sock for s in self._subs.values() if s.connection]
+            select.select([s for s in socks if s is not None], [], [], left)
+
+    def close(self) -> None:
+        for node in list(self._subs):
+            self._drop(node)
+
+    def _read(self, node: str, sub: Any, timeout: float) -> dict[str, Any] | None:
+        try:
+            msg: dict[str, Any] | None = sub.get_message(timeout=timeout)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            self._lost(node)
+            raise
+        except redis.ResponseError as exc:  # MOVED, CROSSSLOT, CLUSTERDOWN: placed again
+            self._lost(node)
+            raise redis.ConnectionError(f"notices of {node or 'the server'}: {exc}") from exc
+        if msg is None:
+            return None
+        kind = msg.get("type")
+        if kind == "sunsubscribe":
+            # The channel's slot left this node (we never unsubscribe): to its new owner.
+            channel = _text(msg["channel"])
+            sub.shard_channels.pop(msg["channel"], None)  # else a reconnect asks for it again
+            if self._where.pop(channel, None) is not None:
+                self._homeless.append(channel)
+                self._stale = True
+            return {**msg, "type": "unsubscribe"}
+        if kind == "smessage":
+            return {**msg, "type": "message"}
+        if kind == "ssubscribe":
+            return {**msg, "type": "subscribe"}
+        return msg
+
+    def _place(self) -> None:
+        """Subscribe the homeless channels on their owners (one server: all at once)."""
+        if not self._homeless or time.monotonic() < self._retry_at:
+            return
+        if not self.cluster:
+            sub = self._subs.get("")
+            if sub is None:
+                sub = self._subs[""] = self.client.pubsub()  # type: ignore[no-untyped-call]
+            self._subscribe("", sub, list(self._homeless))
+            return
+        cluster: Any = self.client
+        try:
+            if self._stale:
+                cluster.nodes_manager.initialize()
+                self._stale = False
+            owners: dict[str, list[str]] = defaultdict(list)
+            for channel in self._homeless:
+                owners[cluster.get_node_from_key(channel).name].append(channel)
+        except (RedisClusterException, redis.RedisError, OSError) as exc:
+            self._stale = True
+            self._retry_at = time.monotonic() + PLACE_RETRY_S
+            raise redis.ConnectionError(f"notices: no map of the cluster ({exc})") from exc
+        for node, channels in owners.items():
+            sub = self._subs.get(node)
+            if sub is None:
+                # A pool of its own: the cluster client marks its pools' connections
+                # for reconnecting whenever it reads the map again (a subscription
+                # would be dropped, and its notices lost, each time).
+                shared = cluster.get_redis_connection(cluster.get_node(node_name=node))
+                pool = redis.ConnectionPool(
+                    connection_class=shared.connection_pool.connection_class,
+                    **shared.connection_pool.connection_kwargs,
+                )
+                own = redis.Redis(connection_pool=pool)
+                sub = self._subs[node] = own.pubsub()  # type: ignore[no-untyped-call]
+            self._subscribe(node, sub, channels)
+
+    def _subscribe(self, node: str, sub: Any, channels: list[str]) -> None:
+        try:
+            if self.cluster:
+                for channel in channels:
+                    sub.ssubscribe(channel)
+            else:
+                sub.ssubscribe(*channels)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            self._lost(node)
+            raise
+        for channel in channels:
+            self._where[channel] = node
+        placed = set(channels)
+        self._homeless = [c for c in self._homeless if c not in placed]
+
+    def _lost(self, node: str) -> None:
+        """A node's connection failed: its channels wait to be placed again."""
+        self._drop(node)
+        self._stale = self.cluster
+        self._retry_at = time.monotonic() + PLACE_RETRY_S
+
+    def _drop(self, node: str) -> None:
+        sub = self._subs.pop(node, None)
+        gone = [c for c, n in self._where.items() if n == node]
+        for channel in gone:
+            del self._where[channel]
+        self._homeless += [c for c in gone if c not in self._homeless]
+        if sub is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection
+                sub.close()
+                if self.cluster:
+                    sub.connection_pool.disconnect()
+
+
+class AsyncSubscription:
+    """:class:`Subscription` for ``redis.asyncio`` (one server, or its ``RedisCluster``).
+
+    On one server one ``PubSub`` read directly. On a Cluster one connection per
+    primary as there, each read by a task of its own that hands what it hears
+    to :meth:`get_message` (awaiting several connections at once, without
+    cancelling a read halfway through a reply).
+    """
+
+    def __init__(self, client: Any, channels: Sequence[str] = ()) -> None:
+        self.client = client
+        self.cluster = _on_cluster(client)
+        self.channels: list[str] = []
+        self._subs: dict[str, PubSub] = {}
+        self._pools: dict[str, aioredis.ConnectionPool] = {}
+        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._inbox: asyncio.Queue[tuple[str, PubSub, dict[str, Any] | BaseException]] = (
+            asyncio.Queue()
+        )
+        self._where: dict[str, str] = {}
+        self._homeless: list[str] = []
+        self._retry_at = 0.0
+        self._stale = False
+        self._placing = asyncio.Lock()
+        self.channels += list(dict.fromkeys(channels))
+        self._homeless += self.channels
+
+    async def add(self, *channels: str) -> None:
+        """Subscribe to these too, now (or on a later :meth:`get_message`)."""
+        new = [c for c in dict.fromkeys(channels) if c not in self.channels]
+        self.channels += new
+        self._homeless += new
+        if new and self._subs:  # a live subscription takes them at once
+            await self._place()
+
+    async def get_message(self, timeout: float) -> dict[str, Any] | None:
+        """As :meth:`Subscription.get_message`."""
+        await self._place()
+        if not self._subs:
+            wait = timeout if not self._homeless else self._retry_at - time.monotonic()
+            await asyncio.sleep(max(0.0, min(timeout, wait)))
+            return None
+        if not self.cluster:
+            sub = self._subs[""]
+            try:
+                msg = await sub.get_message(timeout=timeout)
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                await self._lost("")
+                raise
+            return None if msg is None else self._sharded("", sub, msg)
+        if self._homeless:  # some wait to be placed again: no longer than that
+            timeout = min(timeout, max(0.0, self._retry_at - time.monotonic()))
+        try:
+            async with asyncio.timeout(timeout):
+                node, sub, heard = await self._inbox.get()
+        except TimeoutError:
+            return None
+        if self._subs.get(node) is not sub:
+            return None  # from a connection dropped since
+        if isinstance(heard, BaseException):
+            await self._lost(node)
+            raise redis.ConnectionError(f"notices of {node}: {heard}") from heard
+        return self._sharded(node, sub, heard)
+
+    async def aclose(self) -> None:
+        for node in list(self._subs):
+            await self._drop(node)
+
+    def _sharded(self, node: str, sub: PubSub, msg: dict[str, Any]) -> dict[str, Any]:
+        kind = msg.get("type")
+        if kind == "sunsubscribe":
+            channel = _text(msg["channel"])
+            sub.shard_channels.pop(msg["channel"], None)
+            if self._where.pop(channel, None) is not None:
+                self._homeless.append(channel)
+                self._stale = True
+            return {**msg, "type": "unsubscribe"}
+        if kind == "smessage":
+            return {**msg, "type": "message"}
+        if kind == "ssubscribe":
+            return {**msg, "type": "subscribe"}
+        return msg
+
+    async def _place(self) -> None:
+        async with self._placing:
+            if not self._homeless or time.monotonic() < self._retry_at:
+                return
+            if not self.cluster:
+                sub = self._subs.get("")
+                if sub is None:
+                    sub = self._subs[""] = self.client.pubsub()
+                await self._subscribe("", sub, list(self._homeless))
+                return
+            cluster = self.client
+            try:
+                await cluster.initialize()  # a new client's first map (then: nothing)
+                if self._stale:
+                    await cluster.nodes_manager.initialize()
+                    self._stale = False
+                owners: dict[str, list[str]] = defaultdict(list)
+                for channel in self._homeless:
+                    owners[cluster.get_node_from_key(channel).name].append(channel)
+            except (RedisClusterException, redis.RedisError, OSError) as exc:
+                self._stale = True
+                self._retry_at = time.monotonic() + PLACE_RETRY_S
+                raise redis.ConnectionError(f"notices: no map of the cluster ({exc})") from exc
+            for name, channels in owners.items():
+                sub = self._subs.get(name)
+                if sub is None:
+                    node = cluster.get_node(node_name=name)
+                    pool = self._pools[name] = aioredis.ConnectionPool(
+                        connection_class=node.connection_class, **node.connection_kwargs
+                    )
+                    sub = self._subs[name] = PubSub(pool)
+                await self._subscribe(name, sub, channels)
+                if name not in self._readers:  # once connected: a PubSub reads nothing before
+                    self._readers[name] = asyncio.get_running_loop().create_task(
+                        self._read(name, sub), name=f"toolq-notices-{name}"
+                    )
+
+    async def _read(self, node: str, sub: PubSub) -> None:
+        """A Cluster node's reader: everything it hears, until its connection fails."""
+        try:
+            while True:
+                msg = await sub.get_message(timeout=30.0)
+                if msg is not None:
+                    self._inbox.put_nowait((node, sub, msg))
+        except Exception as exc:  # told to get_message, which raises
+            self._inbox.put_nowait((node, sub, exc))
+
+    async def _subscribe(self, node: str, sub: PubSub, channels: list[str]) -> None:
+        try:
+            if self.cluster:
+                for channel in channels:
+                    await sub.ssubscribe(channel)
+            else:
+                await sub.ssubscribe(*channels)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            await self._lost(node)
+            raise
+        for channel in channels:
+            self._where[channel] = node
+        placed = set(channels)
+        self._homeless = [c for c in self._homeless if c not in placed]
+
+    async def _lost(self, node: str) -> None:
+        await self._drop(node)
+        self._stale = self.cluster
+        self._retry_at = time.monotonic() + PLACE_RETRY_S
+
+    async def _drop(self, node: str) -> None:
+        sub = self._subs.pop(node, None)
+        reader = self._readers.pop(node, None)
+        pool = self._pools.pop(node, None)
+        gone = [c for c, n in self._where.items() if n == node]
+        for channel in gone:
+            del self._where[channel]
+        self._homeless += [c for c in gone if c not in self._homeless]
+        if reader is not None:
+            reader.cancel()
+            await asyncio.wait([reader])  # its end; the caller's cancellation still raises
+        with contextlib.suppress(Exception):  # closing a broken connection
+            if sub is not None:
+                await sub.aclose()  # type: ignore[no-untyped-call]
+            if pool is not None:
+                await pool.disconnect()
 
 
 # --------------------------------------------------------------------------- the sync subscriber
@@ -304,21 +663,19 @@ class Notifier:
                 ev.put(event)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            sub = self.client.pubsub()  # type: ignore[no-untyped-call]
-            try:
-                sub.subscribe(*self.channels)
-                while not self._stop.is_set():
+        sub = Subscription(self.client, self.channels)
+        try:
+            while not self._stop.is_set():
+                try:
                     msg = sub.get_message(timeout=0.5)
                     if msg is not None:
                         self._heard(msg)
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                log.debug("notification subscription lost; reconnecting")
-                self._ready.set()  # watchers read (and fail) rather than wait for it
-                self._stop.wait(0.2)
-            finally:
-                with contextlib.suppress(Exception):  # closing a broken connection
-                    sub.close()
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    log.debug("notification subscription lost; subscribing again")
+                    self._ready.set()  # watchers read (and fail) rather than wait for it
+                    self._stop.wait(0.2)
+        finally:
+            sub.close()
 
     def _heard(self, msg: dict[str, Any]) -> None:
         if msg.get("type") == "message":
@@ -396,14 +753,16 @@ class Waiter:
 class AsyncNotifier:
     """``tq.aio``'s subscription on one event loop: one task, shared by every waiter on it.
 
-    It holds one connection of ``client``'s pool, subscribed to ``channel`` (settled
-    states) from the first watch on, and to ``steps_channel`` (every other state,
-    and progress) from the first watch that wants those.
+    It holds one connection (a Cluster: one per primary, ``client`` being a
+    ``redis.asyncio.cluster.RedisCluster``; :class:`AsyncSubscription`),
+    subscribed to ``channel`` (settled states) from the first watch on, and to
+    ``steps_channel`` (every other state, and progress) from the first watch that
+    wants those.
     """
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | AsyncRedisCluster,
         channel: str | Sequence[str],
         steps_channel: str | Sequence[str],
     ) -> None:
@@ -417,8 +776,7 @@ class AsyncNotifier:
         self._ready = asyncio.Event()
         self._steps_ready = asyncio.Event()
         self._want_steps = False
-        self._sub: PubSub | None = None
-        self._steps_on: PubSub | None = None
+        self._sub: AsyncSubscription | None = None
         self._task: asyncio.Task[None] | None = None
         #: Confirmed subscriptions to ``channel``: the first, then one per re-subscription.
         self.subscriptions = 0
@@ -473,13 +831,12 @@ class AsyncNotifier:
                 await task
 
     async def _subscribe_steps(self) -> None:
-        """Add the steps channel to the live subscription, once per connection."""
+        """Add the steps channels to the subscription (once: it keeps them)."""
         sub = self._sub
-        if sub is None or self._steps_on is sub:
-            return  # not connected (the next subscription includes it), or done already
-        self._steps_on = sub
+        if sub is None:
+            return  # not started: the subscription starts with them
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError, OSError):
-            await sub.subscribe(*self.steps_channels)
+            await sub.add(*self.steps_channels)  # else subscribed with the next placing
         _cancelled_meanwhile()
 
     def _wake_all(self, steps_only: bool = False) -> None:
@@ -498,16 +855,12 @@ class AsyncNotifier:
 
     async def _run(self) -> None:
         pause = 0.1
-        while True:
-            sub = self.client.pubsub()
-            try:
-                await sub.subscribe(*self.channels)
-                _cancelled_meanwhile()
-                self._sub = sub
-                if self._want_steps:
-                    await self._subscribe_steps()
-                heard = 0
-                while True:
+        channels = (*self.channels, *self.steps_channels) if self._want_steps else self.channels
+        sub = self._sub = AsyncSubscription(self.client, channels)
+        try:
+            heard = 0
+            while True:
+                try:
                     msg = await sub.get_message(timeout=30.0)  # may send a health check
                     _cancelled_meanwhile()
                     if msg is None:
@@ -519,16 +872,15 @@ class AsyncNotifier:
                         # Buffered notices are read without the loop getting a turn:
                         # let it run (and the waiters just woken) between batches.
                         await asyncio.sleep(0)
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                log.debug("notification subscription lost; reconnecting")
-                self._ready.set()  # watchers read (and fail) rather than wait for it
-                self._steps_ready.set()
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
-            finally:
-                self._sub = None
-                with contextlib.suppress(Exception):  # closing a broken connection
-                    await sub.aclose()  # type: ignore[no-untyped-call]
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    log.debug("notification subscription lost; subscribing again")
+                    self._ready.set()  # watchers read (and fail) rather than wait for it
+                    self._steps_ready.set()
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 2.0)
+        finally:
+            self._sub = None
+            await sub.aclose()
 
     def _heard(self, msg: dict[str, Any]) -> None:
         if msg.get("type") == "message":

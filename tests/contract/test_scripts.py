@@ -339,10 +339,14 @@ def test_a_batch_decides_each_item_alone_and_keeps_each_refs_last_word(ledger: L
 
 def test_every_state_entered_is_announced_settled_ones_apart(ledger: Ledger) -> None:
     k = ledger.keys
-    with contextlib.closing(ledger.redis.pubsub()) as sub:
-        sub.subscribe(k.notify, k.notify_steps)
+    classic = ledger.redis.pubsub()
+    with contextlib.closing(ledger.redis.pubsub()) as sub, contextlib.closing(classic):
+        # Sharded Pub/Sub (SPUBLISH): a classic subscriber to the same names hears nothing.
+        sub.ssubscribe(k.notify, k.notify_steps)
+        classic.subscribe(k.notify, k.notify_steps)
         for _ in range(2):
-            assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+            assert sub.get_message(timeout=5)["type"] == "ssubscribe"  # type: ignore[index]
+            assert classic.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
         submit(ledger, "n/1")
         ledger.claim("n/1", 1, "w1", NOW, LEASE)
         verify = Transition(ref="n/1", states=(S.RUNNING,), to=S.VERIFYING, by="w1")
@@ -354,8 +358,11 @@ def test_every_state_entered_is_announced_settled_ones_apart(ledger: Ledger) -> 
         # a quiet update changes no state: no notice
         quiet = Transition(ref="n/1", states=(S.ESCALATED,), to=S.ESCALATED, by="v", quiet=True)
         assert ledger.apply([quiet], NOW + 2) == ["ok"]
-        ledger.redis.publish(k.notify, "end\n\n")  # what follows the last notice
+        ledger.redis.spublish(k.notify, "end\n\n")  # what follows the last notice
         notices = [sub.get_message(timeout=5) for _ in range(5)]
+        ledger.redis.publish(k.notify, "classic end")
+        heard = classic.get_message(timeout=5)
+        assert heard is not None and heard["data"] == b"classic end"  # nothing before it
     got = [(n["channel"].decode(), *n["data"].decode().split("\n", 2)) for n in notices if n]
     assert [(channel, head, numbers) for channel, head, numbers, _ in got] == [
         (k.notify_steps, "queued n/1", "1 1"),  # state ref / rev seq

@@ -75,8 +75,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     real_async, real_sync = AsyncLedger.fields, Ledger.fields
 
     async def read_async(self: AsyncLedger, ref: str, *names: str) -> dict[str, str]:
-        got.append(ref)
-        return await real_async(self, ref, *names)
+        fields = await real_async(self, ref, *names)
+        got.append(ref)  # once read: a test that changes the record next is not read yet
+        return fields
 
     def read_sync(self: Ledger, ref: str, *names: str) -> dict[str, str]:
         got.append(ref)
@@ -229,15 +230,15 @@ def test_the_worker_publishes_progress_at_most_ten_a_second_and_always_the_last(
     tq: ToolQueue,
 ) -> None:
     sub = tq.redis.pubsub()
-    sub.subscribe(tq.ledger.keys.notify_steps)  # where progress goes, with unsettled states
+    sub.ssubscribe(tq.ledger.keys.notify_steps)  # where progress goes, with unsettled states
     ref = tq.submit("noop", {"steps": [0.1, 0.2, 0.3, 1.0]}).operation_ref
     assert tq.runtime.run_attempt(ref, 1) == "succeeded"
-    tq.redis.publish(tq.ledger.keys.notify_steps, "end")  # what follows the last notice
+    tq.redis.spublish(tq.ledger.keys.notify_steps, "end")  # what follows the last notice
     texts: list[str] = []
     while not texts or texts[-1] != "end":
         msg = sub.get_message(timeout=5)
         assert msg is not None
-        if msg["type"] == "message":
+        if msg["type"] == "smessage":
             texts.append(msg["data"].decode())
     sub.close()
     progress = [t for t in texts if t.startswith("progress ")]
@@ -392,7 +393,7 @@ class _DeadServer:
     def __init__(self) -> None:
         self.tries = 0
 
-    def publish(self, channel: str, text: str) -> int:
+    def spublish(self, channel: str, text: str) -> int:
         self.tries += 1
         raise redis.ConnectionError("connection refused")
 

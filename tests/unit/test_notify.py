@@ -89,7 +89,7 @@ def test_a_stale_notice_is_not_taken_for_the_outcome(tq: ToolQueue) -> None:
     rev = int(tq.ledger.fields(ref, "rev")["rev"])  # counted: reads == 2
     # When a notice of an older revision arrives (published before the read)
     stale = f'failed {ref}\n{rev}\n{{"ok":false}}'
-    tq.redis.publish(tq.ledger.keys.notify, stale)
+    tq.redis.spublish(tq.ledger.keys.notify, stale)
     # Then the waiter reads the record again and keeps waiting for the real outcome
     assert wait_until(lambda: len(reads) == 3, 10, 0.01)
     assert not got

@@ -118,7 +118,9 @@ local function begin(keys, args)
 end
 
 local function allowed(from, to) return ALLOWED[from] ~= nil and ALLOWED[from][to] == true end
--- Every state entered is announced, one PUBLISH per transition (quiet updates: none).
+-- Every state entered is announced, one SPUBLISH per transition (quiet updates: none):
+-- sharded, to a channel in the cell's own slot, so on a Cluster the notice stays on
+-- this node (a classic PUBLISH goes over the cluster bus to every node).
 -- Settled states on NOTIFY, which waiters (tq.wait) hear; the others on the steps
 -- channel (Keys.notify_steps), which only watchers (tq.aio.watch, event streams)
 -- subscribe to, so a process that just waits hears one notice per call.
@@ -126,7 +128,7 @@ local function allowed(from, to) return ALLOWED[from] ~= nil and ALLOWED[from][t
 -- from the notice itself (toolq.notify) instead of reading the record again; seq is
 -- the index of the history entry (where a stream resumes).
 local function notify(state, ref, rev, seq, envelope)
-  redis.call('PUBLISH', SETTLED[state] and NOTIFY or NOTIFY .. STEPS_SUFFIX,
+  redis.call('SPUBLISH', SETTLED[state] and NOTIFY or NOTIFY .. STEPS_SUFFIX,
     state .. ' ' .. ref .. '\n' .. rev .. ' ' .. seq .. '\n' .. (envelope or ''))
 end
 -- The one key name spelled here: the record's tool and state are known only once read.

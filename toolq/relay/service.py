@@ -49,6 +49,7 @@ from redis.exceptions import ClusterError
 
 from toolq.broker.app import is_amqp, queue_for
 from toolq.keys import OUTBOX_GROUP, Keys
+from toolq.notify import Subscription
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
 
@@ -121,7 +122,7 @@ class Relay:
                 keys = Keys(settings.prefix, cell)
                 self._channels[keys.notify] = self._channels[keys.notify_steps] = stream
         self._heard: set[str] = set()
-        self._hints: Any = None
+        self._hints: Subscription | None = None
         self._full_read = -math.inf
         self.broker_url = settings.broker_url.get_secret_value()
         r = settings.relay
@@ -262,12 +263,13 @@ class Relay:
     def _collect(self, timeout: float) -> None:
         """Note the cells whose notices arrived (waiting up to ``timeout`` for one)."""
         if self._hints is None:
-            self._hints = self.app.redis.pubsub()  # type: ignore[no-untyped-call]
-            self._hints.subscribe(*self._channels)
+            self._hints = Subscription(self.app.redis, list(self._channels))  # per node
             self._full_read = -math.inf  # what was announced before is read in full
         msg = self._hints.get_message(timeout=timeout)
         while msg is not None:
-            if msg.get("type") == "message":
+            # unsubscribe: the cell's slot left its node; subscribed again on the next
+            # call, and its outbox read now (what it announced meanwhile is gone).
+            if msg.get("type") in ("message", "unsubscribe"):
                 stream = self._channels.get(_s(msg["channel"]))
                 if stream is not None:
                     self._heard.add(stream)

@@ -32,6 +32,7 @@ from redis.exceptions import ClusterError, NoScriptError, TryAgainError
 from toolq.broker.depth import Depths
 from toolq.broker.messages import message_head
 from toolq.ledger import Ledger, outbox
+from toolq.notify import Subscription
 from toolq.recovery import outcome
 from toolq.recovery.actions import for_decision
 from toolq.recovery.policy import (
@@ -142,7 +143,7 @@ class Scheduler:
         self.held: list[int] = []
         self._leased = -math.inf
         #: Cluster: the subscription to the held cells' notices, and its channels.
-        self._notices: Any = None
+        self._notices: Subscription | None = None
         self._listening: list[str] = []
         self._beat = 0.0
         self._last_maintenance = 0.0
@@ -461,13 +462,14 @@ class Scheduler:
             if not channels:
                 self._stop.wait(seconds)
                 return
-            self._notices = self.app.redis.pubsub()  # type: ignore[no-untyped-call]
-            self._notices.subscribe(*channels)
+            self._notices = Subscription(self.app.redis, channels)  # SSUBSCRIBE per node
             self._listening = channels
         end = began + seconds
         while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
             msg = self._notices.get_message(timeout=min(left, 1.0))
-            if msg is not None and msg.get("type") == "message":
+            # A slot that left its node (unsubscribe) is subscribed again on the next
+            # call; what it announced meanwhile is gone: look now.
+            if msg is not None and msg.get("type") in ("message", "unsubscribe"):
                 while self._notices.get_message(timeout=0.0) is not None:
                     pass  # one look answers every notice so far: none piles up
                 self._stop.wait(max(0.0, began + CLUSTER_POLL_S - time.monotonic()))
