@@ -30,7 +30,8 @@ The sync client's names and semantics (:class:`toolq.queue.ToolQueue`), on
 
 - On a Valkey/Redis Cluster (``settings.cluster``) the loop's client is
   :class:`toolq.ledger.cluster.AsyncLedgerCluster`: every call goes to the node
-  of its ref's cell, and the subscription is on one node (:func:`notice_client`).
+  of its ref's cell, and the notice subscription holds a connection to each
+  primary that serves some of the cells (:class:`toolq.notify.AsyncSubscription`).
 
 Runs on asyncio (and anyio's asyncio backend); redis.asyncio has no trio support.
 """
@@ -84,20 +85,8 @@ CONNECTIONS_PER_LOOP = 32
 CALLS_PER_PASS = 4
 
 #: On a Cluster: connections of each node the ledger's commands leave to the rest
-#: (the notice subscription, a submit's liveness read, a list or a view).
+#: (a submit's liveness read, a list or a view; the notice subscription has its own).
 CLUSTER_SPARE_CONNECTIONS = 4
-
-
-def notice_client(client: aioredis.Redis) -> aioredis.Redis:
-    """What :class:`AsyncNotifier` subscribes with: this loop's client.
-
-    On a Cluster that is the cluster client, whose ``pubsub()`` holds one connection
-    of the node serving the first channel's slot (``ClusterPubSub``, made again on
-    each re-subscription, so after a failover it follows the client's map): the
-    scripts' classic PUBLISH is broadcast over the cluster bus, so that node hears
-    every cell's notices.
-    """
-    return client
 
 
 class Turns:
@@ -154,7 +143,7 @@ class _Bound:
             self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells, in_flight=in_flight
         )
         self.notifier = AsyncNotifier(
-            notice_client(self.redis), app.notify_channels(), app.notify_channels(steps=True)
+            self.redis, app.notify_channels(), app.notify_channels(steps=True)
         )
         #: The number of cells (none: the single tag) is checked against the ledger's
         #: meta once.
