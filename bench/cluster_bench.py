@@ -408,9 +408,15 @@ def render(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> str:
         "their node; no classic PUBLISH crosses the cluster bus); what grows with N is the "
         "scheduler's and relay's rounds over every cell on every node (the idle column), "
         "spread over the calls of a run this box keeps slow.\n"
-        f"- With three primaries the busiest is node {busiest3} (the processes' startup "
-        "node, so redis-py's default node; it also holds the deployment-wide `{toolq}` "
-        "keys, slot 3607); the commands it runs per call beyond the others' mean: "
+        f"- With three primaries the busiest is node {busiest3}"
+        + (
+            " (the processes' startup node, so redis-py's default node; it also holds the "
+            "deployment-wide `{toolq}` keys, slot 3607)"
+            if busiest3 == 0
+            else " (not node 0, the processes' startup node and redis-py's default node, "
+            "which holds the deployment-wide `{toolq}` keys, slot 3607)"
+        )
+        + "; the commands it runs per call beyond the others' mean: "
         f"{skew(runs['3'], a.calls)}. Its cells alone would give it "
         f"{max(runs['3'][0]['cells']) / CELLS:.2f} of the work"
         + (
