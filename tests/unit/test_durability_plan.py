@@ -1,9 +1,12 @@
 """The durability plan as a table: what toolq does on each server, and why.
 
 :func:`toolq.ledger.durability.plan` decides from what the server said about its
-append-only file whether a claim and a submit wait for the fsync (WAITAOF) and
-what toolq warns about; :func:`check_ack` reads WAITAOF's answer. Both pure.
-The real server's side is tests/integration/test_durability.py.
+append-only file (and, on a Cluster, whether the write's shard has a replica)
+whether a claim and a submit wait for the fsync (WAITAOF) and for a replica
+(WAIT), and what toolq warns about; :func:`check_ack` and :func:`check_replica`
+read their answers; :func:`resend` reads a Cluster node's refusal. All pure.
+The real server's side is tests/integration/test_durability.py, and
+tests/integration/cluster/test_cluster_fsync.py on a Cluster.
 """
 
 from __future__ import annotations
@@ -22,12 +25,17 @@ from toolq.ledger.durability import (
     AOF_OFF,
     NO_WAITAOF,
     NOT_ALWAYS,
+    WAIT_REPLICA,
+    WAITAOF,
     AsyncDurability,
     Durability,
     Persistence,
     Plan,
+    Resend,
     check_ack,
+    check_replica,
     plan,
+    resend,
 )
 
 SET = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
@@ -70,6 +78,8 @@ class AsyncOneScript:
 ALWAYS = Persistence(appendonly=True, appendfsync="always")
 EVERYSEC = Persistence(appendonly=True, appendfsync="everysec")
 UNSAID = Persistence()
+#: The same servers as a Cluster shard whose primary has a replica.
+ALWAYS_R = Persistence(True, "always", replicas=1)
 
 
 @pytest.mark.parametrize(
@@ -93,10 +103,103 @@ UNSAID = Persistence()
         ("fsync", UNSAID, Plan(wait=True)),
         # ... and a server that has no WAITAOF either cannot be checked
         ("fsync", Persistence(waitaof=False), Plan(wait=False, warning=NO_WAITAOF)),
+        # A Cluster shard with a replica: a failover promotes it, so a replica must
+        # have the write too (WAIT 1), in every case where anything is waited for
+        ("fsync", ALWAYS_R, Plan(wait=True, replica=True)),
+        ("fsync", Persistence(True, "always", replicas=2), Plan(wait=True, replica=True)),
+        ("fsync", Persistence(replicas=1), Plan(wait=True, replica=True)),
+        # ... and where the disk cannot be waited for: a failover is then what keeps
+        # the write (the warning about the disk stays: a restart of the shard loses it)
+        (
+            "fsync",
+            Persistence(appendonly=False, replicas=1),
+            Plan(wait=False, warning=AOF_OFF, replica=True),
+        ),
+        (
+            "fsync",
+            Persistence(True, "everysec", replicas=1),
+            Plan(wait=False, warning=NOT_ALWAYS, replica=True),
+        ),
+        # every server has WAIT, even one without WAITAOF
+        (
+            "fsync",
+            Persistence(waitaof=False, replicas=1),
+            Plan(wait=False, warning=NO_WAITAOF, replica=True),
+        ),
+        (
+            "fsync",
+            Persistence(True, "always", waitaof=False, replicas=1),
+            Plan(wait=False, replica=True),
+        ),
+        # durability=none sends neither
+        ("none", ALWAYS_R, Plan(wait=False)),
+        ("none", Persistence(appendonly=False, replicas=1), Plan(wait=False)),
     ],
 )
 def test_plan(mode: str, server: Persistence, expected: Plan) -> None:
     assert plan(mode, server) == expected
+
+
+@pytest.mark.parametrize(
+    ("p", "waits"),
+    [
+        (Plan(wait=False), []),
+        (Plan(wait=True), [WAITAOF]),
+        (Plan(wait=False, replica=True), [WAIT_REPLICA]),
+        # the disk first, then a replica: the answers are read in this order
+        (Plan(wait=True, replica=True), [WAITAOF, WAIT_REPLICA]),
+    ],
+)
+def test_what_follows_the_write(p: Plan, waits: list[tuple[Any, ...]]) -> None:
+    assert p.waits() == waits
+    assert WAIT_REPLICA[:2] == ("WAIT", 1)  # one replica: a failover promotes one
+
+
+def test_a_replica_acknowledgement_is_one_replica() -> None:
+    assert check_replica(1) is None
+    assert check_replica(2) is None
+    with pytest.raises(errors.NotDurable) as e:
+        check_replica(0)  # WAIT timed out: no replica has the write
+    assert e.value.code == "WRITE_NOT_DURABLE" and "replica" in str(e.value)
+    with pytest.raises(redis.ResponseError, match="odd"):
+        check_replica(redis.ResponseError("odd"))
+
+
+MOVED = redis.exceptions.MovedError("3999 127.0.0.1:7001")
+ASK = redis.exceptions.AskError("3999 127.0.0.1:7002")
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        # it ran: read its answer (an error of the script itself is raised by the caller)
+        (b"ok", None),
+        ([1, 2], None),
+        (redis.ResponseError("ERR wrong number of arguments"), None),
+        # the slot is served elsewhere now (moved, failed over): read the map again
+        (MOVED, Resend(remap=True)),
+        # a primary that came back as a replica at the same address
+        (
+            redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+            Resend(remap=True),
+        ),
+        # the slot is being imported by another node: ask it, this once
+        (ASK, Resend(ask=("127.0.0.1", 7002))),
+        # a multi-key call while its slot is split by a migration: a moment later
+        (redis.exceptions.TryAgainError("TRYAGAIN"), Resend(pause=0.05)),
+        (redis.exceptions.ClusterDownError("CLUSTERDOWN"), Resend(remap=True, pause=0.25)),
+        # the node is gone (maybe after running it: every ledger call is a compare-and-set)
+        (redis.ConnectionError("reset"), Resend(remap=True)),
+        (redis.TimeoutError("timed out"), Resend(remap=True)),
+        # ... but not this client's pool, full (tq.aio's cluster pool raises): not sent
+        (redis.exceptions.MaxConnectionsError("too many"), None),
+        # the node lost the scripts (restarted without persistence)
+        (redis.exceptions.NoScriptError("NOSCRIPT"), Resend(load=True)),
+        (redis.ResponseError("ERR Function not found"), Resend(load=True)),
+    ],
+)
+def test_when_a_cluster_call_is_sent_again(reply: object, expected: Resend | None) -> None:
+    assert resend(reply) == expected
 
 
 def test_config_reply_is_read_as_the_server_spells_it() -> None:

@@ -34,14 +34,48 @@ binary, ext4 on a virtual disk, one client, 300 writes each):
   WAITAOF is sent and its answer trusted; one without WAITAOF (Redis < 7.2,
   fakeredis) is warned about.
 
+On a Cluster (``TOOLQ_CLUSTER=1``) a write is lost a second way: replication is
+asynchronous, and a primary SIGKILLed right after it answered a claim fails
+over to a replica that never got the claim. So there:
+
+- **One connection.** WAITAOF and WAIT count the writes *of the connection they
+  are sent on*: sent through the cluster client apart from the call, they may
+  take another pooled connection of the node and wait for nothing. The call and
+  its waits are pipelined on one connection of the primary that serves the
+  call's slot (the node's own client), one round trip; an answer that says the
+  call did not run there (MOVED, ASK, a lost connection, NOSCRIPT: :func:`resend`)
+  refreshes the client's map (or loads the scripts) and sends it all again.
+- **A replica has it.** When the client's map lists a replica for the shard,
+  ``WAIT 1 <timeout>`` follows WAITAOF, and toolq acts only on an answer >= 1;
+  0 raises :class:`toolq.errors.NotDurable` as a timed-out WAITAOF does (a worker
+  does not call the tool: it gives the attempt back to ``queued``, or, where the
+  lease is shorter than the wait, the lease sweep sends it to verification, which
+  finds nothing and queues it again). WAIT is sent
+  even where the fsync is not waited for (``appendonly no``, ``everysec``: the
+  warning stays): a failover is then what keeps the write. A shard without a
+  replica (none deployed, or its primary just failed over) is not waited for:
+  no failover can lose what no replica would take over with.
+- **A replica that cannot answer** (down, frozen, its link broken) makes every
+  claim and submit on its shard wait ``WAITAOF_TIMEOUT_MS`` and refuse, until
+  the cluster marks it failed (about two ``cluster-node-timeout`` periods): CLUSTER
+  SLOTS then leaves it out, and the map, read again after each refusal, drops
+  it; writes there go on, held by the primary's disk alone. An operator sees
+  WRITE_NOT_DURABLE answers and the worker's "not confirmed" warnings for that
+  shard's cells, and a replica ``fail`` in CLUSTER NODES: bring it back (or
+  give the shard another replica); the map takes it in at the next probe
+  (:data:`PROBE_EVERY_S`). A replica that answers but lags (``CLIENT PAUSE
+  WRITE`` on it, a saturated link) is not marked failed: refused until it
+  catches up, the safe side.
+
 :func:`plan` decides from what the server said (pure, tested as a table);
 :class:`Durability` (and :class:`AsyncDurability`, for ``tq.aio``) reads the
 server's setting (one ``CONFIG GET`` per process a minute) and carries the
-plan out.
+plan out (on a Cluster, per call, with the replicas of the call's shard).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
@@ -52,6 +86,7 @@ from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import PipelineCommand
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
@@ -64,6 +99,12 @@ log = logging.getLogger("toolq.durability")
 WAITAOF_TIMEOUT_MS = 2_000
 #: The command sent after the write: this connection's writes on the local AOF.
 WAITAOF: tuple[str, int, int, int] = ("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
+#: The command sent after a write on a Cluster shard that has a replica: one of
+#: them has this connection's writes (a failover to it keeps them).
+WAIT_REPLICA: tuple[str, int, int] = ("WAIT", 1, WAITAOF_TIMEOUT_MS)
+#: How many times a Cluster call is sent before its error is raised: once, then
+#: after a MOVED, ASK, failover or NOSCRIPT (redis-py's cluster client tries 3 too).
+ROUTE_ATTEMPTS = 3
 #: How often a process reads the server's persistence settings again (a restart
 #: with another configuration shows within this).
 PROBE_EVERY_S = 60.0
@@ -77,6 +118,9 @@ class Persistence:
     appendfsync: str | None = None
     #: False once the server answered that it has no WAITAOF.
     waitaof: bool | None = None
+    #: Replicas the Cluster client's map lists beside the primary that serves the
+    #: write (0 on a single server: toolq does not wait for a single server's replicas).
+    replicas: int = 0
 
     @classmethod
     def from_config(cls, reply: Mapping[Any, Any]) -> Persistence:
@@ -95,6 +139,12 @@ class Plan:
     wait: bool
     #: Why the write cannot be held on this server ("" when it can).
     warning: str = ""
+    #: Send ``WAIT 1`` after the write and act only once a replica has it.
+    replica: bool = False
+
+    def waits(self) -> list[tuple[Any, ...]]:
+        """The commands sent after the write, in this order (their answers likewise)."""
+        return [WAITAOF] * self.wait + [WAIT_REPLICA] * self.replica
 
 
 AOF_OFF = (
@@ -116,19 +166,23 @@ NO_WAITAOF = (
 
 
 def plan(mode: str, server: Persistence) -> Plan:
-    """Whether to wait for the fsync, and what to warn about. Pure."""
+    """Whether to wait for the fsync and for a replica, and what to warn about. Pure."""
     if mode == "none":
         return Plan(wait=False)
+    # A shard's replica is what a failover promotes: waiting for it holds the write
+    # through a failover whatever the disk does (every server has WAIT), so it is
+    # sent even where the fsync cannot be waited for; the warning about the disk stays.
+    replica = server.replicas > 0
     if server.appendonly is False:
-        return Plan(wait=False, warning=AOF_OFF)
+        return Plan(wait=False, warning=AOF_OFF, replica=replica)
     if server.appendfsync == "always":
         # Always replies after the fsync; WAITAOF (where there is one) costs nothing.
-        return Plan(wait=server.waitaof is not False)
+        return Plan(wait=server.waitaof is not False, replica=replica)
     if server.appendfsync is not None:
-        return Plan(wait=False, warning=NOT_ALWAYS)
+        return Plan(wait=False, warning=NOT_ALWAYS, replica=replica)
     if server.waitaof is False:
-        return Plan(wait=False, warning=NO_WAITAOF)
-    return Plan(wait=True)  # the server would not say: its WAITAOF answers for it
+        return Plan(wait=False, warning=NO_WAITAOF, replica=replica)
+    return Plan(wait=True, replica=replica)  # the server would not say: its WAITAOF answers
 
 
 def check_ack(ack: Any, server: Persistence) -> Persistence | None:
@@ -152,6 +206,20 @@ def check_ack(ack: Any, server: Persistence) -> Persistence | None:
     )
 
 
+def check_replica(ack: Any) -> None:
+    """Read WAIT's answer: the replicas that have the write. None: one has it (a
+    failover keeps it). NotDurable: none did in time."""
+    if isinstance(ack, Exception):
+        raise ack
+    if int(ack) >= 1:
+        return
+    raise errors.NotDurable(
+        f"no replica confirmed the write within {WAITAOF_TIMEOUT_MS} ms (WAIT): a failover "
+        "now could lose it, so toolq did not act on it. The same call again (same "
+        "operation_ref) is safe; check the replica of the shard (CLUSTER NODES)"
+    )
+
+
 class _Plans:
     """What the server said, read again every :data:`PROBE_EVERY_S`; the warnings, once."""
 
@@ -163,6 +231,11 @@ class _Plans:
         self._server: Persistence | None = None
         self._read_at = 0.0
         self._warned: set[str] = set()
+
+    def known(self) -> bool:
+        """The server's settings were read once (a probe now is a periodic one)."""
+        with self._lock:
+            return self._server is not None
 
     def due(self) -> bool:
         """A probe is needed before the next plan (``mode="none"`` never needs one)."""
@@ -186,9 +259,18 @@ class _Plans:
                 self._server = taught
             self.current()  # warns with what was learned
 
-    def current(self) -> Plan:
+    def settle(self, p: Plan, acks: Sequence[Any]) -> None:
+        """Read the answers to ``p.waits()``: NotDurable unless every one holds."""
+        answers = iter(acks)
+        if p.wait:
+            self.learned(next(answers))
+        if p.replica:
+            check_replica(next(answers))
+
+    def current(self, replicas: int = 0) -> Plan:
+        """The plan for a write on a shard with ``replicas`` replicas (see :func:`plan`)."""
         with self._lock:
-            server = self._server or Persistence()
+            server = replace(self._server or Persistence(), replicas=replicas)
         p = plan(self.mode, server)
         if p.warning:
             text = p.warning.format(where=self.where, fsync=server.appendfsync)
@@ -227,6 +309,51 @@ def lost_scripts(reply: object) -> bool:
     return isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower()
 
 
+@dataclass(frozen=True)
+class Resend:
+    """What a Cluster node's answer asks before the call is sent again (:func:`resend`)."""
+
+    #: The client's map of the cluster is stale (a slot moved, a failover): read it again.
+    remap: bool = False
+    #: The slot is being imported by this node (host, port): ask it, with ASKING first.
+    ask: tuple[str, int] | None = None
+    #: The node lost the scripts (a restart without persistence): load them again.
+    load: bool = False
+    #: Seconds to wait first (the slot is busy being moved).
+    pause: float = 0.0
+
+
+def resend(reply: object) -> Resend | None:
+    """Whether a call's answer says it did not run, and where to send it again; None
+    when it ran (or failed for good). Pure. A lost connection may or may not have run
+    it: every ledger call is a compare-and-set, so sending it again is safe (redis-py's
+    cluster client sends it again too)."""
+    if isinstance(reply, (redis.exceptions.MovedError, redis.exceptions.ReadOnlyError)):
+        return Resend(remap=True)  # MovedError first: it is an AskError too
+    if isinstance(reply, redis.exceptions.AskError):
+        return Resend(ask=(reply.host, reply.port))
+    if isinstance(reply, redis.exceptions.TryAgainError):
+        return Resend(pause=0.05)
+    if isinstance(reply, redis.exceptions.ClusterDownError):
+        return Resend(remap=True, pause=0.25)
+    if isinstance(reply, redis.exceptions.MaxConnectionsError):
+        return None  # the client's pool is full, the node is fine: raised as is
+    if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+        return Resend(remap=True)
+    if lost_scripts(reply):
+        return Resend(load=True)
+    return None
+
+
+def _shard(cluster: Any, slot: int) -> list[Any]:
+    """The nodes serving ``slot`` in the client's map: its primary, then its replicas
+    (CLUSTER SLOTS leaves out a replica the cluster marked failed)."""
+    shard: list[Any] = cluster.nodes_manager.slots_cache.get(slot) or []
+    if not shard:
+        raise redis.exceptions.SlotNotCoveredError(f"slot {slot} is not covered by the cluster")
+    return shard
+
+
 class Durability:
     """Carries out :func:`plan` for one client. Thread-safe; one per ledger."""
 
@@ -234,29 +361,36 @@ class Durability:
         self, client: redis.Redis, mode: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.client = client
-        #: A Cluster client: WAITAOF has no key, so it is sent to the call's node itself.
+        #: A Cluster client: the call and its waits go to the call's node itself.
         self.cluster = isinstance(client, RedisCluster)
         self.plans = _Plans(mode, where(client), clock)
 
-    def current(self) -> Plan:
-        """The plan for the next write (reads the server's settings when due; on a
-        Cluster, one node's, taken to speak for all: they are deployed alike)."""
+    def current(self, replicas: int = 0) -> Plan:
+        """The plan for the next write on a shard with ``replicas`` replicas."""
+        self.probe()
+        return self.plans.current(replicas)
+
+    def probe(self) -> None:
+        """Read the server's settings when due: on a Cluster, one node's, taken to speak
+        for all (they are deployed alike), and the map again (a replica back or added
+        is waited for within a probe)."""
         if self.plans.due():
             config_get: Callable[[str], Any] = self.client.config_get
             if self.cluster:
                 cluster: Any = self.client
+                if self.plans.known():
+                    cluster.nodes_manager.initialize()
                 node = cluster.get_default_node()
                 config_get = functools.partial(cluster.config_get, target_nodes=node)
             self.plans.probed(_persistence(config_get, "append*"))
-        return self.plans.current()
 
     def call(self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run script ``name``; with a waiting plan, WAITAOF in the same round trip
-        (on a Cluster, in a second one, to the node that ran the call)."""
-        if not self.current().wait:
-            return run(name, keys, args)
+        """Run script ``name``; with a waiting plan, WAITAOF (and on a Cluster shard
+        with a replica, WAIT) in the same round trip, on the same connection."""
         if self.cluster:
             return self._cluster_call(run, name, keys, args)
+        if not self.current().wait:
+            return run(name, keys, args)
         for _ in range(2):  # once more after NOSCRIPT (a restarted server lost its scripts)
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command(*run.command(name, keys, args))  # type: ignore[no-untyped-call]
@@ -273,16 +407,51 @@ class Durability:
     def _cluster_call(
         self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]
     ) -> Any:
-        reply = run(name, keys, args)
-        # The node that serves the call's slot now: the client followed any MOVED.
+        """The call, WAITAOF and WAIT pipelined on one connection of the primary that
+        serves the call's slot (they count that connection's writes), sent again after
+        an answer that says it did not run there (:func:`resend`)."""
+        if self.plans.mode == "none":
+            return run(name, keys, args)
+        self.probe()  # before the map is read: a probe reads it again
         cluster: Any = self.client
-        node = cluster.get_node_from_key(keys[0])
+        slot = cluster.keyslot(keys[0])
+        ask: Any = None
+        for attempt in range(ROUTE_ATTEMPTS):
+            shard = _shard(cluster, slot)
+            p = self.plans.current(replicas=len(shard) - 1)
+            if not (p.wait or p.replica):
+                return run(name, keys, args)
+            node = ask or shard[0]
+            pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
+            if ask is not None:
+                pipe.execute_command("ASKING")
+            pipe.execute_command(*run.command(name, keys, args))
+            for wait in p.waits():
+                pipe.execute_command(*wait)
+            try:
+                replies = pipe.execute(raise_on_error=False)[1 if ask is not None else 0 :]
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                replies = [exc]
+            again = resend(replies[0])
+            if again is None or attempt == ROUTE_ATTEMPTS - 1:
+                break
+            ask = None
+            if again.ask is not None:
+                ask = cluster.nodes_manager.get_node(*again.ask)
+            if again.remap or (again.ask is not None and ask is None):
+                cluster.nodes_manager.initialize()
+            if again.load:
+                run.load()
+            time.sleep(again.pause)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
         try:
-            ack = cluster.execute_command(*WAITAOF, target_nodes=node)
-        except redis.ResponseError as exc:
-            ack = exc
-        self.plans.learned(ack)
-        return reply
+            self.plans.settle(p, replies[1:])
+        except errors.NotDurable:
+            if p.replica:  # the cluster may have marked the replica failed: drop it
+                cluster.nodes_manager.initialize()
+            raise
+        return replies[0]
 
 
 class AsyncDurability:
@@ -295,15 +464,22 @@ class AsyncDurability:
         self.cluster = isinstance(client, AsyncRedisCluster)
         self.plans = _Plans(mode, where(client), clock)
 
-    async def current(self) -> Plan:
+    async def current(self, replicas: int = 0) -> Plan:
+        await self.probe()
+        return self.plans.current(replicas)
+
+    async def probe(self) -> None:
+        """As :meth:`Durability.probe`."""
         if self.plans.due():
+            if self.cluster and self.plans.known():
+                cluster: Any = self.client
+                await cluster.nodes_manager.initialize()
             try:
                 reply = await self._config_get("append*")
             except redis.ResponseError:
                 self.plans.probed(Persistence())
             else:
                 self.plans.probed(Persistence.from_config(reply))
-        return self.plans.current()
 
     async def _config_get(self, pattern: str) -> Any:
         """On a Cluster, one node's settings, as :meth:`Durability.current` reads them."""
@@ -316,10 +492,10 @@ class AsyncDurability:
     async def call(
         self, run: AsyncRunner, name: str, keys: Sequence[Any], args: Sequence[Any]
     ) -> Any:
-        if not (await self.current()).wait:
-            return await run(name, keys, args)
         if self.cluster:
             return await self._cluster_call(run, name, keys, args)
+        if not (await self.current()).wait:
+            return await run(name, keys, args)
         for _ in range(2):
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command(*(await run.command(name, keys, args)))
@@ -336,16 +512,48 @@ class AsyncDurability:
     async def _cluster_call(
         self, run: AsyncRunner, name: str, keys: Sequence[Any], args: Sequence[Any]
     ) -> Any:
-        """As :meth:`Durability._cluster_call`: WAITAOF to the node that ran the call."""
-        reply = await run(name, keys, args)
+        """As :meth:`Durability._cluster_call`, on the node's own connections."""
+        if self.plans.mode == "none":
+            return await run(name, keys, args)
         cluster: Any = self.client
-        node = cluster.get_node_from_key(keys[0])
+        await cluster.initialize()  # the map is there once it ran (then a no-op)
+        await self.probe()
+        slot = cluster.keyslot(keys[0])
+        ask: Any = None
+        for attempt in range(ROUTE_ATTEMPTS):
+            shard = _shard(cluster, slot)
+            p = self.plans.current(replicas=len(shard) - 1)
+            if not (p.wait or p.replica):
+                return await run(name, keys, args)
+            node = ask or shard[0]
+            sent = [("ASKING",)] * (ask is not None)
+            sent += [tuple(await run.command(name, keys, args)), *p.waits()]
+            commands = [PipelineCommand(i, *command) for i, command in enumerate(sent)]
+            try:
+                await node.execute_pipeline(commands)
+                replies = [c.result for c in commands][1 if ask is not None else 0 :]
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                replies = [exc]
+            again = resend(replies[0])
+            if again is None or attempt == ROUTE_ATTEMPTS - 1:
+                break
+            ask = None
+            if again.ask is not None:
+                ask = cluster.nodes_manager.get_node(*again.ask)
+            if again.remap or (again.ask is not None and ask is None):
+                await cluster.nodes_manager.initialize()
+            if again.load:
+                await run.load()
+            await asyncio.sleep(again.pause)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
         try:
-            ack = await cluster.execute_command(*WAITAOF, target_nodes=node)
-        except redis.ResponseError as exc:
-            ack = exc
-        self.plans.learned(ack)
-        return reply
+            self.plans.settle(p, replies[1:])
+        except errors.NotDurable:
+            if p.replica:
+                await cluster.nodes_manager.initialize()
+            raise
+        return replies[0]
 
 
 def _persistence(config_get: Callable[[str], Any], pattern: str) -> Persistence:

@@ -89,10 +89,16 @@ class Runtime:
                 10.0,
             )
         except NotDurable:
-            # The server took the claim but did not confirm it on disk: a power loss could
-            # still undo it and let another delivery run the tool again. Not called; the
-            # attempt goes back to queued (if that is lost too, the lease sweep takes it).
-            log.warning("%s attempt %d: claim not confirmed on disk; left queued", ref, attempt)
+            # The server took the claim but did not confirm it on disk (or, on a Cluster,
+            # on a replica): a power loss or a failover could still undo it and let
+            # another delivery run the tool again. Not called; the attempt goes back to
+            # queued (if that is lost too, or the lease ran out meanwhile, the lease
+            # sweep takes it).
+            log.warning(
+                "%s attempt %d: claim not confirmed on disk or by a replica; left queued",
+                ref,
+                attempt,
+            )
             self._give_back(ref, attempt, holder, delivery)
             return "not_durable"
         if claim.outcome == "held":
