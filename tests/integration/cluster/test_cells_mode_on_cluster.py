@@ -10,71 +10,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import redis
-from pydantic import SecretStr
 from redis.cluster import key_slot
 
-from tests.cluster import HOST, Cluster
-from tests.conftest import DatabasePool, _database_url
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process
+from tests.cluster import Cluster
 from tests.integration.apps import cells_app
+from tests.integration.cluster.conftest import CELLS, committed
 from toolq import ToolQueue, errors
 from toolq.cells import cell_of
 from toolq.keys import Keys
 
-CELLS = 16
 APP = cells_app.APP
 
 
 @pytest.fixture(scope="module")
-def broker_url(valkey: str, valkey_databases: DatabasePool) -> Iterator[str]:
-    """Celery's broker, and the provider's store: a plain Valkey database."""
-    yield from _database_url(valkey, valkey_databases)
-
-
-@pytest.fixture(scope="module")
-def tq(cluster: Cluster, broker_url: str) -> Iterator[ToolQueue]:
-    url = f"redis://{HOST}:{cluster.nodes[0].port}"
-    update = {
-        "cells": CELLS,
-        "cluster": True,
-        "durability": "none",
-        "redis_url": SecretStr(url),
-        "broker_url": SecretStr(broker_url),
-    }
-    client = cells_app.make(cells_app.SETTINGS.model_copy(update=update))
-    env = {
-        "TOOLQ_CELLS": str(CELLS),
-        "TOOLQ_CLUSTER": "1",
-        "TOOLQ_DURABILITY": "none",
-        "TOOLQ_REDIS_URL": url,
-        "TOOLQ_BROKER_URL": broker_url,
-        "PROVIDER_URL": broker_url,
-    }
-    procs = [
-        start_worker(APP, url, env=env, concurrency=8),
-        start_scheduler(APP, url, env=env),
-        start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env),
-    ]
-    yield client
-    for p in procs:
-        stop_process(p, timeout=5)
-    client.close()
-
-
-@pytest.fixture
-def provider(broker_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(broker_url)
-    yield client
-    client.close()
-
-
-def _effects(provider: redis.Redis) -> Counter[str]:
-    return Counter(x.decode() for x in provider.lrange("provider:effects", 0, -1))
+def tq(deployed: ToolQueue) -> ToolQueue:
+    return deployed
 
 
 def test_calls_in_every_cell_complete_once_each_on_their_node(
@@ -86,7 +39,7 @@ def test_calls_in_every_cell_complete_once_each_on_their_node(
         tq.submit("pay", {}, operation_ref=ref)
     for ref in refs:
         assert tq.wait(ref, timeout=30).ok
-    effects = _effects(provider)
+    effects = committed(provider)
     assert all(effects[ref] == 1 for ref in refs)
     # each record lives on the primary that serves its cell's slot
     for ref in refs[:8]:
@@ -132,7 +85,7 @@ def test_a_primary_killed_mid_run_loses_doubles_and_strands_nothing(
         for ref in refs + retried:
             result = tq.wait(ref, timeout=45)
             assert result.ok, (ref, result)
-        effects = _effects(provider)
+        effects = committed(provider)
         doubled = [r for r in refs + retried if effects[r] > 1]
         lost = [r for r in refs + retried if effects[r] == 0]
         assert doubled == [] and lost == []
@@ -161,7 +114,7 @@ def test_a_cell_migrated_mid_run_loses_doubles_and_strands_nothing(
     assert cluster.owner(slot) is target
     for ref in refs:
         assert tq.wait(ref, timeout=45).ok, ref
-    effects = _effects(provider)
+    effects = committed(provider)
     assert [r for r in refs if effects[r] != 1] == []
     # the cell's records, due set and outbox moved with it
     assert target.client().exists(Keys("toolq", cell).op(refs[0]))

@@ -30,18 +30,22 @@ from pydantic import SecretStr
 from redis.cluster import key_slot
 
 from tests.cluster import HOST, Cluster, Node, wait_for
-from tests.conftest import DatabasePool, _database_url
 from tests.contract.ops import LEASE, NOW, submit
-from tests.helpers import run_aio, start_scheduler, start_toolq, start_worker, stop_process
+from tests.helpers import run_aio, start_scheduler, start_worker, stop_process
 from tests.integration.apps import cells_app
+from tests.integration.cluster.conftest import (
+    CELLS,
+    cells_client,
+    cells_env,
+    node_url,
+    start_relay,
+)
 from toolq import ToolQueue, errors
 from toolq.cells import cell_of
 from toolq.keys import Keys
 from toolq.ledger import Ledger
 from toolq.ledger.cluster import LedgerCluster
 from toolq.states import State
-
-CELLS = 16
 
 
 @pytest.fixture(scope="module")
@@ -286,36 +290,16 @@ def test_tq_aio_acts_on_no_submit_until_a_replica_has_it(aof_cluster: Cluster) -
 
 
 @pytest.fixture(scope="module")
-def broker_url(valkey: str, valkey_databases: DatabasePool) -> Iterator[str]:
-    """Celery's broker, and the provider's store: a plain Valkey database."""
-    yield from _database_url(valkey, valkey_databases)
-
-
-@pytest.fixture(scope="module")
 def worked(aof_cluster: Cluster, broker_url: str) -> Iterator[ToolQueue]:
     """A worker, a scheduler and a relay with ``durability=fsync``; the test's own
     client submits with ``none`` (its submits are not what these tests refuse)."""
-    url = f"redis://{HOST}:{aof_cluster.nodes[0].port}"
-    update = {
-        "cells": CELLS,
-        "cluster": True,
-        "durability": "none",
-        "redis_url": SecretStr(url),
-        "broker_url": SecretStr(broker_url),
-    }
-    client = cells_app.make(cells_app.SETTINGS.model_copy(update=update))
-    env = {
-        "TOOLQ_CELLS": str(CELLS),
-        "TOOLQ_CLUSTER": "1",
-        "TOOLQ_DURABILITY": "fsync",
-        "TOOLQ_REDIS_URL": url,
-        "TOOLQ_BROKER_URL": broker_url,
-        "PROVIDER_URL": broker_url,
-    }
+    url = node_url(aof_cluster)
+    client = cells_client(url, broker_url)
+    env = cells_env(url, broker_url, durability="fsync")
     procs = [
         start_worker(cells_app.APP, url, env=env, concurrency=4),
         start_scheduler(cells_app.APP, url, env=env),
-        start_toolq(["relay", "--app", cells_app.APP, "--loglevel", "WARNING"], env=env),
+        start_relay(env),
     ]
     yield client
     for p in procs:

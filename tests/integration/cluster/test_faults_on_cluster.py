@@ -17,27 +17,32 @@ import asyncio
 import signal
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 import redis
-from pydantic import SecretStr
 from redis.cluster import key_slot
 
-from tests.cluster import HOST, Cluster
+from tests.cluster import Cluster
 from tests.contract.ops import submit
 from tests.helpers import (
     REPO_ROOT,
     kill_group,
     start_scheduler,
-    start_toolq,
     start_worker,
     stop_process,
     toolq_env,
     wait_until,
 )
 from tests.integration.apps import cells_app
+from tests.integration.cluster.conftest import (
+    CELLS,
+    cells_client,
+    cells_env,
+    committed,
+    node_url,
+    start_relay,
+)
 from toolq import State, ToolQueue
 from toolq.cells import cell_of
 from toolq.keys import OUTBOX_GROUP, Keys
@@ -46,41 +51,22 @@ from toolq.ledger.aio import AsyncScripts
 from toolq.ledger.cluster import AsyncLedgerCluster, LedgerCluster
 from toolq.procs import pdeathsig_preexec
 
-CELLS = 16
 APP = cells_app.APP
 OUTBOXES = [Keys("toolq", c).outbox for c in range(CELLS)]
 
 
 @pytest.fixture(scope="module")
-def env(cluster: Cluster, module_redis_url: str) -> dict[str, str]:
+def env(cluster: Cluster, broker_url: str) -> dict[str, str]:
     """What every process of the deployment is started with (the broker and the
-    provider's store: this module's database of the session's Valkey)."""
-    return {
-        "TOOLQ_CELLS": str(CELLS),
-        "TOOLQ_CLUSTER": "1",
-        "TOOLQ_DURABILITY": "none",
-        "TOOLQ_REDIS_URL": f"redis://{HOST}:{cluster.nodes[0].port}",
-        "TOOLQ_BROKER_URL": module_redis_url,
-        "PROVIDER_URL": module_redis_url,
-    }
+    provider's store: a plain Valkey database, conftest's ``broker_url``)."""
+    return cells_env(node_url(cluster), broker_url)
 
 
 @pytest.fixture(scope="module")
 def tq(env: dict[str, str]) -> Iterator[ToolQueue]:
-    update = {
-        "cells": CELLS,
-        "cluster": True,
-        "durability": "none",
-        "redis_url": SecretStr(env["TOOLQ_REDIS_URL"]),
-        "broker_url": SecretStr(env["TOOLQ_BROKER_URL"]),
-    }
-    client = cells_app.make(cells_app.SETTINGS.model_copy(update=update))
+    client = cells_client(env["TOOLQ_REDIS_URL"], env["TOOLQ_BROKER_URL"])
     yield client
     client.close()
-
-
-def start_relay(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env)
 
 
 def start_dying_relay(env: dict[str, str], when: str) -> subprocess.Popen[bytes]:
@@ -113,20 +99,9 @@ def deployment(tq: ToolQueue, env: dict[str, str]) -> Iterator[dict[str, subproc
         stop_process(p, timeout=5)
 
 
-@pytest.fixture
-def provider(module_redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(module_redis_url)
-    yield client
-    client.close()
-
-
-def _effects(provider: redis.Redis) -> Counter[str]:
-    return Counter(x.decode() for x in provider.lrange("provider:effects", 0, -1))
-
-
 def _agree(tq: ToolQueue, provider: redis.Redis, refs: list[str]) -> None:
     """Every call succeeded once on the provider, and the ledger says succeeded."""
-    effects = _effects(provider)
+    effects = committed(provider)
     assert [r for r in refs if effects[r] > 1] == []  # doubled
     assert [r for r in refs if effects[r] == 0] == []  # lost
     states = {ref: getattr(tq.get(ref), "state", None) for ref in refs}
@@ -184,7 +159,7 @@ def test_a_worker_killed_mid_write_has_its_writes_verified_not_run_again(
         tq.submit("pay", {"sleep": 60}, operation_ref=ref)
 
     def committed_and_running() -> bool:
-        effects = _effects(provider)
+        effects = committed(provider)
         records = [tq.get(ref) for ref in refs]
         return all(effects[ref] == 1 for ref in refs) and all(
             r is not None and r.state is State.RUNNING for r in records
@@ -224,7 +199,7 @@ def test_a_relay_killed_between_xadd_and_publish_leaves_its_entries_to_another(
     dying = start_dying_relay(env, "read")
     assert dying.wait(timeout=30) == -signal.SIGKILL
     assert _outbox(tq) == (len(refs), len(refs))  # pending with the dead relay
-    assert all(_effects(provider)[ref] == 0 for ref in refs)
+    assert all(committed(provider)[ref] == 0 for ref in refs)
 
     # Then another relay takes them over (XAUTOCLAIM) and each call runs once
     deployment["relay"] = start_relay(env)

@@ -22,15 +22,15 @@ from redis.cluster import key_slot
 
 from tests.cluster import HOST, Cluster, free_port
 from tests.contract.ops import single_tag_ledger
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process
+from tests.helpers import start_scheduler, start_worker, stop_process
 from tests.integration.apps import cells_app
+from tests.integration.cluster.conftest import CELLS, cells_client, cells_env, start_relay
 from toolq.cells import cell_of
 from toolq.cli import main
 from toolq.embedded import EmbeddedServer
 from toolq.keys import Keys
 from toolq.settings import ToolqSettings
 
-CELLS = 16
 APP = cells_app.APP
 
 
@@ -102,17 +102,8 @@ def test_a_single_server_becomes_a_balanced_cluster_and_every_operation_carries_
         assert "balanced already" in _toolq("cells", "balance", "--redis-url", url)
 
         # Then every operation reads back through toolq in cluster mode, as it was
-        env = {
-            "TOOLQ_CELLS": str(CELLS),
-            "TOOLQ_CLUSTER": "1",
-            "TOOLQ_DURABILITY": "none",
-            "TOOLQ_REDIS_URL": url,
-            "TOOLQ_BROKER_URL": broker_url,
-            "PROVIDER_URL": broker_url,
-        }
-        tq = cells_app.make(
-            _settings(url, cells=CELLS, cluster=True, broker_url=SecretStr(broker_url))
-        )
+        env = cells_env(url, broker_url)
+        tq = cells_client(url, broker_url)
         with cluster.connected(decode_responses=False) as nodes:
             for ref in refs:
                 record = tq.get(ref)
@@ -128,7 +119,7 @@ def test_a_single_server_becomes_a_balanced_cluster_and_every_operation_carries_
         procs = [
             start_worker(APP, url, env=env, concurrency=4),
             start_scheduler(APP, url, env=env),
-            start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env),
+            start_relay(env),
         ]
         try:
             fresh = [f"cluster/new/{i}" for i in range(12)]
