@@ -310,10 +310,14 @@ class App:
             if self._celery is not None and not self.settings.outbox:
                 self._celery.conf.update(broker_config(redis_url))
 
-    def configure_broker(self, broker_url: str) -> None:
-        """Use this Celery broker (outbox mode: :mod:`toolq.relay`), before use."""
+    def configure_broker(self, broker_url: str, *, master_name: str | None = None) -> None:
+        """Use this Celery broker (outbox mode: :mod:`toolq.relay`), before use.
+        ``master_name``: a ``sentinel://`` URL's (else the settings' ``broker_master_name``)."""
+        update: dict[str, Any] = {"broker_url": SecretStr(broker_url)}
+        if master_name is not None:
+            update["broker_master_name"] = master_name
         try:
-            settings = self.settings.model_copy(update={"broker_url": SecretStr(broker_url)})
+            settings = self.settings.model_copy(update=update)
             ToolqSettings.model_validate(settings.model_dump())
         except ValidationError as exc:  # its message names the URL redacted
             msg = exc.errors()[0]["msg"].removeprefix("Value error, ")

@@ -226,6 +226,7 @@ class EmbeddedServer:
         persist: bool = False,
         password: str | None = None,
         extra_config: Mapping[str, str] | None = None,
+        sentinel: bool = False,
     ) -> None:
         self._data_dir_arg = Path(data_dir).resolve() if data_dir is not None else None
         self._port = port
@@ -236,6 +237,9 @@ class EmbeddedServer:
         self.persist = persist
         self._password = password
         self._extra = dict(extra_config or {})
+        #: Run as a Sentinel (``--sentinel``): it rewrites its configuration file with
+        #: what it learns, so ``extra_config`` holds its ``sentinel ...`` lines.
+        self.sentinel = sentinel
         # Fails now, not at start(), on a bad setting.
         render_config(
             port=port or 0,
@@ -401,6 +405,8 @@ class EmbeddedServer:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         argv = [str(_binary_path()), str(config)]
+        if self.sentinel:
+            argv.append("--sentinel")
         preexec = pdeathsig_preexec()
 
         def launch() -> subprocess.Popen[bytes]:

@@ -118,9 +118,10 @@ def broker_depths(settings: ToolqSettings) -> BrokerDepths | None:
     url = settings.broker_url.get_secret_value()
 
     def read(names: Iterable[str]) -> dict[str, int | None]:
+        from toolq.broker.app import transport_options
         from toolq.broker.depth import Depths
 
-        depths = Depths(url, timeout=1.0)
+        depths = Depths(url, timeout=1.0, transport_options=transport_options(settings, url))
         try:
             return depths.read(names)
         finally:

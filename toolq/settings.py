@@ -6,7 +6,9 @@ Nested groups read ``TOOLQ_<GROUP>__<FIELD>`` (e.g. ``TOOLQ_LEASE__SECONDS=10``)
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -61,8 +63,63 @@ class SchedulerSettings(BaseModel):
 REF_PUNCTUATION = "_.:/@#+=-"
 REF_CHARS = "A-Za-z0-9" + REF_PUNCTUATION
 
-#: The brokers ``broker_url`` may name: kombu's AMQP (RabbitMQ) and Redis transports.
-BROKER_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "redis://", "rediss://")
+#: The brokers ``broker_url`` may name: kombu's AMQP (RabbitMQ), Redis and Redis
+#: Sentinel transports.
+BROKER_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "redis://", "rediss://", "sentinel://")
+SENTINEL_SCHEME = "sentinel://"
+#: A Sentinel's port when its address names none (kombu's and Sentinel's default).
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """A ``sentinel://`` broker URL as kombu reads it: the Sentinels to ask, and the
+    credentials and database of the primary they name (not of the Sentinels)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    db: int
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """``sentinel://[[user]:password@]host[:port][/db]``, one per Sentinel, joined by ``;``.
+
+    Every address must carry the same credentials and database: kombu reads them from
+    the one it is connected through, and moves to the next address when that Sentinel
+    stops answering, so a password on the first alone would be lost at the first switch.
+    Raises ValueError with the URL redacted."""
+    parts = [p for p in url.split(";") if p.strip()]
+    if not parts:
+        raise ValueError("broker_url names no Sentinel")
+    sentinels = []
+    shared: set[tuple[str | None, str | None, str]] = set()
+    for part in parts:
+        fail = f"broker_url: {redact_url(part)} is not sentinel://[:password@]host[:port][/db]"
+        if not part.startswith(SENTINEL_SCHEME):
+            raise ValueError(
+                f"broker_url: every address of a Sentinel URL starts with sentinel:// "
+                f"(separated by ';'): {redact_url(part)}"
+            )
+        try:
+            split = urlsplit(part)
+            port = split.port or SENTINEL_PORT
+        except ValueError:
+            raise ValueError(fail) from None
+        path = split.path.strip("/")
+        if not split.hostname or split.query or split.fragment or not re.fullmatch(r"\d*", path):
+            raise ValueError(fail)
+        sentinels.append((split.hostname, port))
+        user = unquote(split.username) if split.username else None
+        password = unquote(split.password) if split.password is not None else None
+        shared.add((user, password, path or "0"))
+    if len(shared) > 1:
+        raise ValueError(
+            "broker_url: every sentinel:// address must carry the same password and "
+            "database (kombu uses the one of the Sentinel it is connected through)"
+        )
+    user, password, db = shared.pop()
+    return SentinelUrl(tuple(sentinels), user, password, int(db))
 
 
 class RelaySettings(BaseModel):
@@ -131,11 +188,16 @@ class ToolqSettings(BaseSettings):
 
     redis_url: SecretStr | None = None
     #: The Celery broker, when it is not the ledger's Redis (``amqp://``/``pyamqp://``
-    #: for RabbitMQ, or a Redis/Valkey of its own). Unset: the ledger's scripts push
+    #: for RabbitMQ, or a Redis/Valkey of its own: ``redis://``, or ``sentinel://`` behind
+    #: Sentinel with ``broker_master_name``). Unset: the ledger's scripts push
     #: each message to its queue in the same atomic call as the transition. Set
     #: (**outbox mode**): the scripts append it to the ledger's outbox stream instead,
     #: and ``toolq relay`` publishes it to this broker (docs/brokers.md).
     broker_url: SecretStr | None = None
+    #: A ``sentinel://`` ``broker_url`` (a Redis/Valkey broker behind Sentinel): the
+    #: name its Sentinels monitor the primary under (``sentinel monitor <name> ...``).
+    #: Required with one; any other broker ignores it. kombu's ``master_name`` option.
+    broker_master_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
     prefix: str = "toolq"
     #: ``fsync``: a claim is on disk before its tool is called, and a submit before
     #: it is acknowledged, so a power loss cannot undo a claim and run the write again
@@ -182,7 +244,7 @@ class ToolqSettings(BaseSettings):
                 )
         return value
 
-    @field_validator("broker_url", mode="before")
+    @field_validator("broker_url", "broker_master_name", mode="before")
     @classmethod
     def _empty_broker(cls, value: object) -> object:
         # An empty TOOLQ_BROKER_URL (docker-compose.yml passes ``${TOOLQ_BROKER_URL:-}``)
@@ -199,7 +261,18 @@ class ToolqSettings(BaseSettings):
             if not url.startswith(BROKER_SCHEMES):
                 schemes = ", ".join(BROKER_SCHEMES)
                 raise ValueError(f"broker_url must start with {schemes}: {redact_url(url)}")
+            if url.startswith(SENTINEL_SCHEME):
+                parse_sentinel_url(url)
         return value
+
+    @model_validator(mode="after")
+    def _master_name(self) -> ToolqSettings:
+        if self.sentinel is not None and self.broker_master_name is None:
+            raise ValueError(
+                "a sentinel:// broker_url needs broker_master_name (TOOLQ_BROKER_MASTER_NAME): "
+                "the name its Sentinels monitor the broker's primary under"
+            )
+        return self
 
     @model_validator(mode="after")
     def _cluster_needs(self) -> ToolqSettings:
@@ -220,6 +293,14 @@ class ToolqSettings(BaseSettings):
     def outbox(self) -> bool:
         """Outbox mode: messages go through the ledger's outbox and a relay (``broker_url``)."""
         return self.broker_url is not None
+
+    @property
+    def sentinel(self) -> SentinelUrl | None:
+        """The Sentinels of a ``sentinel://`` broker URL (None: another broker, or none)."""
+        if self.broker_url is None:
+            return None
+        url = self.broker_url.get_secret_value()
+        return parse_sentinel_url(url) if url.startswith(SENTINEL_SCHEME) else None
 
     @property
     def broker(self) -> str | None:

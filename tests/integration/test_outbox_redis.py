@@ -1,6 +1,6 @@
 """Outbox mode with a Redis of its own as Celery's broker (issue 18): the ledger in
-one database, the broker in another, the relay between them. The broker could be a
-Sentinel-managed Redis or Valkey; kombu's Redis transport is the same."""
+one database, the broker in another, the relay between them. A broker behind Sentinel,
+and its failover: test_outbox_sentinel.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tests.helpers import start_scheduler, start_toolq, start_worker, stop_proce
 from tests.integration.apps import outbox_app
 from tests.integration.conftest import effects
 from toolq import ToolQueue
+from toolq.broker.depth import Depths
 
 APP = outbox_app.APP
 
@@ -58,6 +59,13 @@ def test_a_write_crosses_from_the_ledgers_outbox_to_a_broker_of_its_own(
     finally:
         broker.close()
     assert wait_until(lambda: tq.redis.xlen(tq.app.ledger.keys.outbox) == 0, 10)
+    # its drained queue reads 0, not unknown (an empty Redis list does not exist): the
+    # scheduler may publish a lost message again after recovery.unclaimed_after
+    probe = Depths(broker_url)
+    try:
+        assert probe.read([calls, "no.such.queue"]) == {calls: 0, "no.such.queue": 0}
+    finally:
+        probe.close()
 
 
 def test_a_relay_whose_outbox_was_deleted_makes_it_again_and_goes_on(tq: ToolQueue) -> None:

@@ -9,7 +9,7 @@ from pydantic import SecretStr, ValidationError
 
 from toolq import ToolQueue, errors
 from toolq.broker.app import celery_config
-from toolq.broker.transport import TRANSPORT
+from toolq.broker.transport import SENTINEL_TRANSPORT, TRANSPORT
 from toolq.settings import ToolqSettings
 from toolq.stack import Stack, StackConfig
 
@@ -98,3 +98,97 @@ def test_toolq_up_starts_a_relay_only_with_a_broker_url(monkeypatch: pytest.Monk
 
     assert "relay" not in roles({})
     assert roles({"TOOLQ_BROKER_URL": "amqp://rabbit//"}).count("relay") == 1
+
+
+# --------------------------------------------------------------------------- Sentinel
+
+SENTINELS = "sentinel://:pw@s1:26379;sentinel://:pw@s2:26380;sentinel://:pw@s3"
+TWO = (("s1", 26379), ("s2", 26379))
+
+
+@pytest.mark.parametrize(
+    ("url", "sentinels", "password", "db"),
+    [
+        ("sentinel://s1", (("s1", 26379),), None, 0),
+        ("sentinel://s1:5000/2", (("s1", 5000),), None, 2),
+        (SENTINELS, (("s1", 26379), ("s2", 26380), ("s3", 26379)), "pw", 0),
+        ("sentinel://u:p%40w@s1/1;sentinel://u:p%40w@s2/1", TWO, "p@w", 1),
+        ("sentinel://s1;sentinel://s2;", TWO, None, 0),  # a trailing ;
+    ],
+)
+def test_a_sentinel_url_with_its_master_name_is_accepted(
+    url: str, sentinels: tuple[tuple[str, int], ...], password: str | None, db: int
+) -> None:
+    s = ToolqSettings(broker_url=SecretStr(url), broker_master_name="mymaster")
+    assert s.outbox and s.sentinel is not None
+    assert (s.sentinel.sentinels, s.sentinel.password, s.sentinel.db) == (sentinels, password, db)
+    assert "pw" not in s.safe_broker_url and "p%40w" not in s.safe_broker_url
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        # kombu would switch to the second address and lose the first's password
+        ("sentinel://:pw@s1;sentinel://s2", "same password and database"),
+        ("sentinel://:pw@s1/1;sentinel://:pw@s2/2", "same password and database"),
+        ("sentinel://:pw@s1;redis://:pw@s2", "every address of a Sentinel URL"),
+        ("sentinel://:pw@s1:notaport", "is not sentinel://"),
+        ("sentinel://:pw@s1/db", "is not sentinel://"),
+        ("sentinel://:pw@/0", "is not sentinel://"),
+        ("sentinel://:pw@s1?password=pw", "is not sentinel://"),
+        (";", "must start with"),
+    ],
+)
+def test_a_malformed_sentinel_url_is_refused_with_the_password_redacted(
+    url: str, problem: str
+) -> None:
+    with pytest.raises(ValidationError, match=problem) as info:
+        ToolqSettings(broker_url=SecretStr(url), broker_master_name="mymaster")
+    assert ":pw" not in str(info.value) and "password=pw" not in str(info.value)
+
+
+def test_a_sentinel_url_without_a_master_name_is_refused_at_settings_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ValidationError, match="needs broker_master_name") as info:
+        ToolqSettings(broker_url=SecretStr(SENTINELS))
+    assert "pw" not in str(info.value)
+    monkeypatch.setenv("TOOLQ_BROKER_URL", SENTINELS)
+    monkeypatch.setenv("TOOLQ_BROKER_MASTER_NAME", "")  # empty means unset, as the URL's
+    with pytest.raises(ValidationError, match="TOOLQ_BROKER_MASTER_NAME"):
+        ToolqSettings()
+    monkeypatch.setenv("TOOLQ_BROKER_MASTER_NAME", "mymaster")
+    assert ToolqSettings().broker_master_name == "mymaster"
+    monkeypatch.setenv("TOOLQ_BROKER_MASTER_NAME", "my master")  # not a name Sentinel takes
+    with pytest.raises(ValidationError):
+        ToolqSettings()
+
+
+def test_a_master_name_beside_another_broker_is_ignored() -> None:
+    s = ToolqSettings(broker_url=SecretStr("redis://broker:6379/1"), broker_master_name="m")
+    assert s.sentinel is None
+    assert "master_name" not in celery_config(s, LEDGER)["broker_transport_options"]
+
+
+def test_a_sentinel_broker_gets_toolqs_sentinel_transport_and_its_master_name() -> None:
+    s = ToolqSettings(broker_url=SecretStr(SENTINELS), broker_master_name="mymaster")
+    c = celery_config(s, LEDGER)
+    assert c["broker_url"] == SENTINELS and c["broker_transport"] == SENTINEL_TRANSPORT
+    # kombu's master_name, beside toolq's own options (one visibility timeout everywhere)
+    assert c["broker_transport_options"] == {
+        "visibility_timeout": s.queues.visibility_timeout,
+        "master_name": "mymaster",
+    }
+    assert all(q.queue_arguments is None for q in c["task_queues"])  # Redis lists
+    assert c["toolq_acks_in_ledger"] is False
+
+
+def test_configure_broker_takes_the_master_name_with_the_url() -> None:
+    tq = ToolQueue(redis_url=LEDGER)
+    with pytest.raises(errors.RequestRefused, match="needs broker_master_name") as refused:
+        tq.app.configure_broker(SENTINELS)
+    assert "pw" not in str(refused.value) and not tq.settings.outbox
+    tq.app.configure_broker(SENTINELS, master_name="mymaster")
+    assert tq.settings.broker_master_name == "mymaster"
+    assert tq.celery.conf.broker_transport_options["master_name"] == "mymaster"
+    assert "pw" not in tq.settings.safe_broker_url

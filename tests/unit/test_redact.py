@@ -137,6 +137,13 @@ def test_scrub_identifier_refuses_instead_of_stripping(value: str, expected: str
         ("redis://localhost:6379/0", "redis://localhost:6379/0"),
         ("redis://host/0?password=s3cret&db=1", "redis://host/0?password=***&db=1"),
         ("unix:///tmp/redis.sock?db=2", "unix:///tmp/redis.sock?db=2"),
+        # kombu's Sentinel form: one address per Sentinel, each with the broker's password
+        (
+            "sentinel://:s3cret@s1:26379;sentinel://:s3cret@s2:26379/0",
+            "sentinel://:***@s1:26379;sentinel://:***@s2:26379/0",
+        ),
+        ("sentinel://s1;sentinel://u:s3cret@s2", "sentinel://s1;sentinel://u:***@s2"),
+        ("sentinel://:p@ss;w@s1;sentinel://:p@ss;w@s2", "sentinel://:***@s1;sentinel://:***@s2"),
     ],
 )
 def test_redact_url(url: str, expected: str) -> None:

@@ -8,7 +8,9 @@
   scheduler (DESIGN.md invariant 7); a test greps the package for them.
 * The broker is the ledger's Redis, or ``broker_url`` (outbox mode): on
   RabbitMQ the queues are quorum queues (replicated, and Celery 5.5+ turns
-  global QoS off for them) and publishes wait for the broker's confirm.
+  global QoS off for them) and publishes wait for the broker's confirm; a
+  Redis/Valkey behind Sentinel (``sentinel://``) is found through its
+  Sentinels under ``broker_master_name``, again after a failover.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from toolq.broker.messages import RUN_TASK, VERIFY_TASK
-from toolq.broker.transport import TRANSPORT
+from toolq.broker.transport import SENTINEL_TRANSPORT, TRANSPORT
 from toolq.logs import redact_worker_logs
-from toolq.settings import ToolqSettings
+from toolq.settings import SENTINEL_SCHEME, ToolqSettings
 
 #: The task request class of toolq's tasks (``Task.Request``; by name, so that a client
 #: does not import Celery's worker modules).
@@ -53,9 +55,7 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
     if settings.broker_url is not None:
         url = settings.broker_url.get_secret_value()
     q = settings.queues
-    transport: dict[str, Any] = {"visibility_timeout": q.visibility_timeout}
-    if is_amqp(url):
-        transport["confirm_publish"] = True
+    transport = transport_options(settings, url)
     conf: dict[str, Any] = {
         "result_backend": None,
         "task_ignore_result": True,
@@ -91,6 +91,27 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
     return conf
 
 
+def transport_options(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
+    """kombu's transport options for the broker at ``url``: the visibility timeout
+    everywhere, publisher confirms on AMQP, and on ``sentinel://`` the name the
+    Sentinels know the primary by (kombu's ``master_name``)."""
+    transport: dict[str, Any] = {"visibility_timeout": settings.queues.visibility_timeout}
+    if is_amqp(url):
+        transport["confirm_publish"] = True
+    if is_sentinel(url):
+        transport["master_name"] = settings.broker_master_name
+    return transport
+
+
+def is_redis(url: str | None) -> bool:
+    """A Redis/Valkey broker named directly (not through Sentinel)."""
+    return bool(url) and str(url).startswith(("redis://", "rediss://"))
+
+
+def is_sentinel(url: str | None) -> bool:
+    return bool(url) and str(url).startswith(SENTINEL_SCHEME)
+
+
 def broker_config(url: str | None) -> dict[str, Any]:
     """The settings that follow the broker URL: set together whenever it changes.
 
@@ -101,9 +122,10 @@ def broker_config(url: str | None) -> dict[str, Any]:
     used (it was not, before: 15 % of a threads-pool worker's CPU).
     """
     redis_broker = bool(url) and str(url).startswith("redis://")
+    transport = TRANSPORT if redis_broker else SENTINEL_TRANSPORT if is_sentinel(url) else None
     return {
         "broker_url": url,
-        "broker_transport": TRANSPORT if redis_broker else None,
+        "broker_transport": transport,
         # The ledger's server is the broker: the ledger call that ends a delivery
         # acknowledges it (toolq.broker.transport, "Acknowledged by the ledger").
         "toolq_acks_in_ledger": redis_broker,

@@ -1,8 +1,9 @@
 """How many messages a broker's queue holds, on any kombu transport.
 
 A passive ``queue_declare`` answers with the queue's ready messages on RabbitMQ
-(those delivered to a worker and not yet acknowledged are not counted) and
-with its list's length on Redis. The scheduler asks in outbox mode, where the
+(those delivered to a worker and not yet acknowledged are not counted); on
+Redis (direct or behind Sentinel) its lists' length is read (an empty list does
+not exist: a passive declare would call it unknown). The scheduler asks in outbox mode, where the
 queues are not the ledger's to read (:func:`toolq.recovery.policy.on_its_way`).
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kombu import Connection
+from kombu.transport import redis as kombu_redis
 
 log = logging.getLogger("toolq.broker")
 
@@ -21,9 +23,14 @@ class Depths:
     """Reads queue depths on one broker connection, made on first use and again after
     a failure. Not thread-safe: one per scheduler."""
 
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
+    def __init__(
+        self, url: str, timeout: float = 2.0, transport_options: dict[str, Any] | None = None
+    ) -> None:
         self.url = url
         self.timeout = timeout
+        #: :func:`toolq.broker.app.transport_options` (a ``sentinel://`` URL needs its
+        #: ``master_name``: each new connection then asks the Sentinels for the primary).
+        self.transport_options = transport_options or {}
         self._conn: Connection | None = None
 
     def read(self, names: Iterable[str]) -> dict[str, int | None]:
@@ -40,8 +47,17 @@ class Depths:
         conn = self._conn
         try:
             if conn is None:
-                conn = self._conn = Connection(self.url, connect_timeout=self.timeout)
+                conn = self._conn = Connection(
+                    self.url,
+                    connect_timeout=self.timeout,
+                    transport_options=self.transport_options,
+                )
             with conn.channel() as channel:
+                if isinstance(channel, kombu_redis.Channel):
+                    # A Redis list that holds nothing does not exist: the passive declare
+                    # would say "no queue" for an empty one, which the scheduler must
+                    # take for "may hold anything". Its length (0) is the answer.
+                    return int(channel._size(name))
                 declared: Any = channel.queue_declare(queue=name, passive=True)  # type: ignore[attr-defined]
                 return int(declared.message_count)
         except Exception as exc:  # any broker failure means "not known"

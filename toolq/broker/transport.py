@@ -10,7 +10,9 @@ pool is the same thing, built once. It also lets a closing channel give its
 unacknowledged messages back after the connection is gone (see below).
 
 Used for ``redis://`` brokers (``broker_transport`` in
-:func:`toolq.broker.app.celery_config`); other schemes get kombu's own.
+:func:`toolq.broker.app.celery_config`), and for ``sentinel://`` ones with
+kombu's Sentinel channel (:data:`SENTINEL_TRANSPORT`); other schemes get
+kombu's own.
 
 **Acknowledged by the ledger.** When the broker is the ledger's server, the
 ledger call that ends a delivery (a refused claim, or the record of its
@@ -36,6 +38,8 @@ from kombu.transport import virtual
 
 #: What ``broker_transport`` names.
 TRANSPORT = "toolq.broker.transport:Transport"
+#: ... for a broker behind Sentinel (``sentinel://``).
+SENTINEL_TRANSPORT = "toolq.broker.transport:SentinelTransport"
 
 
 _ledger_acked: set[str] = set()
@@ -91,3 +95,12 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool asks the Sentinels for the primary, again
+    on every new connection: a failover is followed) with toolq's client reuse."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel

@@ -43,11 +43,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis
+import redis.sentinel
 from amqp.exceptions import MessageNacked
 from kombu import Connection, Producer, Queue
 from redis.exceptions import ClusterError
 
-from toolq.broker.app import is_amqp, queue_for
+from toolq.broker.app import is_amqp, is_redis, queue_for
 from toolq.keys import OUTBOX_GROUP, Keys
 from toolq.notify import Subscription
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
@@ -138,8 +139,12 @@ class Relay:
         self._queues: dict[str, Queue] = {}
         self._connection: Connection | None = None
         #: A Redis/Valkey broker is written directly (:meth:`_push`); AMQP goes through kombu.
-        self._redis_broker = self.broker_url.startswith(("redis://", "rediss://"))
+        #: Behind Sentinel, to the primary its Sentinels name (:meth:`_broker_redis`).
+        self._sentinel = settings.sentinel
+        self._master_name = settings.broker_master_name
+        self._redis_broker = self._sentinel is not None or is_redis(self.broker_url)
         self._broker_client: redis.Redis | None = None
+        self._sentinels: redis.sentinel.Sentinel | None = None
         self._producer: Producer | None = None
         # Blocking reads get a connection of their own, with a timeout past the block.
         self._blocking: redis.Redis | None = None
@@ -302,7 +307,7 @@ class Relay:
         (SMEMBERS) and build a client object per message: 1.8 ms of relay CPU a message,
         measured (bench/RESULTS.md, "Outbox mode")."""
         if self._broker_client is None:
-            self._broker_client = redis.Redis.from_url(self.broker_url, socket_timeout=30)
+            self._broker_client = self._broker_redis()
         pipe = self._broker_client.pipeline(transaction=False)
         for m in messages:
             pipe.lpush(m.queue, m.raw)
@@ -310,6 +315,29 @@ class Relay:
             pipe.execute()
         except redis.RedisError as exc:  # the broker's, not the ledger's: see run()
             raise BrokerUnavailable(type(exc).__name__) from exc
+
+    def _broker_redis(self) -> redis.Redis:
+        """The Redis broker's client. Behind Sentinel, on the primary its Sentinels name:
+        each new connection asks them again, and a failed push drops the client
+        (:meth:`_drop_broker`), so the push after a failover goes to the promoted
+        replica. Until the Sentinels have promoted one they name the dead primary, or
+        none (``MasterNotFoundError``): connection errors, retried as any broker's."""
+        s = self._sentinel
+        if s is None:
+            return redis.Redis.from_url(self.broker_url, socket_timeout=30)
+        assert self._master_name is not None  # the settings refuse a sentinel URL without
+        self._sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(s.sentinels), sentinel_kwargs={"socket_timeout": 5, "socket_connect_timeout": 5}
+        )
+        client: redis.Redis = self._sentinels.master_for(  # type: ignore[no-untyped-call]
+            self._master_name,
+            socket_timeout=30,
+            socket_connect_timeout=5,
+            username=s.username,
+            password=s.password,
+            db=s.db,
+        )
+        return client
 
     def _ack(self, entries: Sequence[Entry]) -> None:
         by_stream: dict[str, list[str]] = {}
@@ -433,6 +461,9 @@ class Relay:
         if self._broker_client is not None:
             self._broker_client.close()
             self._broker_client = None
+        if self._sentinels is not None:
+            self._sentinels.close()  # its connections to each Sentinel
+            self._sentinels = None
 
     def close(self) -> None:
         self._drop_broker()

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import redis
 from redis.exceptions import ClusterError, NoScriptError, TryAgainError
 
+from toolq.broker.app import transport_options
 from toolq.broker.depth import Depths
 from toolq.broker.messages import message_head
 from toolq.ledger import Ledger, outbox
@@ -153,8 +154,10 @@ class Scheduler:
         # Blocking waits get their own connection, with a read timeout past the longest sleep.
         self._blocking: redis.Redis | None = None
         # Outbox mode: the broker's queue depths, read on a connection of its own.
-        broker = app.settings.broker_url
-        self._depths = Depths(broker.get_secret_value()) if broker is not None else None
+        self._depths: Depths | None = None
+        if app.settings.broker_url is not None:
+            url = app.settings.broker_url.get_secret_value()
+            self._depths = Depths(url, transport_options=transport_options(app.settings, url))
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
