@@ -354,6 +354,7 @@ def render(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> str:
     broker = med(runs["3"], "broker_us")
     node_us3 = med_each(runs["3"], "node_us")
     busiest3 = node_us3.index(max(node_us3))
+    summed_cmds = " / ".join(f"{sum(med_each(runs[m], 'node_cmds')):.1f}" for m in MODES[1:])
     return (
         "## Cells on a Valkey Cluster: how far it scales (issue 18)\n\n"
         f"`python -m bench.cluster_bench --calls {a.calls} --rounds {a.rounds}"
@@ -404,10 +405,13 @@ def render(runs: dict[str, list[dict[str, Any]]], a: argparse.Namespace) -> str:
         "- Scaling is not linear yet: the server CPU of a call summed over the nodes grows "
         f"with N ({' → '.join(f'{totals[m]:.0f}' for m in MODES[1:])} µs for 1 → 2 → 3 "
         f"primaries), so the mean per node falls {one / (totals['3'] / 3):.1f}x from 1 to "
-        "3 primaries, not 3x. Notices are SPUBLISHed to their cell's channel (they stay on "
-        "their node; no classic PUBLISH crosses the cluster bus); what grows with N is the "
-        "scheduler's and relay's rounds over every cell on every node (the idle column), "
-        "spread over the calls of a run this box keeps slow.\n"
+        "3 primaries, not 3x. Not more work: the commands per call summed over the nodes "
+        f"are {summed_cmds} "
+        "for 1 / 2 / 3 primaries (notices are SPUBLISHed to their cell's channel and stay on "
+        "their node). Each command costs more CPU with more server processes sharing this "
+        "box's 2 cores with the workers and the client, and the scheduler's and relay's "
+        "rounds over every cell on every node (the idle column) are spread over the calls "
+        "of a run this box keeps slow.\n"
         f"- With three primaries the busiest is node {busiest3}"
         + (
             " (the processes' startup node, so redis-py's default node; it also holds the "
