@@ -43,3 +43,19 @@ def test_the_loader_names_a_bad_setting_not_the_import() -> None:
     assert problem.startswith("invalid settings: TOOLQ_REDIS_URL: redis_url must start with")
     assert "s3cret" not in problem
     assert settings_problem(ValueError("x")) is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["cells", "balance"],
+        ["cells", "adopt", "--node", "127.0.0.1:2"],
+        ["cells", "migrate", "--cells", "8"],
+    ],
+)
+def test_a_server_out_of_reach_is_one_line_naming_what_to_check(args: list[str]) -> None:
+    # port 1: nothing listens there, the connection is refused at once
+    result = CliRunner().invoke(main, [*args, "--redis-url", "redis://u:s3cret@127.0.0.1:1/0"])
+    assert result.exit_code != 0
+    assert "cannot reach Redis/Valkey (ConnectionError): check --redis-url" in result.output
+    assert "Traceback" not in result.output and "s3cret" not in result.output

@@ -149,6 +149,11 @@ def handle_errors(f: F) -> F:
             ) from None
         except raised("ToolqError") as exc:
             raise CliError(str(exc)) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise CliError(
+                f"cannot reach Redis/Valkey ({type(exc).__name__}): check --redis-url "
+                "(or TOOLQ_REDIS_URL) and that the server is up"
+            ) from None
         except redis.RedisError as exc:
             raise CliError(f"redis error: {type(exc).__name__}") from None
 
