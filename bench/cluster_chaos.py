@@ -6,7 +6,8 @@ The harness of :mod:`bench.chaos` (the same workers, schedulers, provider faults
 duplicate deliveries and verdict) on a different deployment: the ledger in 256
 cells (``TOOLQ_CELLS=256``, ``TOOLQ_CLUSTER=1``) on a Valkey Cluster of three
 primaries with a replica each (``tests.cluster.Cluster``: embedded servers, AOF
-off, ``TOOLQ_DURABILITY=none``), Celery's broker a separate embedded Valkey
+off; ``--durability``, ``fsync`` by default: each claim and submit then waits for
+a replica, ``WAIT 1``), Celery's broker a separate embedded Valkey
 (outbox mode), and two relays sharing the outboxes (one consumer group; a killed
 relay's entries are taken over after ``relay.claim_after``, 5 s here). Besides
 the kills of bench.chaos (relays are in the rotation too) it
@@ -183,9 +184,16 @@ def render(res: ChaosResult, cfg: ChaosConfig) -> str:
     ]
     return (
         "## Chaos on a Valkey Cluster (issue 18)\n\n"
-        f"`python -m bench.cluster_chaos --ops {cfg.ops} --kills {cfg.kills}`: the ledger in "
+        f"`python -m bench.cluster_chaos --ops {cfg.ops} --kills {cfg.kills} --durability "
+        f"{cfg.durability}`: the ledger in "
         f"{CELLS} cells (`TOOLQ_CELLS`, `TOOLQ_CLUSTER=1`) on a Valkey Cluster of 3 primaries "
-        "with a replica each (embedded servers, AOF off, `TOOLQ_DURABILITY=none`), Celery's "
+        "with a replica each (embedded servers, AOF off, "
+        + (
+            "`TOOLQ_DURABILITY=fsync`: each claim and submit waits for a replica, `WAIT 1`)"
+            if cfg.durability == "fsync"
+            else "`TOOLQ_DURABILITY=none`)"
+        )
+        + ", Celery's "
         "broker a separate embedded Valkey (outbox mode), two relays sharing the outboxes "
         "(claim_after 5 s); calls workers prefork -c 3 and threads -c 4, a verify worker "
         "prefork -c 2, two schedulers; relays in the kill rotation; one primary SIGKILLed at "
@@ -205,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dedup", action="store_true", help="provider deduplicates by key")
+    ap.add_argument(
+        "--durability",
+        default="fsync",
+        choices=("fsync", "none"),
+        help="TOOLQ_DURABILITY (fsync, the default: with AOF off on the nodes, each claim "
+        "and submit waits for a replica, WAIT 1)",
+    )
     ap.add_argument("--no-report", action="store_true", help="do not update RESULTS.md")
     ap.add_argument("--json", type=Path, default=None, help="write the result here as JSON")
     a = ap.parse_args(argv)
@@ -214,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         interval=a.interval,
         seed=a.seed,
         dedup=a.dedup,
-        durability="none",
+        durability=a.durability,
     )
     res = ClusterChaos(cfg).run()
     print(summary(res))
