@@ -96,11 +96,14 @@ def test_a_claim_moves_queued_to_running_and_the_next_claimer_is_told_who_holds_
     assert r.zscore(k.index(TOOL, "running"), "c/1") == NOW + 10
     assert r.zscore(k.due, "c/1") == NOW + 10 + LEASE
 
-    # The same holder asking again (its reply was lost) keeps its claim.
+    # The same holder asking again (its reply was lost) keeps its claim, renewed: a
+    # write, which the waits after it on its connection then cover (durability).
     assert ledger.claim("c/1", 1, "w1", NOW + 20, LEASE).outcome == "claimed"
+    assert ms(ledger.fields("c/1", "lease_until")["lease_until"]) == NOW + 20 + LEASE
+    assert r.zscore(k.due, "c/1") == NOW + 20 + LEASE
     # Another delivery of the same attempt is told who holds it, until when.
     held = ledger.claim("c/1", 1, "w2", NOW + 20, LEASE)
-    assert (held.outcome, held.holder, held.lease_until_ms) == ("held", "w1", NOW + 10 + LEASE)
+    assert (held.outcome, held.holder, held.lease_until_ms) == ("held", "w1", NOW + 20 + LEASE)
     # An older attempt's delivery is stale.
     stale = ledger.claim("c/1", 0, "w3", NOW + 20, LEASE)
     assert (stale.outcome, stale.state) == ("stale", "running")

@@ -290,7 +290,13 @@ if not INITIAL[state] then
 end
 local cur = redis.call('HMGET', key, 'submit_fp', 'state', 'tool')
 if cur[2] then
-  if cur[1] == fp and cur[3] == tool then return {'exists', cur[2]} end
+  if cur[1] == fp and cur[3] == tool then
+    -- The same submit again (a retry after a lost reply, maybe on a new connection):
+    -- write, unchanged, so that the WAITAOF/WAIT after it on this connection cover
+    -- the first write too (they count this connection's writes; replication is ordered).
+    redis.call('HSET', key, 'submit_fp', fp)
+    return {'exists', cur[2]}
+  end
   return {'conflict', cur[2]}
 end
 local attempt = 0
@@ -342,6 +348,10 @@ if kind == 'run' then
       stat(tool, 'duplicates_prevented')
       return {'held', f[3] or '', f[4] or '0', tool, f[10], f[11], f[7] or ''}
     end
+    -- Renewed: a write, so that the waits after this call (WAITAOF/WAIT, which count
+    -- this connection's writes) cover the first claim's too, sent on another connection.
+    redis.call('HSET', key, 'lease_until', now + lease)
+    set_due(ref, now + lease)
   else
     stat(tool, 'duplicates_prevented')
     return {'stale', state}

@@ -157,6 +157,33 @@ def test_no_write_is_acted_on_until_a_replica_has_it(aof_cluster: Cluster, ledge
         assert ledger.claim(ref, 1, "w1", NOW, LEASE).outcome in {"claimed", "held"}
 
 
+def test_a_call_sent_again_on_a_new_connection_is_acted_on_only_once_a_replica_has_it(
+    aof_cluster: Cluster, ledger: Ledger
+) -> None:
+    # Given a submit and a claim that ran (their replies may have been lost), then the
+    # replica stopped acknowledging before it got them (made here by pausing it after)
+    ref = "again/1"
+    submit(ledger, ref)
+    assert ledger.claim(ref, 1, "w1", NOW, LEASE).outcome == "claimed"
+    replica = _replica_of(aof_cluster, ref)
+    again = LedgerCluster(startup_nodes=aof_cluster.startup_nodes)
+    try:
+        other = Ledger(again, "toolq", "fsync", outbox=True, cells=CELLS)  # type: ignore[arg-type]
+        # (a new client loads its scripts first: a write of its own, acknowledged here)
+        assert other.claim("again/none", 1, "w1", NOW, LEASE).outcome == "missing"
+        with _unacknowledging(replica):
+            # When the same calls are sent again by that client (connections which wrote
+            # nothing unacknowledged: their waits would answer at once if the calls
+            # wrote nothing)
+            raised = _together(
+                [lambda: submit(other, ref), lambda: other.claim(ref, 1, "w1", NOW, LEASE)]
+            )
+    finally:
+        again.close()
+    # Then neither is acted on: each wrote again, and no replica confirmed that write
+    assert all(isinstance(e, errors.NotDurable) for e in raised), raised
+
+
 def test_a_write_after_its_slot_moved_waits_on_its_new_primary(
     aof_cluster: Cluster, ledger: Ledger
 ) -> None:
