@@ -88,19 +88,18 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     Every address must carry the same credentials and database: kombu reads them from
     the one it is connected through, and moves to the next address when that Sentinel
     stops answering, so a password on the first alone would be lost at the first switch.
-    Raises ValueError with the URL redacted."""
+    Raises ValueError naming the address by its place, never its text: a password
+    holding a ';' splits into two parts, neither of which redaction would recognise."""
     parts = [p for p in url.split(";") if p.strip()]
     if not parts:
         raise ValueError("broker_url names no Sentinel")
     sentinels = []
     shared: set[tuple[str | None, str | None, str]] = set()
-    for part in parts:
-        fail = f"broker_url: {redact_url(part)} is not sentinel://[:password@]host[:port][/db]"
+    for i, part in enumerate(parts, 1):
+        where = f"broker_url: address {i} of {len(parts)} (separated by ';')"
+        fail = f"{where} is not sentinel://[[user]:password@]host[:port][/db]"
         if not part.startswith(SENTINEL_SCHEME):
-            raise ValueError(
-                f"broker_url: every address of a Sentinel URL starts with sentinel:// "
-                f"(separated by ';'): {redact_url(part)}"
-            )
+            raise ValueError(f"{where} does not start with sentinel://")
         try:
             split = urlsplit(part)
             port = split.port or SENTINEL_PORT
