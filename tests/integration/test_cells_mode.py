@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from tests.helpers import start_scheduler, start_worker, stop_process
+from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process
 from tests.integration.apps import cells_app
 from toolq import ToolQueue, errors
 from toolq.cells import cell_of
@@ -118,6 +119,32 @@ def test_a_process_without_cells_is_refused_on_a_ledger_in_cells(
     finally:
         other.close()
     assert not tq.redis.exists(Keys("toolq").op("cells/none"))
+
+
+@pytest.mark.parametrize("role", ["worker", "scheduler", "relay"])
+def test_a_process_without_cells_is_refused_as_it_starts(
+    tq: ToolQueue, module_redis_url: str, role: str
+) -> None:
+    # The same after `toolq cells migrate`, for the processes: a worker would find
+    # every operation missing (its deliveries acknowledged, lost), a scheduler nothing
+    # due, a relay no outbox. Each exits at start, saying what to set.
+    args = [role, "--app", APP, "--redis-url", module_redis_url, "--loglevel", "WARNING"]
+    if role == "relay":
+        args += ["--broker-url", module_redis_url]
+    p = start_toolq(
+        args,
+        env={"TOOLQ_DURABILITY": "none"},
+        unset=["TOOLQ_CELLS"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        out, _ = p.communicate(timeout=60)
+    finally:
+        stop_process(p, timeout=5)
+    assert p.returncode not in (0, None)
+    text = out.decode(errors="replace")
+    assert "set TOOLQ_CELLS=8" in text and "Traceback" not in text, text
 
 
 def test_a_cluster_without_cells_or_outbox_is_refused_clearly() -> None:

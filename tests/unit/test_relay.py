@@ -109,6 +109,9 @@ class _LedgerParts(_Parts):
     def __init__(self, settings: ToolqSettings, client: Any) -> None:
         super().__init__(settings)
         self.redis = client
+        from toolq.ledger import Ledger
+
+        self.ledger = Ledger(client, settings.prefix, "none", outbox=True, cells=settings.cells)
 
 
 def _memory_relay(tq: ToolQueue, client: Any, **hooks: Any) -> Relay:

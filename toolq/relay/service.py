@@ -50,6 +50,7 @@ from redis.exceptions import ClusterError
 
 from toolq.broker.app import is_amqp, is_redis, queue_for
 from toolq.keys import OUTBOX_GROUP, Keys
+from toolq.ledger import Ledger
 from toolq.notify import Subscription
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
@@ -88,6 +89,9 @@ class Parts(Protocol):
 
     @property
     def redis_url(self) -> str: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
 
 
 class Relay:
@@ -164,7 +168,11 @@ class Relay:
     # ------------------------------------------------------------------ one round
 
     def setup(self) -> None:
-        """Create the consumer group (and the stream) of each outbox if no relay has yet."""
+        """Create the consumer group (and the stream) of each outbox if no relay has yet.
+        First, the number of cells is checked against the ledger's (errors.RequestRefused:
+        a relay without TOOLQ_CELLS on a ledger moved into cells would read no outbox)."""
+        if not self.app.ledger.cells_checked:
+            self.app.ledger.record_cells()
         if len(self.outboxes) == 1:
             try:
                 self.app.redis.xgroup_create(self.outboxes[0], OUTBOX_GROUP, id="0", mkstream=True)

@@ -336,6 +336,10 @@ class Scheduler:
         log.info("scheduler %s started on %s", self.id, self.app.settings.safe_url)
         while not self._stop.is_set():
             try:
+                if not self.app.ledger.cells_checked:
+                    # errors.RequestRefused ends the run: on a ledger moved into cells, a
+                    # scheduler without TOOLQ_CELLS would find nothing due, ever.
+                    self.app.ledger.record_cells()
                 batch = self._take()
                 if self.app.ledger.cells is not None:
                     more = batch.full  # the drain's raw connections reach one server only

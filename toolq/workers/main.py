@@ -49,12 +49,18 @@ def worker_argv(
 
 
 def run_worker(celery: Celery, registry: Registry, q: QueueSettings, **options: Any) -> None:
-    """Run a Celery worker for toolq's queues in the foreground."""
+    """Run a Celery worker for toolq's queues in the foreground. Refused
+    (errors.RequestRefused) before it consumes anything if its number of cells is not
+    the ledger's: without TOOLQ_CELLS on a ledger moved into cells, every claim would
+    find its operation missing and the delivery would be acknowledged, lost."""
+    app = getattr(celery, "toolq_app", None)
+    if app is not None:
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            app.ledger.record_cells()  # a server not up yet: Celery waits for it anyway
 
     @signals.worker_ready.connect(weak=False)
     def _ready(sender: Any = None, **_: Any) -> None:
         registry.warn_unverifiable()
-        app = getattr(celery, "toolq_app", None)
         if app is not None:
             # A server that cannot hold a claim on disk is said as the worker starts,
             # not at its first claim (toolq.ledger.durability).
