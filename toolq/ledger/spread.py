@@ -298,7 +298,12 @@ def migrate(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         mine = next((p for p in primaries(source, nodes.host) if p.myself), None)
-        if mine is None or not slots & mine.slots:
+        if mine is None:  # it failed over meanwhile (a replica now): nothing says moved
+            raise errors.RequestRefused(
+                f"{addresses[batch[0].source]} is no longer a primary while moving slots "
+                f"{ranges(slots)}: run `toolq cells balance` again once the Cluster is ok"
+            )
+        if not slots & mine.slots:
             return
         for job in _call(source, "CLUSTER", "GETSLOTMIGRATIONS") or []:
             info = _job(job)
