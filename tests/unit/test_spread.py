@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from toolq.ledger.spread import (
     batches,
     cell_slots,
     gaps,
+    joiners,
     parse_nodes,
     plan,
     ranges,
@@ -141,3 +144,29 @@ def test_batches_group_by_pair_and_size() -> None:
     moves = [Move(s, 1, "a", "b") for s in range(5)] + [Move(9, 1, "a", "c")]
     got = batches(moves, size=2)
     assert [[m.slot for m in b] for b in got] == [[0, 1], [2, 3], [4], [9]]
+
+
+def _resolve(host: str) -> str:
+    """A resolver: two names of one node, and a name no resolver knows."""
+    if host == "nowhere":
+        raise socket.gaierror("Name or service not known")
+    return {"localhost": "127.0.0.1", "node-b": "10.0.0.2"}.get(host, host)
+
+
+@pytest.mark.parametrize(
+    ("joining", "want"),
+    [
+        # CLUSTER NODES shows the IP MEET resolved: a name met by an interrupted run is in
+        (["localhost:7001", "localhost:7002"], ["localhost:7002"]),
+        (["127.0.0.1:7001", "node-b:7003"], []),
+        # another port of the same host is another node
+        (["node-b:7004"], ["node-b:7004"]),
+        # a name that does not resolve is kept (adopt then finds it does not answer)
+        (["nowhere:7001"], ["nowhere:7001"]),
+    ],
+)
+def test_a_node_met_already_is_not_joined_again_whatever_its_name(
+    joining: list[str], want: list[str]
+) -> None:
+    known = ["127.0.0.1:7001", "10.0.0.2:7003"]
+    assert joiners(joining, known, resolve=_resolve) == want

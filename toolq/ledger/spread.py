@@ -189,6 +189,28 @@ def plan(weights: Mapping[int, int], owners: Mapping[int, str], primaries: Seque
     return Plan(moves, before, loads, cells=sum(before.values()))
 
 
+def joiners(
+    joining: Sequence[str],
+    known: Iterable[str],
+    resolve: Callable[[str], str] = socket.gethostbyname,
+) -> list[str]:
+    """The ``host:port`` addresses of ``joining`` not among ``known`` (the Cluster's
+    primaries), compared resolved: ``CLUSTER NODES`` shows the IP that ``CLUSTER MEET``
+    resolved a host name to, so a node met as ``localhost:7001`` by an interrupted run
+    is ``127.0.0.1:7001`` there. A name that does not resolve is kept as given (it is
+    not met: :func:`adopt` finds it does not answer)."""
+
+    def resolved(address: str) -> str:
+        host, _, port = address.rpartition(":")
+        try:
+            return f"{resolve(host)}:{port}"
+        except OSError:
+            return address
+
+    met = {resolved(a) for a in known}
+    return [a for a in joining if resolved(a) not in met]
+
+
 def batches(moves: Sequence[Move], size: int = BATCH) -> list[list[Move]]:
     """The moves grouped by (source, target), at most ``size`` slots a batch: one
     ``CLUSTER MIGRATESLOTS`` each."""
@@ -343,7 +365,7 @@ def adopt(
     a joining node is not an empty Cluster node, or the Cluster is not ok in time."""
     found = primaries(client, nodes.host)
     # A node met by an earlier, interrupted run is in the Cluster already.
-    joining = [a for a in joining if a not in {p.address for p in found}]
+    joining = joiners(joining, [p.address for p in found])
     for address in joining:
         _check_empty(nodes, address)
     added = gaps(slot for p in found for slot in p.slots)

@@ -162,6 +162,10 @@ def test_balance_and_adopt_refuse_what_is_not_theirs(redis_url: str, cluster: Cl
     member = f"{HOST}:{cluster.nodes[1].port}"
     # a node of another cluster (here: this one's, met already, so skipped) and a plain server
     assert "cluster_state:ok" in _toolq("cells", "adopt", "--redis-url", url, "--node", member)
+    # ... the same by a host name (a re-run after an interrupted adopt given names):
+    # CLUSTER NODES shows the IP it was met at
+    by_name = f"localhost:{cluster.nodes[1].port}"
+    assert "cluster_state:ok" in _toolq("cells", "adopt", "--redis-url", url, "--node", by_name)
     plain = redis_url.split("//", 1)[1].split("/", 1)[0]
     assert "is not a Cluster node" in _refused(
         "cells", "adopt", "--redis-url", url, "--node", plain
