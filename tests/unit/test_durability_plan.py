@@ -12,6 +12,8 @@ tests/integration/cluster/test_cluster_fsync.py on a Cluster.
 from __future__ import annotations
 
 import asyncio
+import threading
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +27,7 @@ from toolq.ledger.durability import (
     AOF_OFF,
     NO_WAITAOF,
     NOT_ALWAYS,
+    PROBE_EVERY_S,
     WAIT_REPLICA,
     WAITAOF,
     AsyncDurability,
@@ -260,3 +263,114 @@ def test_the_async_carrier_does_the_same(caplog: pytest.LogCaptureFixture) -> No
         assert asyncio.run(two_writes()) == [1, 1]
     assert d.plans.current() == Plan(wait=False, warning=NO_WAITAOF)
     assert [r.getMessage() for r in caplog.records if "has no WAITAOF" in r.getMessage()]
+
+
+class CountingCluster:
+    """What a probe uses of a Cluster client. The first map refresh is held open until
+    ``release`` is set, so other callers come while it runs."""
+
+    def __init__(self) -> None:
+        self.refreshes = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.nodes_manager = self
+
+    def initialize(self) -> None:
+        self.refreshes += 1
+        if self.refreshes == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+
+    def get_default_node(self) -> str:
+        return "node"
+
+    def config_get(self, pattern: str, target_nodes: object = None) -> dict[str, str]:
+        return {"appendonly": "yes", "appendfsync": "always"}
+
+
+def test_one_thread_probes_at_the_minute_while_the_others_go_on() -> None:
+    # Given a Cluster ledger's Durability whose settings were read once
+    now = [0.0]
+    cluster = CountingCluster()
+    d = Durability(fakeredis.FakeRedis(), "fsync", clock=lambda: now[0])
+    d.client, d.cluster = cluster, True  # type: ignore[assignment]
+    d.probe()
+    assert cluster.refreshes == 0  # the first probe reads the settings; the map is new
+    # When the probe is due and one thread is refreshing the map
+    now[0] = PROBE_EVERY_S
+    first = threading.Thread(target=d.probe)
+    first.start()
+    assert cluster.entered.wait(10)
+    # Then the others do not refresh it too (each refresh drops pooled connections):
+    # they go on with the current plan
+    for _ in range(5):
+        assert d.current(replicas=1) == Plan(wait=True, replica=True)
+    cluster.release.set()
+    first.join(10)
+    assert cluster.refreshes == 1
+    # ... and the minute after, one probes again
+    now[0] = 2 * PROBE_EVERY_S
+    d.probe()
+    d.probe()
+    assert cluster.refreshes == 2
+
+
+def test_a_probe_that_failed_is_taken_up_by_the_next_caller() -> None:
+    now = [0.0]
+    cluster = CountingCluster()
+    cluster.release.set()
+    d = Durability(fakeredis.FakeRedis(), "fsync", clock=lambda: now[0])
+    d.client, d.cluster = cluster, True  # type: ignore[assignment]
+    d.probe()
+    now[0] = PROBE_EVERY_S
+    lost = redis.ConnectionError("the node went away")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster, "config_get", lambda *a, **k: (_ for _ in ()).throw(lost))
+        with pytest.raises(redis.ConnectionError):
+            d.probe()
+    d.probe()
+    assert cluster.refreshes == 2
+
+
+class AsyncCountingCluster:
+    """The same on redis.asyncio (its own ``initialize``, a no-op once it ran, apart)."""
+
+    def __init__(self) -> None:
+        self.refreshes = 0
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.nodes_manager = types.SimpleNamespace(initialize=self.refresh)
+
+    async def initialize(self) -> None:
+        pass
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+        if self.refreshes == 1:
+            self.entered.set()
+            await self.release.wait()
+
+    def get_default_node(self) -> str:
+        return "node"
+
+    async def config_get(self, pattern: str, target_nodes: object = None) -> dict[str, str]:
+        return {"appendonly": "yes", "appendfsync": "always"}
+
+
+def test_one_task_probes_at_the_minute_while_the_others_go_on() -> None:
+    async def scenario() -> int:
+        now = [0.0]
+        cluster = AsyncCountingCluster()
+        d = AsyncDurability(fakeredis.aioredis.FakeRedis(), "fsync", clock=lambda: now[0])
+        d.client, d.cluster = cluster, True  # type: ignore[assignment]
+        await d.probe()
+        now[0] = PROBE_EVERY_S
+        first = asyncio.ensure_future(d.probe())
+        await cluster.entered.wait()
+        for _ in range(5):
+            assert await d.current(replicas=1) == Plan(wait=True, replica=True)
+        cluster.release.set()
+        await first
+        return cluster.refreshes
+
+    assert asyncio.run(scenario()) == 1

@@ -230,6 +230,7 @@ class _Plans:
         self._lock = threading.Lock()
         self._server: Persistence | None = None
         self._read_at = 0.0
+        self._probing = False
         self._warned: set[str] = set()
 
     def known(self) -> bool:
@@ -237,11 +238,25 @@ class _Plans:
         with self._lock:
             return self._server is not None
 
-    def due(self) -> bool:
-        """A probe is needed before the next plan (``mode="none"`` never needs one)."""
+    def begin(self) -> bool:
+        """Whether this caller probes now (then :meth:`ended` after it, whatever
+        happened). Until the settings are known every caller does (none has a plan);
+        after, one at a time: the others go on with the current plan meanwhile (a
+        probe on a Cluster reads the map again, which drops its pooled connections).
+        ``mode="none"`` never probes."""
         with self._lock:
-            stale = self._server is None or self.clock() - self._read_at >= PROBE_EVERY_S
-            return self.mode != "none" and stale
+            if self.mode == "none":
+                return False
+            if self._server is None:
+                return True
+            if self._probing or self.clock() - self._read_at < PROBE_EVERY_S:
+                return False
+            self._probing = True
+            return True
+
+    def ended(self) -> None:
+        with self._lock:
+            self._probing = False
 
     def probed(self, fresh: Persistence) -> None:
         with self._lock:
@@ -374,7 +389,9 @@ class Durability:
         """Read the server's settings when due: on a Cluster, one node's, taken to speak
         for all (they are deployed alike), and the map again (a replica back or added
         is waited for within a probe)."""
-        if self.plans.due():
+        if not self.plans.begin():
+            return
+        try:
             config_get: Callable[[str], Any] = self.client.config_get
             if self.cluster:
                 cluster: Any = self.client
@@ -383,6 +400,8 @@ class Durability:
                 node = cluster.get_default_node()
                 config_get = functools.partial(cluster.config_get, target_nodes=node)
             self.plans.probed(_persistence(config_get, "append*"))
+        finally:
+            self.plans.ended()
 
     def call(self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run script ``name``; with a waiting plan, WAITAOF (and on a Cluster shard
@@ -470,7 +489,9 @@ class AsyncDurability:
 
     async def probe(self) -> None:
         """As :meth:`Durability.probe`."""
-        if self.plans.due():
+        if not self.plans.begin():
+            return
+        try:
             if self.cluster and self.plans.known():
                 cluster: Any = self.client
                 await cluster.nodes_manager.initialize()
@@ -480,6 +501,8 @@ class AsyncDurability:
                 self.plans.probed(Persistence())
             else:
                 self.plans.probed(Persistence.from_config(reply))
+        finally:
+            self.plans.ended()
 
     async def _config_get(self, pattern: str) -> Any:
         """On a Cluster, one node's settings, as :meth:`Durability.current` reads them."""
