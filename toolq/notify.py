@@ -301,6 +301,10 @@ class Subscription:
             socks = [s.connection._sock for s in self._subs.values() if s.connection]
             select.select([s for s in socks if s is not None], [], [], left)
 
+    def nodes(self) -> set[str]:
+        """The nodes it holds a connection to ("" on one server)."""
+        return set(self._subs)
+
     def close(self) -> None:
         for node in list(self._subs):
             self._drop(node)
@@ -324,6 +328,8 @@ class Subscription:
             if self._where.pop(channel, None) is not None:
                 self._homeless.append(channel)
                 self._stale = True
+            if self.cluster and node not in self._where.values():
+                self._drop(node)  # its last channel moved away: nothing to hear there
             return {**msg, "type": "unsubscribe"}
         if kind == "smessage":
             return {**msg, "type": "message"}
@@ -464,7 +470,18 @@ class AsyncSubscription:
         if isinstance(heard, BaseException):
             await self._lost(node)
             raise redis.ConnectionError(f"notices of {node}: {heard}") from heard
-        return self._sharded(node, sub, heard)
+        msg = self._sharded(node, sub, heard)
+        if msg["type"] == "unsubscribe":
+            # Its last channel moved away: close it and its reader (under the placing
+            # lock: a channel being subscribed there meanwhile keeps it).
+            async with self._placing:
+                if self._subs.get(node) is sub and node not in self._where.values():
+                    await self._drop(node)
+        return msg
+
+    def nodes(self) -> set[str]:
+        """As :meth:`Subscription.nodes`."""
+        return set(self._subs)
 
     async def aclose(self) -> None:
         for node in list(self._subs):

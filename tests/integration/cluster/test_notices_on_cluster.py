@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -26,7 +27,15 @@ from toolq.fixed import success_envelope
 from toolq.keys import Keys
 from toolq.ledger import Ledger
 from toolq.ledger.cluster import LedgerCluster
-from toolq.notify import AsyncNotifier, Notifier, ProgressPublisher, Waiter, Wake
+from toolq.notify import (
+    AsyncNotifier,
+    AsyncSubscription,
+    Notifier,
+    ProgressPublisher,
+    Subscription,
+    Waiter,
+    Wake,
+)
 from toolq.recovery.transition import Transition
 from toolq.states import State
 
@@ -236,6 +245,71 @@ def test_the_async_notifier_follows_a_migrated_slot_and_a_failover(
                 await asyncio.to_thread(cluster.revive, victim)
         finally:
             await notifier.aclose()
+            await client.aclose()
+
+    asyncio.run(body())
+
+
+def _until_subscribed(get: Any) -> list[str]:
+    """The kinds of message heard up to the next subscription confirmed."""
+    kinds: list[str] = []
+    for _ in range(100):
+        msg = get()
+        if msg is not None:
+            kinds.append(msg["type"])
+            if msg["type"] == "subscribe":
+                return kinds
+    raise AssertionError(f"no subscription confirmed: {kinds}")
+
+
+def test_a_node_whose_last_channel_moved_away_is_let_go(
+    cluster: Cluster, client: RedisCluster
+) -> None:
+    source, target = cluster.primaries()[0], cluster.primaries()[1]
+    slot = _slot(_ref_on(cluster, source, "last"))
+    channel = next(c for c in CHANNELS if key_slot(c.encode()) == slot)
+    sub = Subscription(client, [channel])  # type: ignore[arg-type]
+    try:
+        assert _until_subscribed(lambda: sub.get_message(0.1)) == ["subscribe"]
+        assert sub.nodes() == {f"{HOST}:{source.port}"}
+        cluster.migrate_slot(slot, target)
+        assert _until_subscribed(lambda: sub.get_message(0.1)) == ["unsubscribe", "subscribe"]
+        # The source serves none of its channels now: its connection is closed
+        assert sub.nodes() == {f"{HOST}:{target.port}"}
+        assert _subscribers(target, channel) == 1
+    finally:
+        sub.close()
+
+
+def test_the_async_subscription_lets_go_of_a_node_and_its_reader(cluster: Cluster) -> None:
+    source, target = cluster.primaries()[1], cluster.primaries()[2]
+    slot = _slot(_ref_on(cluster, source, "aio-last"))
+    channel = next(c for c in CHANNELS if key_slot(c.encode()) == slot)
+
+    async def until_subscribed(sub: AsyncSubscription) -> list[str]:
+        kinds: list[str] = []
+        for _ in range(100):
+            msg = await sub.get_message(0.1)
+            if msg is not None:
+                kinds.append(msg["type"])
+                if msg["type"] == "subscribe":
+                    return kinds
+        raise AssertionError(f"no subscription confirmed: {kinds}")
+
+    async def body() -> None:
+        client = AsyncRedisCluster(host=HOST, port=target.port)
+        sub = AsyncSubscription(client, [channel])
+        try:
+            assert await until_subscribed(sub) == ["subscribe"]
+            assert sub.nodes() == {f"{HOST}:{source.port}"}
+            readers = [t for t in asyncio.all_tasks() if t.get_name().startswith("toolq-notices")]
+            await asyncio.to_thread(cluster.migrate_slot, slot, target)
+            assert await until_subscribed(sub) == ["unsubscribe", "subscribe"]
+            # The source's connection is closed, and the task that read it has ended
+            assert sub.nodes() == {f"{HOST}:{target.port}"}
+            assert len(readers) == 1 and readers[0].done()
+        finally:
+            await sub.aclose()
             await client.aclose()
 
     asyncio.run(body())
