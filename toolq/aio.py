@@ -55,6 +55,7 @@ from toolq.calls import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.ledger import lists
 from toolq.ledger.aio import AsyncLedger
+from toolq.ledger.cluster import AsyncLedgerCluster, InFlight
 from toolq.notify import AsyncNotifier, Event, Progress, Waiter
 from toolq.outage import UNREACHABLE, message, server_errors, translated
 from toolq.record import HistoryEntry, OperationPage, OperationRecord
@@ -135,10 +136,13 @@ class _Bound:
         self.redis = app.async_redis(max_connections=CONNECTIONS_PER_LOOP)
         s = app.settings
         self.cluster = s.cluster
-        # A Cluster's nodes raise when out of connections (App.async_redis): the
-        # ledger's commands leave room on each for the subscription and the reads
-        # outside the ledger (a submit's liveness read, lists, views).
-        in_flight = CONNECTIONS_PER_LOOP - CLUSTER_SPARE_CONNECTIONS if s.cluster else None
+        # A Cluster's nodes raise when out of connections (App.async_redis): every
+        # command on the loop's client, the ledger's and the reads outside it (a
+        # submit's liveness read, lists, views), waits for a turn below that.
+        in_flight = None
+        if isinstance(self.redis, AsyncLedgerCluster):
+            in_flight = InFlight(CONNECTIONS_PER_LOOP - CLUSTER_SPARE_CONNECTIONS)
+            self.redis.in_flight = in_flight
         self.ledger = AsyncLedger(
             self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells, in_flight=in_flight
         )

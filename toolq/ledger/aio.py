@@ -28,6 +28,7 @@ from toolq import errors
 from toolq.cells import cells_conflict
 from toolq.keys import Keys
 from toolq.ledger import scripts
+from toolq.ledger.cluster import InFlight
 from toolq.ledger.durability import AsyncDurability, lost_scripts
 from toolq.ledger.store import (
     Calls,
@@ -104,12 +105,13 @@ class AsyncLedger:
         *,
         outbox: bool = False,
         cells: int | None = None,
-        in_flight: int | None = None,
+        in_flight: InFlight | None = None,
     ) -> None:
         self.redis = client
-        #: At most this many commands out at once (None: no bound): a Cluster client's
-        #: node raises when it has no free connection instead of waiting for one.
-        self._in_flight = None if in_flight is None else asyncio.Semaphore(in_flight)
+        #: Turns of at most so many commands out at once (None: no bound): a Cluster
+        #: client's node raises when it has no free connection instead of waiting for
+        #: one. The client takes turns of the same (AsyncLedgerCluster.in_flight).
+        self._in_flight = in_flight
         #: A submit is on disk before it is acknowledged, as the sync ledger's is
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = AsyncDurability(client, durability)
@@ -141,7 +143,7 @@ class AsyncLedger:
         if self._in_flight is None:
             yield
         else:
-            async with self._in_flight:
+            async with self._in_flight.turn():
                 yield
         task = asyncio.current_task()
         if task is not None and task.cancelling():

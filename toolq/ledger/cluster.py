@@ -33,13 +33,24 @@ failover (a prefork pool child: its parent read the map before it forked) failed
 every call that way until restarted (``python -m bench.cluster_chaos``). The
 refusal means the command did not run there, and what is sent to every primary
 (``FUNCTION LOAD ... REPLACE``, ``SCRIPT LOAD``) may run twice.
+
+redis.asyncio's cluster client raises ``MaxConnectionsError`` when a node has no
+free connection, rather than waiting for one: :class:`AsyncLedgerCluster` given an
+:class:`InFlight` (``tq.aio`` on a Cluster) sends every command and pipeline in a
+turn of it, the ledger's, lists', views' and liveness reads' alike, so past the
+bound they wait.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator
 from typing import Any
 
 from redis._parsers import AsyncCommandsParser, CommandsParser
+from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import ReadOnlyError
@@ -120,8 +131,40 @@ class LedgerCluster(RedisCluster):
             return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
+#: The :class:`InFlight` whose turn the current task holds (None: none).
+_HELD: contextvars.ContextVar[InFlight | None] = contextvars.ContextVar(
+    "toolq_in_flight", default=None
+)
+
+
+class InFlight:
+    """At most ``limit`` commands out at once on one event loop; the others wait for
+    a turn, in the order they came. A task that holds a turn takes no second one
+    (the ledger holds one around a script call and its waits, which it sends through
+    the client that takes turns too)."""
+
+    def __init__(self, limit: int) -> None:
+        self._turns = asyncio.Semaphore(limit)
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        if _HELD.get() is self:
+            yield
+            return
+        async with self._turns:
+            token = _HELD.set(self)
+            try:
+                yield
+            finally:
+                _HELD.reset(token)
+
+
 class AsyncLedgerCluster(AsyncRedisCluster):
-    """redis.asyncio's ``RedisCluster`` that reads a function call's keys from the call."""
+    """redis.asyncio's ``RedisCluster`` that reads a function call's keys from the call,
+    and sends in turns of :attr:`in_flight` when given one."""
+
+    #: Every command and pipeline waits for a turn of it (None: no bound).
+    in_flight: InFlight | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -130,8 +173,27 @@ class AsyncLedgerCluster(AsyncRedisCluster):
         self.commands_parser = _AsyncFunctionKeysParser()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().execute_command(*args, **kwargs)
-        except ReadOnlyError:  # a "primary" is a replica now: the map is stale (see above)
-            await self.nodes_manager.initialize()
-            return await super().execute_command(*args, **kwargs)
+        async with _turn(self.in_flight):
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except ReadOnlyError:  # a "primary" is a replica now: the map is stale (see above)
+                await self.nodes_manager.initialize()
+                return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:  # as redis-py's: refused
+            return super().pipeline(transaction, shard_hint)
+        return _TurnPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class _TurnPipeline(ClusterPipeline):
+    """A pipeline of :class:`AsyncLedgerCluster`: sent in a turn of its ``in_flight``."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        client: Any = self.cluster_client
+        async with _turn(client.in_flight):
+            return await super().execute(raise_on_error, allow_redirections)
+
+
+def _turn(in_flight: InFlight | None) -> contextlib.AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext() if in_flight is None else in_flight.turn()

@@ -164,6 +164,25 @@ def test_more_reads_at_once_than_a_node_has_connections(tq: ToolQueue) -> None:
     assert run_aio(tq, body) == [None] * n
 
 
+def test_lists_and_views_at_once_beside_the_ledger_wait_for_a_connection(tq: ToolQueue) -> None:
+    # Lists (a pipeline and a script per cell) and tq.aio.client() views use the same
+    # nodes' connections as the ledger: they wait for their turn too, not fail.
+    n = CONNECTIONS_PER_LOOP * 4
+
+    async def body() -> list[Any]:
+        client = await tq.aio.client()
+        return await asyncio.gather(
+            *(tq.aio.get(f"aio/absent/{i}") for i in range(n)),
+            *(tq.aio.list_operations("queued", tool="aio-absent") for _ in range(n)),
+            *(client.exists(Keys("toolq", i % CELLS).op(f"aio/absent/{i}")) for i in range(n)),
+        )
+
+    got = run_aio(tq, body)
+    assert got[:n] == [None] * n
+    assert [page.items for page in got[n : 2 * n]] == [[]] * n
+    assert got[2 * n :] == [0] * n
+
+
 def test_a_primary_killed_mid_run_loses_and_doubles_nothing_through_tq_aio(
     tq: ToolQueue, provider: redis.Redis, cluster: Cluster
 ) -> None:
