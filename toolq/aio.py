@@ -85,8 +85,9 @@ CONNECTIONS_PER_LOOP = 32
 #: at 8, 7-13 ms at 4 (6 waves each, the same throughput; bench/RESULTS.md).
 CALLS_PER_PASS = 4
 
-#: On a Cluster: connections of each node the ledger's commands leave to the rest
-#: (a submit's liveness read, a list or a view; the notice subscription has its own).
+#: On a Cluster: connections of each node that commands in turns (every command of
+#: the loop's client: AsyncLedgerCluster.in_flight) leave free, for what redis-py
+#: sends outside a turn (a map refresh); the notice subscription has its own.
 CLUSTER_SPARE_CONNECTIONS = 4
 
 
