@@ -136,7 +136,16 @@ def _light(
             "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
             "directory"
         )
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
+    client: redis.Redis
+    if settings.cluster:
+        # A Cluster's node answers MOVED for the cells it does not serve: the cluster
+        # client (the ledger's, which reads FCALL's keys itself) sends each its own.
+        from toolq.ledger.cluster import LedgerCluster
+
+        client = LedgerCluster.from_url(url, **options)  # type: ignore[assignment]
+    else:
+        client = redis.Redis.from_url(url, **options)
     try:
         client.ping()
     except redis.RedisError as exc:

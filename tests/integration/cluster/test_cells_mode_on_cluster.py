@@ -8,18 +8,21 @@ takes over) loses none, doubles none and strands none.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 import redis
+from click.testing import CliRunner
 from redis.cluster import key_slot
 
 from tests.cluster import Cluster
 from tests.integration.apps import cells_app
-from tests.integration.cluster.conftest import CELLS, committed
+from tests.integration.cluster.conftest import CELLS, cells_env, committed, node_url
 from toolq import ToolQueue, errors
 from toolq.cells import cell_of
+from toolq.cli import main
 from toolq.keys import Keys
 
 APP = cells_app.APP
@@ -118,3 +121,18 @@ def test_a_cell_migrated_mid_run_loses_doubles_and_strands_nothing(
     assert [r for r in refs if effects[r] != 1] == []
     # the cell's records, due set and outbox moved with it
     assert target.client().exists(Keys("toolq", cell).op(refs[0]))
+
+
+def test_toolq_status_reads_every_node(tq: ToolQueue, cluster: Cluster, broker_url: str) -> None:
+    # `toolq status` without --app reads with the settings alone: on a Cluster it needs
+    # the cluster client (a plain one was answered MOVED by the nodes)
+    refs = [f"cluster/status/{i}" for i in range(16)]
+    for ref in refs:
+        tq.submit("pay", {}, operation_ref=ref)
+    for ref in refs:
+        assert tq.wait(ref, timeout=30).ok
+    env = cells_env(node_url(cluster), broker_url)
+    result = CliRunner().invoke(main, ["status", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    snap = json.loads(result.output)
+    assert snap["tools"]["pay"]["states"]["succeeded"] >= len(refs)
