@@ -79,15 +79,17 @@ def start_relay(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return start_toolq(["relay", "--app", cells_app.APP, "--loglevel", "WARNING"], env=env)
 
 
-@pytest.fixture(scope="module")
-def deployed(cluster: Cluster, broker_url: str) -> Iterator[ToolQueue]:
-    """A client of a deployment with a worker (threads -c 8), a scheduler and a relay,
-    started once for the module and stopped after it."""
+def deployment(
+    cluster: Cluster, broker_url: str, durability: str = "none", concurrency: int = 8
+) -> Iterator[ToolQueue]:
+    """A client of a deployment with a worker (threads), a scheduler and a relay of
+    ``durability``, stopped when the generator ends (the test's own client submits
+    with ``none``)."""
     url = node_url(cluster)
-    env = cells_env(url, broker_url)
+    env = cells_env(url, broker_url, durability)
     client = cells_client(url, broker_url)
     procs = [
-        start_worker(cells_app.APP, url, env=env, concurrency=8),
+        start_worker(cells_app.APP, url, env=env, concurrency=concurrency),
         start_scheduler(cells_app.APP, url, env=env),
         start_relay(env),
     ]
@@ -95,6 +97,12 @@ def deployed(cluster: Cluster, broker_url: str) -> Iterator[ToolQueue]:
     for p in procs:
         stop_process(p, timeout=5)
     client.close()
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster: Cluster, broker_url: str) -> Iterator[ToolQueue]:
+    """:func:`deployment` once for the module."""
+    yield from deployment(cluster, broker_url)
 
 
 def committed(provider: redis.Redis) -> Counter[str]:

@@ -31,15 +31,9 @@ from redis.cluster import key_slot
 
 from tests.cluster import HOST, Cluster, Node, wait_for
 from tests.contract.ops import LEASE, NOW, submit
-from tests.helpers import run_aio, start_scheduler, start_worker, stop_process
+from tests.helpers import run_aio
 from tests.integration.apps import cells_app
-from tests.integration.cluster.conftest import (
-    CELLS,
-    cells_client,
-    cells_env,
-    node_url,
-    start_relay,
-)
+from tests.integration.cluster.conftest import CELLS, deployment
 from toolq import ToolQueue, errors
 from toolq.cells import cell_of
 from toolq.keys import Keys
@@ -320,18 +314,7 @@ def test_tq_aio_acts_on_no_submit_until_a_replica_has_it(aof_cluster: Cluster) -
 def worked(aof_cluster: Cluster, broker_url: str) -> Iterator[ToolQueue]:
     """A worker, a scheduler and a relay with ``durability=fsync``; the test's own
     client submits with ``none`` (its submits are not what these tests refuse)."""
-    url = node_url(aof_cluster)
-    client = cells_client(url, broker_url)
-    env = cells_env(url, broker_url, durability="fsync")
-    procs = [
-        start_worker(cells_app.APP, url, env=env, concurrency=4),
-        start_scheduler(cells_app.APP, url, env=env),
-        start_relay(env),
-    ]
-    yield client
-    for p in procs:
-        stop_process(p, timeout=5)
-    client.close()
+    yield from deployment(aof_cluster, broker_url, durability="fsync", concurrency=4)
 
 
 def test_a_worker_does_not_call_a_tool_whose_claim_no_replica_has(
