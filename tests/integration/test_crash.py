@@ -40,6 +40,15 @@ def _holder_pid(rt: ToolQueue, ref: str) -> int:
     return int(holder.split(":")[1])
 
 
+def _story(rt: ToolQueue, ref: str) -> str:
+    """What a failed assertion shows: the operation's history, transition by transition."""
+    rec = rt.get(ref)
+    if rec is None:
+        return f"{ref}: no record"
+    steps = [f"{h.from_}->{h.to} by {h.by} ({h.code})" for h in rec.history]
+    return f"{ref}: {rec.state}, attempt {rec.attempt}; " + "; ".join(steps)
+
+
 def _committed_and_running(rt: ToolQueue, provider: redis.Redis, ref: str) -> bool:
     rec = rt.get(ref)
     return effects(provider, ref) == 1 and rec is not None and rec.state is State.RUNNING
@@ -57,9 +66,9 @@ def test_pool_child_killed_mid_write_settles_through_verification(
 
     # Then the redelivery does not call the tool: the operation is verified
     env = rt.wait(ref, timeout=30)
-    assert env.ok and env.verification.evidence_ref == "verification:find_payment"
-    assert effects(provider, ref) == 1
-    assert seen(provider, ref) == [1]
+    # the side effects first: a failure says whether the tool ran twice
+    assert (effects(provider, ref), seen(provider, ref)) == (1, [1]), _story(rt, ref)
+    assert env.ok and env.verification.evidence_ref == "verification:find_payment", _story(rt, ref)
     rec = rt.get(ref)
     assert rec is not None
     assert [h.to for h in rec.history][-2:] == [State.VERIFYING, State.SUCCEEDED]
@@ -83,9 +92,9 @@ def test_whole_worker_killed_mid_write_with_its_message_lost(
 
     # Then the scheduler's lease sweep finds it and verification settles it
     env = rt.wait(ref, timeout=30)
-    assert env.ok
-    assert effects(provider, ref) == 1
-    assert seen(provider, ref) == [1]
+    # the side effects first: a failure says whether the tool ran twice
+    assert (effects(provider, ref), seen(provider, ref)) == (1, [1]), _story(rt, ref)
+    assert env.ok, _story(rt, ref)
     rec = rt.get(ref)
     assert rec is not None
     sweep = [h for h in rec.history if h.to == State.VERIFYING]
@@ -107,6 +116,6 @@ def test_whole_worker_killed_then_its_message_redelivered(
     worker.append(start_worker(APP, module_redis_url, pool="prefork", concurrency=1))
 
     env = rt.wait(ref, timeout=30)
-    assert env.ok
-    assert effects(provider, ref) == 1
-    assert seen(provider, ref) == [1]
+    # the side effects first: a failure says whether the tool ran twice
+    assert (effects(provider, ref), seen(provider, ref)) == (1, [1]), _story(rt, ref)
+    assert env.ok, _story(rt, ref)
