@@ -202,3 +202,30 @@ def test_an_async_submit_waits_for_the_fsync_too(always: str, calls: list[str]) 
         assert tq.get(ref) is not None
     finally:
         tq.close()
+
+
+def test_every_waited_call_writes_even_when_it_changes_nothing(always: str) -> None:
+    # WAITAOF and WAIT count the writes of the connection they follow: a claim or submit
+    # sent again (its reply lost), perhaps on a new connection, must write too, or its
+    # waits answer at once and toolq acts on a first write nothing confirmed. The
+    # server's count of changes (what it propagates to the AOF and replicas) shows it.
+    from tests.contract.ops import LEASE, NOW, submit
+    from toolq.ledger import Ledger
+
+    client = redis.Redis.from_url(always)
+    try:
+        client.flushdb()
+        ledger = Ledger(client, "tq", "none")
+
+        def changes() -> int:
+            return int(client.info("persistence")["rdb_changes_since_last_save"])
+
+        submit(ledger, "again/1")
+        assert ledger.claim("again/1", 1, "w1", NOW, LEASE).outcome == "claimed"
+        before = changes()
+        assert submit(ledger, "again/1").outcome == "exists"
+        after_submit = changes()
+        assert ledger.claim("again/1", 1, "w1", NOW + 5, LEASE).outcome == "claimed"
+        assert after_submit > before and changes() > after_submit
+    finally:
+        client.close()
