@@ -233,6 +233,32 @@ def _on_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster | AsyncRedisCluster)
 
 
+#: Sharded Pub/Sub's kinds of message, as the classic ones the subscribers read.
+_CLASSIC_KIND = {"smessage": "message", "ssubscribe": "subscribe", "sunsubscribe": "unsubscribe"}
+
+
+def _as_classic(msg: dict[str, Any]) -> dict[str, Any]:
+    """A sharded message under its classic kind (other messages as they are)."""
+    kind = _CLASSIC_KIND.get(msg.get("type"))  # type: ignore[arg-type]
+    return msg if kind is None else {**msg, "type": kind}
+
+
+def _owners(cluster: Any, channels: Sequence[str]) -> dict[str, list[str]]:
+    """The channels by the name of the node serving each one's slot (the client's map)."""
+    owners: dict[str, list[str]] = defaultdict(list)
+    for channel in channels:
+        owners[cluster.get_node_from_key(channel).name].append(channel)
+    return owners
+
+
+def _unplace(where: dict[str, str], homeless: list[str], node: str) -> None:
+    """Forget that the channels subscribed on ``node`` are; they wait in ``homeless``."""
+    gone = [c for c, n in where.items() if n == node]
+    for channel in gone:
+        del where[channel]
+    homeless += [c for c in gone if c not in homeless]
+
+
 class Subscription:
     """``SSUBSCRIBE`` to notice channels, on one server or on a Cluster (sync).
 
@@ -320,8 +346,7 @@ class Subscription:
             raise redis.ConnectionError(f"notices of {node or 'the server'}: {exc}") from exc
         if msg is None:
             return None
-        kind = msg.get("type")
-        if kind == "sunsubscribe":
+        if msg.get("type") == "sunsubscribe":
             # The channel's slot left this node (we never unsubscribe): to its new owner.
             channel = _text(msg["channel"])
             sub.shard_channels.pop(msg["channel"], None)  # else a reconnect asks for it again
@@ -330,12 +355,7 @@ class Subscription:
                 self._stale = True
             if self.cluster and node not in self._where.values():
                 self._drop(node)  # its last channel moved away: nothing to hear there
-            return {**msg, "type": "unsubscribe"}
-        if kind == "smessage":
-            return {**msg, "type": "message"}
-        if kind == "ssubscribe":
-            return {**msg, "type": "subscribe"}
-        return msg
+        return _as_classic(msg)
 
     def _place(self) -> None:
         """Subscribe the homeless channels on their owners (one server: all at once)."""
@@ -352,9 +372,7 @@ class Subscription:
             if self._stale:
                 cluster.nodes_manager.initialize()
                 self._stale = False
-            owners: dict[str, list[str]] = defaultdict(list)
-            for channel in self._homeless:
-                owners[cluster.get_node_from_key(channel).name].append(channel)
+            owners = _owners(cluster, self._homeless)
         except (RedisClusterException, redis.RedisError, OSError) as exc:
             self._stale = True
             self._retry_at = time.monotonic() + PLACE_RETRY_S
@@ -397,10 +415,7 @@ class Subscription:
 
     def _drop(self, node: str) -> None:
         sub = self._subs.pop(node, None)
-        gone = [c for c, n in self._where.items() if n == node]
-        for channel in gone:
-            del self._where[channel]
-        self._homeless += [c for c in gone if c not in self._homeless]
+        _unplace(self._where, self._homeless, node)
         if sub is not None:
             with contextlib.suppress(Exception):  # closing a broken connection
                 sub.close()
@@ -488,19 +503,13 @@ class AsyncSubscription:
             await self._drop(node)
 
     def _sharded(self, node: str, sub: PubSub, msg: dict[str, Any]) -> dict[str, Any]:
-        kind = msg.get("type")
-        if kind == "sunsubscribe":
+        if msg.get("type") == "sunsubscribe":
             channel = _text(msg["channel"])
             sub.shard_channels.pop(msg["channel"], None)
             if self._where.pop(channel, None) is not None:
                 self._homeless.append(channel)
                 self._stale = True
-            return {**msg, "type": "unsubscribe"}
-        if kind == "smessage":
-            return {**msg, "type": "message"}
-        if kind == "ssubscribe":
-            return {**msg, "type": "subscribe"}
-        return msg
+        return _as_classic(msg)
 
     async def _place(self) -> None:
         async with self._placing:
@@ -518,9 +527,7 @@ class AsyncSubscription:
                 if self._stale:
                     await cluster.nodes_manager.initialize()
                     self._stale = False
-                owners: dict[str, list[str]] = defaultdict(list)
-                for channel in self._homeless:
-                    owners[cluster.get_node_from_key(channel).name].append(channel)
+                owners = _owners(cluster, self._homeless)
             except (RedisClusterException, redis.RedisError, OSError) as exc:
                 self._stale = True
                 self._retry_at = time.monotonic() + PLACE_RETRY_S
@@ -573,10 +580,7 @@ class AsyncSubscription:
         sub = self._subs.pop(node, None)
         reader = self._readers.pop(node, None)
         pool = self._pools.pop(node, None)
-        gone = [c for c, n in self._where.items() if n == node]
-        for channel in gone:
-            del self._where[channel]
-        self._homeless += [c for c in gone if c not in self._homeless]
+        _unplace(self._where, self._homeless, node)
         if reader is not None:
             reader.cancel()
             await asyncio.wait([reader])  # its end; the caller's cancellation still raises
