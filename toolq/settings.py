@@ -147,6 +147,12 @@ class WorkerSettings(BaseModel):
     #: at the cost of calls queued behind long ones. A reserved message of a killed
     #: worker comes back after ``recovery.unclaimed_after``; nothing runs twice.
     prefetch_multiplier: int = Field(default=1, ge=1, le=64)
+    #: Messages a worker process reserves beyond ``prefetch_multiplier`` per slot, so
+    #: that the next message is already in the worker when a slot frees (fetching it
+    #: then cost each 100 ms call on threads -c 16 ~2-4 ms; bench/RESULTS.md). At most
+    #: this many messages wait behind busy slots. Unset: one per eight slots, rounded
+    #: up (prefork -c 2: 1, threads -c 16: 2). 0: none, as before.
+    reserve: int | None = Field(default=None, ge=0, le=1024)
 
 
 class ClientSettings(BaseModel):

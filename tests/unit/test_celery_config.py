@@ -119,3 +119,41 @@ def test_prefetch_is_one_unless_set_and_bad_values_are_refused(
     monkeypatch.setenv("TOOLQ_WORKER__PREFETCH_MULTIPLIER", "0")
     with pytest.raises(ValidationError, match="prefetch_multiplier"):
         ToolqSettings()
+
+
+@pytest.mark.parametrize(
+    ("setting", "slots", "reserve"),
+    [(None, 1, 1), (None, 2, 1), (None, 8, 1), (None, 9, 2), (None, 16, 2), (None, 64, 8),
+     (None, 0, 0), (0, 16, 0), (5, 2, 5)],
+)  # fmt: skip
+def test_the_reserve_is_one_per_eight_slots_unless_set(
+    setting: int | None, slots: int, reserve: int
+) -> None:
+    from toolq.broker.consumer import reserve_for
+
+    assert reserve_for(setting, slots) == reserve
+
+
+@pytest.mark.parametrize(
+    ("slots", "multiplier", "reserve", "count"),
+    [(16, 1, 2, 18), (2, 4, 1, 9), (16, 1, 0, 16), (0, 1, 2, 0)],
+)  # fmt: skip
+def test_prefetch_count_adds_the_reserve_and_keeps_no_limit(
+    slots: int, multiplier: int, reserve: int, count: int
+) -> None:
+    from toolq.broker.consumer import prefetch_count
+
+    assert prefetch_count(slots, multiplier, reserve) == count
+
+
+def test_the_reserve_reaches_the_worker_and_bad_values_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = celery_config(ToolqSettings(), None)
+    assert c["worker_consumer"] == "toolq.broker.consumer:Consumer"
+    assert c["toolq_worker_reserve"] is None  # the consumer works it out from the pool
+    monkeypatch.setenv("TOOLQ_WORKER__RESERVE", "3")
+    assert celery_config(ToolqSettings(), None)["toolq_worker_reserve"] == 3
+    monkeypatch.setenv("TOOLQ_WORKER__RESERVE", "-1")
+    with pytest.raises(ValidationError, match="reserve"):
+        ToolqSettings()

@@ -1,8 +1,8 @@
 """The Celery app factory: safe settings, explicit queues, nothing implicit.
 
 * JSON only, for messages, results and events.
-* Late acknowledgement, requeue on worker loss, prefetch of one (a setting:
-  ``worker.prefetch_multiplier``).
+* Late acknowledgement, requeue on worker loss, prefetch of one per pool slot
+  (``worker.prefetch_multiplier``) and a small reserve (``worker.reserve``).
 * One visibility timeout, set everywhere Celery and kombu read it.
 * No Celery-side delays or retries of any kind: delays belong to the
   scheduler (DESIGN.md invariant 7); a test greps the package for them.
@@ -28,6 +28,10 @@ from toolq.settings import SENTINEL_SCHEME, ToolqSettings
 #: The task request class of toolq's tasks (``Task.Request``; by name, so that a client
 #: does not import Celery's worker modules).
 REQUEST = "toolq.broker.request:Request"
+#: The worker's consumer class (Celery's ``worker_consumer``; by name, for the same
+#: reason), and the conf key that carries ``worker.reserve`` to it.
+CONSUMER = "toolq.broker.consumer:Consumer"
+RESERVE_KEY = "toolq_worker_reserve"
 
 #: The schemes kombu serves with its AMQP transport (RabbitMQ).
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
@@ -68,6 +72,9 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure_or_timeout": True,
         "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
+        # A few messages beyond one per slot (toolq.broker.consumer).
+        "worker_consumer": CONSUMER,
+        RESERVE_KEY: settings.worker.reserve,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": q.visibility_timeout,

@@ -1,0 +1,66 @@
+"""The worker's consumer: Celery's, holding a few messages beyond its pool's slots.
+
+With late acknowledgement and a prefetch of one message per slot, a slot that
+finishes waits for the worker to fetch its next message: the acknowledgement,
+a BRPOP and kombu's bookkeeping of the delivery, one after the other on the
+worker's event loop, 2-4 ms under load on a 2-core box, which a 100 ms I/O-bound
+tool on a threads pool of 16 paid once per call (0.93 of the pool's ceiling;
+bench/RESULTS.md, "(b) I/O-bound"). A small reserve (``worker.reserve``) lets the
+next message be in the worker when a slot frees, while at most that many
+messages wait behind busy slots instead of in the queue.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from celery.worker.consumer import Consumer as CeleryConsumer
+
+from toolq.broker.app import RESERVE_KEY
+
+
+def reserve_for(setting: int | None, slots: int) -> int:
+    """Messages held beyond one prefetch per slot: the setting, or by default one per
+    eight slots, rounded up (prefork -c 2: 1; threads -c 16: 2; -c 64: 8)."""
+    if setting is not None:
+        return setting
+    return math.ceil(max(slots, 0) / 8)
+
+
+def prefetch_count(slots: int, multiplier: int, reserve: int) -> int:
+    """The worker's prefetch: ``multiplier`` per slot plus the reserve (0 stays 0:
+    Celery's "no limit", which a pool of no slots asks for)."""
+    base = slots * multiplier
+    return base + reserve if base else 0
+
+
+class Consumer(CeleryConsumer):
+    """Celery's consumer, with the reserve added wherever it sets the prefetch count.
+
+    (Celery's consumer is partly typed: its attributes are read through ``Any``.)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        c: Any = self
+        multiplier = max(c.prefetch_multiplier, 1)
+        slots = c.initial_prefetch_count // multiplier
+        self._toolq_reserve = reserve_for(c.app.conf.get(RESERVE_KEY), slots)
+        c.initial_prefetch_count = prefetch_count(slots, multiplier, self._toolq_reserve)
+
+    def _update_prefetch_count(self, index: int = 0) -> Any:
+        """After the pool grew or shrank (autoscale, pool_grow/pool_shrink)."""
+        c: Any = self
+        slots = c.pool.num_processes
+        if not c.initial_prefetch_count or not slots:
+            return None
+        self._toolq_reserve = reserve_for(c.app.conf.get(RESERVE_KEY), slots)
+        c.initial_prefetch_count = prefetch_count(slots, c.prefetch_multiplier, self._toolq_reserve)
+        return c._update_qos_eventually(index)
+
+    @property
+    def max_prefetch_count(self) -> int:
+        """What Celery restores the prefetch to after a reconnect."""
+        c: Any = self
+        return prefetch_count(c.pool.num_processes, c.prefetch_multiplier, self._toolq_reserve)
