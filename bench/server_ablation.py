@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=12, help="rounds of all variants (default 12)")
     ap.add_argument("--only", nargs="*", default=None, help="variant names (baseline always)")
     a = ap.parse_args(argv)
-    variants = VARIANTS
+    variants: tuple[Variant, ...] = VARIANTS
     if a.only:
         variants = tuple(v for v in VARIANTS if v.name == "baseline" or v.name in a.only)
     with server(None) as srv:
@@ -350,8 +350,24 @@ def main(argv: list[str] | None = None) -> int:
     text = render(res)
     print(text)
     RAW.mkdir(parents=True, exist_ok=True)
-    (RAW / "server-ablation.json").write_text(json.dumps(res, indent=1, default=str))
+    (RAW / "server-ablation.json").write_text(json.dumps(slim(res), indent=1, default=str))
     return 0
+
+
+def slim(res: dict[str, Any]) -> dict[str, Any]:
+    """What the table is made of, per run: each step's numbers without its per-command
+    table (which made the file ~230 kB)."""
+
+    def step(s: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in s.items() if not isinstance(v, (dict, list))}
+
+    def run(m: dict[str, Any]) -> dict[str, Any]:
+        return {**m, "steps": {name: step(s) for name, s in m["steps"].items()}}
+
+    return {
+        **res,
+        "variants": [{**v, "runs": [run(m) for m in v["runs"]]} for v in res["variants"]],
+    }
 
 
 if __name__ == "__main__":
