@@ -150,8 +150,8 @@ class WorkerSettings(BaseModel):
     #: Messages a worker process reserves beyond ``prefetch_multiplier`` per slot, so
     #: that the next message is already in the worker when a slot frees (fetching it
     #: then cost each 100 ms call on threads -c 16 ~2-4 ms; bench/RESULTS.md). At most
-    #: this many messages wait behind busy slots. Unset: one per eight slots, rounded
-    #: up (prefork -c 2: 1, threads -c 16: 2). 0: none, as before.
+    #: this many messages wait behind busy slots. Unset: one per eight slots, none
+    #: below eight (prefork -c 2: 0, threads -c 16: 2). 0: none, as before.
     reserve: int | None = Field(default=None, ge=0, le=1024)
 
 

@@ -2,8 +2,8 @@
 
 So that the next message is already in the worker when a slot frees, instead of
 fetched then (bench/RESULTS.md, "(b) I/O-bound"), and at most that many messages
-wait behind busy slots. A real threads worker of two slots on the session's Valkey:
-two long calls run, the reserve waits in the worker (kombu's unacked hash), the rest
+wait behind busy slots. Real threads workers on the session's Valkey: every slot
+runs a long call, the reserve waits in the worker (kombu's unacked hash), the rest
 stays in the queue, and every call still runs once.
 """
 
@@ -17,35 +17,40 @@ from toolq import ToolQueue
 from toolq.keys import KOMBU_UNACKED
 from toolq.states import State
 
-CALLS = 4
-
 
 @pytest.mark.parametrize(
-    ("env", "reserved"),
-    [({}, 1), ({"TOOLQ_WORKER__RESERVE": "0"}, 0), ({"TOOLQ_WORKER__RESERVE": "2"}, 2)],
-    ids=["default: one per eight slots, rounded up", "none", "two"],
+    ("slots", "env", "reserved"),
+    [
+        (8, {}, 1),
+        (2, {}, 0),
+        (2, {"TOOLQ_WORKER__RESERVE": "2"}, 2),
+        (8, {"TOOLQ_WORKER__RESERVE": "0"}, 0),
+    ],
+    ids=["default, 8 slots: one", "default, 2 slots: none", "set to two", "set to none"],
 )
 def test_a_worker_holds_its_reserve_and_no_more(
-    rt: ToolQueue, module_redis_url: str, env: dict[str, str], reserved: int
+    rt: ToolQueue, module_redis_url: str, slots: int, env: dict[str, str], reserved: int
 ) -> None:
     r = rt.redis
-    refs = [rt.submit("pay", {"sleep": 3.0}).operation_ref for _ in range(CALLS)]
+    calls = slots + 3
+    refs = [rt.submit("pay", {"sleep": 3.0}).operation_ref for _ in range(calls)]
     queue = rt.app.messages.run(refs[0], 1)[0]
-    w = start_worker(APP, module_redis_url, pool="threads", concurrency=2, env=env)
+    w = start_worker(APP, module_redis_url, pool="threads", concurrency=slots, env=env)
     try:
 
         def running() -> int:
             return sum(rt.get(ref).state == State.RUNNING for ref in refs)
 
-        # Two slots busy; the worker holds them and its reserve; the queue the rest.
-        held = 2 + reserved
+        held = slots + reserved
         assert wait_until(
             lambda: (
-                running() == 2 and r.hlen(KOMBU_UNACKED) == held and r.llen(queue) == CALLS - held
+                running() == slots
+                and r.hlen(KOMBU_UNACKED) == held
+                and r.llen(queue) == calls - held
             ),
             20,
         ), (running(), r.hlen(KOMBU_UNACKED), r.llen(queue))
         assert all(rt.wait(ref, timeout=60).ok for ref in refs)
-        assert [effects(r, ref) for ref in refs] == [1] * CALLS
+        assert [effects(r, ref) for ref in refs] == [1] * calls
     finally:
         stop_process(w)

@@ -123,10 +123,10 @@ def test_prefetch_is_one_unless_set_and_bad_values_are_refused(
 
 @pytest.mark.parametrize(
     ("setting", "slots", "reserve"),
-    [(None, 1, 1), (None, 2, 1), (None, 8, 1), (None, 9, 2), (None, 16, 2), (None, 64, 8),
-     (None, 0, 0), (0, 16, 0), (5, 2, 5)],
+    [(None, 1, 0), (None, 2, 0), (None, 7, 0), (None, 8, 1), (None, 15, 1), (None, 16, 2),
+     (None, 64, 8), (None, 0, 0), (0, 16, 0), (5, 2, 5)],
 )  # fmt: skip
-def test_the_reserve_is_one_per_eight_slots_unless_set(
+def test_the_reserve_is_one_per_eight_slots_none_below_eight_unless_set(
     setting: int | None, slots: int, reserve: int
 ) -> None:
     from toolq.broker.consumer import reserve_for

@@ -12,7 +12,6 @@ messages wait behind busy slots instead of in the queue.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
@@ -22,10 +21,12 @@ from toolq.broker.app import RESERVE_KEY
 
 def reserve_for(setting: int | None, slots: int) -> int:
     """Messages held beyond one prefetch per slot: the setting, or by default one per
-    eight slots, rounded up (prefork -c 2: 1; threads -c 16: 2; -c 64: 8)."""
+    eight slots, none below eight (prefork -c 2: 0; threads -c 16: 2; -c 64: 8). A
+    reserved message waits for the first of the busy slots to free: of eight or more,
+    soon; of two running long calls, maybe minutes, while another worker is idle."""
     if setting is not None:
         return setting
-    return math.ceil(max(slots, 0) / 8)
+    return max(slots, 0) // 8
 
 
 def prefetch_count(slots: int, multiplier: int, reserve: int) -> int:
