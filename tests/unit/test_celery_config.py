@@ -157,3 +157,43 @@ def test_the_reserve_reaches_the_worker_and_bad_values_are_refused(
     monkeypatch.setenv("TOOLQ_WORKER__RESERVE", "-1")
     with pytest.raises(ValidationError, match="reserve"):
         ToolqSettings()
+
+
+class _Qos:
+    def __init__(self) -> None:
+        self.moves: list[int] = []
+
+    def increment_eventually(self, n: int) -> None:
+        self.moves.append(n)
+
+    def decrement_eventually(self, n: int) -> None:
+        self.moves.append(-n)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "setting", "prefetch", "moves"),
+    [(7, 8, None, 9, [1, 1]), (8, 7, None, 7, [-1, -1]), (16, 17, None, 19, [1]),
+     (2, 3, 0, 3, [1]), (2, 3, 2, 5, [1])],
+)  # fmt: skip
+def test_a_pool_that_grows_or_shrinks_moves_the_prefetch_by_its_reserve_too(
+    before: int, after: int, setting: int | None, prefetch: int, moves: list[int]
+) -> None:
+    """Celery moves the live prefetch by the slots' share (the last move); the reserve's
+    own change comes first (to eight slots: one more)."""
+    from types import SimpleNamespace
+
+    from toolq.broker.consumer import Consumer, reserve_for
+
+    qos = _Qos()
+    c = SimpleNamespace(
+        pool=SimpleNamespace(num_processes=after),
+        app=SimpleNamespace(conf={"toolq_worker_reserve": setting}),
+        prefetch_multiplier=1,
+        initial_prefetch_count=before + reserve_for(setting, before),
+        _toolq_reserve=reserve_for(setting, before),
+        qos=qos,
+    )
+    c._update_qos_eventually = lambda index: qos.moves.append(index)
+    Consumer._update_prefetch_count(c, after - before)  # type: ignore[arg-type]
+    assert c.initial_prefetch_count == prefetch
+    assert qos.moves == moves

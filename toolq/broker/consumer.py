@@ -56,8 +56,16 @@ class Consumer(CeleryConsumer):
         slots = c.pool.num_processes
         if not c.initial_prefetch_count or not slots:
             return None
+        before = self._toolq_reserve
         self._toolq_reserve = reserve_for(c.app.conf.get(RESERVE_KEY), slots)
         c.initial_prefetch_count = prefetch_count(slots, c.prefetch_multiplier, self._toolq_reserve)
+        # Celery moves the live prefetch by the slots' share; the reserve's change too
+        # (growing to eight slots adds one).
+        change = self._toolq_reserve - before
+        if change > 0:
+            c.qos.increment_eventually(change)
+        elif change < 0:
+            c.qos.decrement_eventually(-change)
         return c._update_qos_eventually(index)
 
     @property
