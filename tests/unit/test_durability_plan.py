@@ -35,6 +35,7 @@ from toolq.ledger.durability import (
     Persistence,
     Plan,
     Resend,
+    _Route,
     check_ack,
     check_replica,
     plan,
@@ -203,6 +204,37 @@ ASK = redis.exceptions.AskError("3999 127.0.0.1:7002")
 )
 def test_when_a_cluster_call_is_sent_again(reply: object, expected: Resend | None) -> None:
     assert resend(reply) == expected
+
+
+def test_a_route_follows_an_ask_once_and_remaps_when_its_node_is_unknown() -> None:
+    """The bookkeeping the sync and async Cluster calls share (:class:`_Route`)."""
+    importing = object()
+    nodes = {("127.0.0.1", 7002): importing}
+    cluster = types.SimpleNamespace(
+        nodes_manager=types.SimpleNamespace(
+            slots_cache={9: ["primary", "replica"]}, get_node=lambda h, p: nodes.get((h, p))
+        )
+    )
+    route = _Route(cluster, 9)
+    assert route.shard() == ["primary", "replica"] and route.node == "primary"
+    call, p = ("FCALL", "f", 1, "k"), Plan(wait=True)
+    assert route.commands(call, p) == [call, WAITAOF]
+    assert route.replies([1, 1]) == [1, 1]
+    # an ASK to a node in the map: the next attempt goes there, ASKING first
+    assert route.after(ASK, last=False) == Resend(ask=("127.0.0.1", 7002))
+    route.shard()
+    assert route.node is importing
+    assert route.commands(call, p) == [("ASKING",), call, WAITAOF]
+    assert route.replies(["OK", 1, 1]) == [1, 1]  # ASKING's own answer left out
+    # it ran there: done, and the ASK was for that attempt only
+    assert route.after(1, last=False) is None
+    assert route.after(MOVED, last=False) == Resend(remap=True)
+    assert route.shard() and route.node == "primary"
+    # an ASK to a node the map does not know yet: read the map again
+    nodes.clear()
+    assert route.after(ASK, last=False) == Resend(ask=("127.0.0.1", 7002), remap=True)
+    # the last attempt sends nothing again, whatever the answer
+    assert route.after(MOVED, last=True) is None
 
 
 def test_config_reply_is_read_as_the_server_spells_it() -> None:

@@ -369,6 +369,48 @@ def _shard(cluster: Any, slot: int) -> list[Any]:
     return shard
 
 
+class _Route:
+    """Where a Cluster call goes, attempt after attempt: the bookkeeping the sync and
+    async :meth:`_cluster_call` share (they differ only in how they send and wait).
+
+    Per attempt: :meth:`shard` (the slot's nodes, for the plan), :meth:`commands` to
+    pipeline on :attr:`node`, :meth:`replies` of them, then :meth:`after`: None when
+    the call ran (or failed for good, or this was the last attempt), else what to do
+    before sending it again (:class:`Resend`, with ``remap`` also when the node an
+    ASK named is not in the map).
+    """
+
+    def __init__(self, cluster: Any, slot: int) -> None:
+        self.cluster = cluster
+        self.slot = slot
+        self.ask: Any = None
+        self.node: Any = None
+
+    def shard(self) -> list[Any]:
+        shard = _shard(self.cluster, self.slot)
+        self.node = self.ask or shard[0]
+        return shard
+
+    def commands(self, call: Sequence[Any], plan: Plan) -> list[tuple[Any, ...]]:
+        asking = [("ASKING",)] if self.ask is not None else []
+        return [*asking, tuple(call), *plan.waits()]
+
+    def replies(self, answers: Sequence[Any]) -> list[Any]:
+        """The call's answer, then the waits' (ASKING's own answer left out)."""
+        return list(answers[1 if self.ask is not None else 0 :])
+
+    def after(self, reply: object, last: bool) -> Resend | None:
+        again = resend(reply)
+        if again is None or last:
+            return None
+        self.ask = None
+        if again.ask is not None:
+            self.ask = self.cluster.nodes_manager.get_node(*again.ask)
+            if self.ask is None:
+                again = replace(again, remap=True)
+        return again
+
+
 class Durability:
     """Carries out :func:`plan` for one client. Thread-safe; one per ledger."""
 
@@ -433,31 +475,22 @@ class Durability:
             return run(name, keys, args)
         self.probe()  # before the map is read: a probe reads it again
         cluster: Any = self.client
-        slot = cluster.keyslot(keys[0])
-        ask: Any = None
+        route = _Route(cluster, cluster.keyslot(keys[0]))
         for attempt in range(ROUTE_ATTEMPTS):
-            shard = _shard(cluster, slot)
-            p = self.plans.current(replicas=len(shard) - 1)
+            p = self.plans.current(replicas=len(route.shard()) - 1)
             if not (p.wait or p.replica):
                 return run(name, keys, args)
-            node = ask or shard[0]
-            pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
-            if ask is not None:
-                pipe.execute_command("ASKING")
-            pipe.execute_command(*run.command(name, keys, args))
-            for wait in p.waits():
-                pipe.execute_command(*wait)
+            pipe = cluster.get_redis_connection(route.node).pipeline(transaction=False)
+            for command in route.commands(run.command(name, keys, args), p):
+                pipe.execute_command(*command)
             try:
-                replies = pipe.execute(raise_on_error=False)[1 if ask is not None else 0 :]
+                replies = route.replies(pipe.execute(raise_on_error=False))
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 replies = [exc]
-            again = resend(replies[0])
-            if again is None or attempt == ROUTE_ATTEMPTS - 1:
+            again = route.after(replies[0], last=attempt == ROUTE_ATTEMPTS - 1)
+            if again is None:
                 break
-            ask = None
-            if again.ask is not None:
-                ask = cluster.nodes_manager.get_node(*again.ask)
-            if again.remap or (again.ask is not None and ask is None):
+            if again.remap:
                 cluster.nodes_manager.initialize()
             if again.load:
                 run.load()
@@ -541,29 +574,22 @@ class AsyncDurability:
         cluster: Any = self.client
         await cluster.initialize()  # the map is there once it ran (then a no-op)
         await self.probe()
-        slot = cluster.keyslot(keys[0])
-        ask: Any = None
+        route = _Route(cluster, cluster.keyslot(keys[0]))
         for attempt in range(ROUTE_ATTEMPTS):
-            shard = _shard(cluster, slot)
-            p = self.plans.current(replicas=len(shard) - 1)
+            p = self.plans.current(replicas=len(route.shard()) - 1)
             if not (p.wait or p.replica):
                 return await run(name, keys, args)
-            node = ask or shard[0]
-            sent = [("ASKING",)] * (ask is not None)
-            sent += [tuple(await run.command(name, keys, args)), *p.waits()]
+            sent = route.commands(await run.command(name, keys, args), p)
             commands = [PipelineCommand(i, *command) for i, command in enumerate(sent)]
             try:
-                await node.execute_pipeline(commands)
-                replies = [c.result for c in commands][1 if ask is not None else 0 :]
+                await route.node.execute_pipeline(commands)
+                replies = route.replies([c.result for c in commands])
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 replies = [exc]
-            again = resend(replies[0])
-            if again is None or attempt == ROUTE_ATTEMPTS - 1:
+            again = route.after(replies[0], last=attempt == ROUTE_ATTEMPTS - 1)
+            if again is None:
                 break
-            ask = None
-            if again.ask is not None:
-                ask = cluster.nodes_manager.get_node(*again.ask)
-            if again.remap or (again.ask is not None and ask is None):
+            if again.remap:
                 await cluster.nodes_manager.initialize()
             if again.load:
                 await run.load()
