@@ -48,6 +48,17 @@ def free_port() -> int:
         return port
 
 
+def accepting(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` (a TCP connect succeeds)."""
+    if host in ("0.0.0.0", "::", ""):  # bound to every address: ask loopback
+        host = "127.0.0.1"
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def process_group_of(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -269,6 +280,26 @@ class Stack:
         self.stop()
 
     # ------------------------------------------------------------------ watching
+
+    def wait_serving(self, timeout: float = 30.0) -> list[str]:
+        """Wait until the stack's HTTP endpoints (the scheduler's metrics, the API) take
+        connections, so that the addresses ``toolq up`` prints answer when it prints
+        them: its children start in parallel and bind their ports a second or two
+        later. Returns the endpoints still not serving after ``timeout`` (none: all
+        serve); stops early when a child exited (its supervisor says so)."""
+        cfg = self.config
+        endpoints = (
+            ("metrics", "127.0.0.1", cfg.metrics_port),
+            ("api", cfg.api_host, cfg.api_port),
+        )
+        ports = {name: (host, port) for name, host, port in endpoints if port}
+        waiting = list(ports)
+        deadline = time.monotonic() + timeout
+        while waiting and not self.exited() and time.monotonic() < deadline:
+            waiting = [name for name in waiting if not accepting(*ports[name])]
+            if waiting:
+                time.sleep(0.1)
+        return waiting
 
     def exited(self) -> list[Child]:
         """Children that are no longer running (a healthy stack has none)."""

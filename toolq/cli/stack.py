@@ -222,6 +222,8 @@ def up(
                 stack.start()
             except Exception as exc:
                 raise CliError(f"cannot start the stack: {type(exc).__name__}: {exc}") from None
+            for name in stack.wait_serving():
+                notes.append(f"{name:<10} not answering after 30 s (see the errors above)")
             write_state(
                 {
                     "redis_url": stack.redis_url,
