@@ -147,3 +147,22 @@ def test_records_are_saved_as_the_state_file_holds_them() -> None:
             "api": ChildRecord("api", 11).as_json(),
         }
     ]
+
+
+def test_a_child_that_cannot_be_started_again_counts_as_an_exit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sup, stack, _ = _supervisor()
+
+    def no_fork(child: FakeChild) -> int:
+        raise OSError(24, "Too many open files")
+
+    stack.restart = no_fork  # type: ignore[method-assign]
+    stack.children[0].popen.returncode = -9
+    sup.step(NOW)
+    sup.step(NOW + 0.5)
+    rec = sup.records["calls-1"]
+    assert (rec.state, rec.restarts, len(rec.exits)) == ("restarting", 1, 2)
+    err = capsys.readouterr().err
+    assert "toolq up: cannot start calls-1 again (OSError: Too many open files)" in err
+    assert "restarting in 1 s (restart 2)" in err

@@ -329,10 +329,18 @@ class Supervisor:
                 self._exited(child, rec, now)
                 changed = True
             elif rec.state == "restarting" and now >= self._due[child.name]:
-                rec.pid = self.stack.restart(child)
                 rec.restarts += 1
                 rec.state = "running"
                 changed = True
+                try:
+                    rec.pid = self.stack.restart(child)
+                except OSError as exc:  # no fork, no log file: an exit like any other
+                    click.echo(
+                        f"toolq up: cannot start {child.name} again ({type(exc).__name__}: "
+                        f"{exc.strerror or exc})",
+                        err=True,
+                    )
+                    self._exited(child, rec, now)
         return changed
 
     def _exited(self, child: Any, rec: ChildRecord, now: float) -> None:
