@@ -367,6 +367,13 @@ class Stack:
         """Stop calls worker ``index`` if it still runs, start a new one; returns its pid."""
         return self.restart(self.workers[index], timeout)
 
+    def supervised(self) -> list[Child]:
+        """What a supervisor watches: the embedded server (as ``valkey``, when this stack
+        started one), then the children."""
+        if self.server is None:
+            return list(self.children)
+        return [Child("server", "valkey", [], self.server.process), *self.children]
+
     def reap(self, child: Child, timeout: float = 10.0) -> None:
         """Stop what is left of ``child``'s process group (a prefork pool's processes
         outlive their killed leader), without starting it again."""
@@ -374,7 +381,12 @@ class Stack:
 
     def restart(self, child: Child, timeout: float = 10.0) -> int:
         """Stop ``child`` if it still runs (and what is left of its process group: a
-        prefork pool's processes), start it again with the same argv; returns its pid."""
+        prefork pool's processes), start it again with the same argv; returns its pid.
+        The embedded server starts again on its port and data (append-only file)."""
+        if child.role == "server" and self.server is not None:
+            self.server.start(timeout=timeout)
+            child.popen = self.server.process
+            return self.server.pid
         _terminate([child], timeout)
         if child.log is not None:
             child.log.close()

@@ -131,8 +131,22 @@ def test_status_shows_the_restarts(up: Up) -> None:
     snap = json.loads(_toolq(up.cwd, "status", "--json").stdout)
     children = snap["stack"]["children"]
     assert {n: c["restarts"] for n, c in children.items()} == {
+        "valkey": 0,
         "scheduler": 1,
         "calls-1": 1,
         "verify-1": 0,
         "api": 1,
     }
+
+
+def test_a_killed_embedded_server_comes_back_with_its_data(up: Up) -> None:
+    # (last: the other processes live through the outage as they can, which may
+    # restart some of them)
+    ref = _toolq(up.cwd, "submit", "create_invoice", "--args", '{"customer": "a", "amount": 4}')
+    assert ref.returncode == 0, ref.stderr
+    old = up.kill("valkey")
+    up.back("valkey", old, restarts=1)
+    # the same port (the URL every process holds) and the same ledger (append-only file)
+    shown = _toolq(up.cwd, "show", ref.stdout.splitlines()[0].strip(), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert wait_until(lambda: up.health() == 200, timeout=30), up.log.read_text()

@@ -79,6 +79,9 @@ class FakeStack:
         child.popen = FakePopen(self.next_pid)
         return self.next_pid
 
+    def supervised(self) -> list[FakeChild]:
+        return self.children
+
     def reap(self, child: FakeChild) -> None:
         self.reaped.append(child.name)
 

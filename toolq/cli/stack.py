@@ -23,6 +23,7 @@ from toolq.cli.common import (
     redis_option,
     state_dir_option,
 )
+from toolq.errors import ToolqError
 from toolq.redact import redact_url
 from toolq.state import clear_state, mode_of, owner, read_state, write_state
 from toolq.supervise import Action, ChildRecord, RestartPolicy
@@ -304,7 +305,7 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.poll = poll
         self._save = save
-        self.records = {c.name: ChildRecord(c.name, c.pid) for c in stack.children}
+        self.records = {c.name: ChildRecord(c.name, c.pid) for c in stack.supervised()}
         self._due: dict[str, float] = {}  # child name -> when to start it again
 
     def save(self) -> None:
@@ -323,7 +324,7 @@ class Supervisor:
     def step(self, now: float) -> bool:
         """Look at every child once; whether a record changed."""
         changed = False
-        for child in self.stack.children:
+        for child in self.stack.supervised():
             rec = self.records[child.name]
             if rec.state == "running" and child.popen is not None and not child.running:
                 self._exited(child, rec, now)
@@ -334,10 +335,10 @@ class Supervisor:
                 changed = True
                 try:
                     rec.pid = self.stack.restart(child)
-                except OSError as exc:  # no fork, no log file: an exit like any other
+                except (OSError, ToolqError) as exc:  # no fork, no log file, no PING:
+                    why = getattr(exc, "strerror", None) or exc  # an exit like any other
                     click.echo(
-                        f"toolq up: cannot start {child.name} again ({type(exc).__name__}: "
-                        f"{exc.strerror or exc})",
+                        f"toolq up: cannot start {child.name} again ({type(exc).__name__}: {why})",
                         err=True,
                     )
                     self._exited(child, rec, now)
