@@ -3,7 +3,10 @@
     with Stack(StackConfig(app="toolq.examples.invoices:tq", calls_workers=2)) as stack:
         print(stack.redis_url)
         stack.kill_worker(0)      # SIGKILL a calls worker's process group, as a crash would
-        stack.restart_worker(0)
+        stack.restart_worker(0)   # stack.restart(child) for any child
+
+``toolq up`` watches :meth:`Stack.supervised` and restarts what exits
+(``toolq.cli.stack.Supervisor``, deciding with :mod:`toolq.supervise`).
 
 The server is an embedded Valkey (:class:`toolq.embedded.EmbeddedServer`)
 unless a URL is given. Every role is ``python -m toolq.cli ROLE`` in a
