@@ -139,6 +139,23 @@ def test_status_shows_the_restarts(up: Up) -> None:
     }
 
 
+def test_a_crash_loop_gives_up_on_that_child_alone(up: Up) -> None:
+    # Given verify-1 killed four times, each time started again
+    for restarts in range(1, 5):
+        up.back("verify-1", up.kill("verify-1"), restarts=restarts)
+    # When it exits a fifth time within 60 s
+    up.kill("verify-1")
+    # Then toolq up gives up on it, says so, and the rest serves on
+    assert wait_until(lambda: up.child("verify-1").get("state") == "failed", timeout=30)
+    assert "toolq up: verify-1 exited (code -9), 5 times in 60 s; not restarting it again" in (
+        up.log.read_text()
+    )
+    assert up.health() == 200 and up.process.poll() is None
+    status = _toolq(up.cwd, "status")
+    line = next(x for x in status.stdout.splitlines() if x.startswith("  verify-1 "))
+    assert " failed " in line and "restarts 4" in line and "crash loop: not restarted" in line
+
+
 def test_a_killed_embedded_server_comes_back_with_its_data(up: Up) -> None:
     # (last: the other processes live through the outage as they can, which may
     # restart some of them)
