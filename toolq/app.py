@@ -9,7 +9,9 @@ App; processes (``toolq worker``, ``toolq scheduler``) run on it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +39,7 @@ from toolq.recovery import operator, outcome
 from toolq.recovery.transition import Transition
 from toolq.redact import redact_url
 from toolq.settings import ToolqSettings
-from toolq.state import discover_redis_url
+from toolq.state import discover_redis_url, recorded_mode, with_mode
 from toolq.states import State
 from toolq.tasks.run import Runtime
 from toolq.tools import Registry, fingerprint
@@ -113,18 +115,28 @@ class App:
                     "no Redis URL: pass redis_url=, set TOOLQ_REDIS_URL, or run `toolq up` "
                     "in this directory"
                 )
-            self.settings = self.settings.model_copy(update={"redis_url": SecretStr(found)})
+            settings = self.settings.model_copy(update={"redis_url": SecretStr(found)})
+            if not os.environ.get("TOOLQ_REDIS_URL"):  # the stack's: its mode too
+                settings = with_mode(settings, recorded_mode())
+            self.settings = settings
         return self.settings.url
+
+    def _settle(self) -> None:
+        """Find the server now if ``toolq up`` recorded it: the number of cells comes with
+        it (a refusal is raised again by the first call that needs the server)."""
+        with contextlib.suppress(errors.RequestRefused):
+            self.redis_url  # noqa: B018
 
     @property
     def redis(self) -> redis.Redis:
         with self._lock:
             if self._redis is None:
+                url = self.redis_url  # first: found in .toolq/, it brings the mode
                 if self.settings.cluster:
-                    self._redis = cluster_client(self.redis_url, self._pool_options())
+                    self._redis = cluster_client(url, self._pool_options())
                 else:
                     options = self._pool_options()
-                    pool = redis.BlockingConnectionPool.from_url(self.redis_url, **options)
+                    pool = redis.BlockingConnectionPool.from_url(url, **options)
                     self._redis = redis.Redis(connection_pool=pool)
             return self._redis
 
@@ -137,14 +149,15 @@ class App:
         (``settings.cluster``): :func:`async_cluster_client`, ``max_connections``
         per node.
         """
+        url = self.redis_url  # first: found in .toolq/, it brings the mode
         options = self._pool_options()
         options["max_connections"] = min(options["max_connections"], max_connections)
         # No CLIENT SETINFO on connect: redis-py reads its version from the package
         # metadata for it, each time (most of a new connection's client-side cost).
         options["driver_info"] = None
         if self.settings.cluster:
-            return async_cluster_client(self.redis_url, options)
-        pool = aioredis.BlockingConnectionPool.from_url(self.redis_url, **options)
+            return async_cluster_client(url, options)
+        pool = aioredis.BlockingConnectionPool.from_url(url, **options)
         return aioredis.Redis(connection_pool=pool)
 
     def _pool_options(self) -> dict[str, Any]:
@@ -162,8 +175,9 @@ class App:
     def ledger(self) -> Ledger:
         with self._lock:
             if self._ledger is None:
+                client = self.redis  # first: it may bring the mode (redis_url)
                 s = self.settings
-                ledger = Ledger(self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells)
+                ledger = Ledger(client, s.prefix, s.durability, outbox=s.outbox, cells=s.cells)
                 if s.cells is not None:  # else at the first submit: no round trip here
                     ledger.record_cells()
                 self._ledger = ledger
@@ -240,12 +254,14 @@ class App:
 
     def cell_keys(self) -> list[Keys] | None:
         """Cells mode: the keys of every cell (what lists read and merge); else None."""
+        self._settle()
         s = self.settings
         return None if s.cells is None else [Keys(s.prefix, c) for c in range(s.cells)]
 
     def notify_channels(self, steps: bool = False) -> list[str]:
         """The channels the ledger's scripts announce settled states on (``steps``: the
         other states and progress): one per cell in cells mode."""
+        self._settle()
         s = self.settings
         cells = [None] if s.cells is None else range(s.cells)
         return [
@@ -309,6 +325,21 @@ class App:
             self._liveness = None  # what it read was about the other server
             if self._celery is not None and not self.settings.outbox:
                 self._celery.conf.update(broker_config(redis_url))
+
+    def adopt(self, settings: ToolqSettings) -> None:
+        """Run on ``settings`` from now on (the mode a ``toolq up`` recorded:
+        :func:`toolq.state.with_mode`), before use."""
+        with self._lock:
+            if self._notifier is not None:
+                self._notifier.close()
+                self._notifier = None
+            self._drop_redis()
+            self.settings = settings
+            self._runtime = None
+            self._liveness = None
+            self._celery = None
+            self._messages = None
+            self._outbound_for = {}
 
     def configure_broker(self, broker_url: str, *, master_name: str | None = None) -> None:
         """Use this Celery broker (outbox mode: :mod:`toolq.relay`), before use.

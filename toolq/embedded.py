@@ -281,6 +281,11 @@ class EmbeddedServer:
         return self._process is not None and self._process.poll() is None
 
     @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The server's process (None before :meth:`start`): a supervisor reads its exit."""
+        return self._process
+
+    @property
     def data_dir(self) -> Path:
         if self._data_dir is None:
             raise EmbeddedServerError("the server has no data directory before start()")

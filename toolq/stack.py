@@ -3,7 +3,10 @@
     with Stack(StackConfig(app="toolq.examples.invoices:tq", calls_workers=2)) as stack:
         print(stack.redis_url)
         stack.kill_worker(0)      # SIGKILL a calls worker's process group, as a crash would
-        stack.restart_worker(0)
+        stack.restart_worker(0)   # stack.restart(child) for any child
+
+``toolq up`` watches :meth:`Stack.supervised` and restarts what exits
+(``toolq.cli.stack.Supervisor``, deciding with :mod:`toolq.supervise`).
 
 The server is an embedded Valkey (:class:`toolq.embedded.EmbeddedServer`)
 unless a URL is given. Every role is ``python -m toolq.cli ROLE`` in a
@@ -18,6 +21,7 @@ after a timeout), then the server.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -34,7 +38,16 @@ from toolq.errors import ToolqError
 from toolq.procs import pdeathsig_preexec, spawner
 from toolq.settings import QueueSettings, ToolqSettings
 
-__all__ = ["Child", "Stack", "StackConfig", "StackError", "free_port", "process_group_of"]
+__all__ = [
+    "Child",
+    "Stack",
+    "StackConfig",
+    "StackError",
+    "deployment_id",
+    "free_port",
+    "node_name",
+    "process_group_of",
+]
 
 
 class StackError(ToolqError):
@@ -57,6 +70,23 @@ def accepting(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+_stacks = itertools.count()
+
+
+def deployment_id() -> str:
+    """What tells this stack's workers from another's on a shared broker: the pid of the
+    process that runs it (``toolq up``'s), and a count after the first stack in it."""
+    n = next(_stacks)
+    return str(os.getpid()) if n == 0 else f"{os.getpid()}-{n}"
+
+
+def node_name(name: str, deployment: str) -> str:
+    """A worker's Celery node name, ``calls-1.4242@%h``: unique per deployment, because
+    RabbitMQ gives each node name one exclusive control queue (``<name>.celery.pidbox``)
+    and refuses a second deployment's worker of the same name (``RESOURCE_LOCKED``)."""
+    return f"{name}.{deployment}@%h"
 
 
 def process_group_of(pid: int) -> int | None:
@@ -97,6 +127,8 @@ class StackConfig:
     #: Where children's output goes: a file per child here, else inherited.
     log_dir: Path | None = None
     queues: QueueSettings = field(default_factory=QueueSettings)
+    #: In the workers' node names (:func:`node_name`).
+    deployment: str = field(default_factory=deployment_id)
 
 
 @dataclass
@@ -197,7 +229,7 @@ class Stack:
                     "--concurrency",
                     str(cfg.concurrency),
                     "--hostname",
-                    f"{name}@%h",
+                    node_name(name, cfg.deployment),
                     *(["--events"] if cfg.events else []),
                 ]
                 plan.append(Child(role, name, argv))
@@ -336,7 +368,28 @@ class Stack:
 
     def restart_worker(self, index: int, timeout: float = 10.0) -> int:
         """Stop calls worker ``index`` if it still runs, start a new one; returns its pid."""
-        child = self.workers[index]
+        return self.restart(self.workers[index], timeout)
+
+    def supervised(self) -> list[Child]:
+        """What a supervisor watches: the embedded server (as ``valkey``, when this stack
+        started one), then the children."""
+        if self.server is None:
+            return list(self.children)
+        return [Child("server", "valkey", [], self.server.process), *self.children]
+
+    def reap(self, child: Child, timeout: float = 10.0) -> None:
+        """Stop what is left of ``child``'s process group (a prefork pool's processes
+        outlive their killed leader), without starting it again."""
+        _terminate([child], timeout)
+
+    def restart(self, child: Child, timeout: float = 10.0) -> int:
+        """Stop ``child`` if it still runs (and what is left of its process group: a
+        prefork pool's processes), start it again with the same argv; returns its pid.
+        The embedded server starts again on its port and data (append-only file)."""
+        if child.role == "server" and self.server is not None:
+            self.server.start(timeout=timeout)
+            child.popen = self.server.process
+            return self.server.pid
         _terminate([child], timeout)
         if child.log is not None:
             child.log.close()

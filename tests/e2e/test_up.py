@@ -167,3 +167,35 @@ def test_nothing_outlives_a_sigkilled_up(tmp_path: Path) -> None:
         _wait_ready(p, tmp_path, log)
     finally:
         assert stop_process(p, signal.SIGTERM, timeout=30) == 0, log.read_text()
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"TOOLQ_CLUSTER": "1"},
+        {"TOOLQ_CLUSTER": "true", "TOOLQ_CELLS": "256"},
+        {
+            "TOOLQ_CLUSTER": "1",
+            "TOOLQ_CELLS": "256",
+            "TOOLQ_BROKER_URL": "amqp://guest:s3cret@127.0.0.1:1//",
+        },
+    ],
+)
+def test_up_on_a_cluster_without_its_url_is_refused_at_once(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    # Not the embedded single server, failing ~40 s later with tracebacks
+    res = subprocess.run(
+        [sys.executable, "-m", "toolq.cli", "up"],
+        cwd=tmp_path,
+        env=toolq_env(env, unset=UNSET),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "Error: TOOLQ_CLUSTER=1 needs the URL of the Cluster's nodes (--redis-url or "
+        "TOOLQ_REDIS_URL): `toolq up` alone starts one embedded server, not a Cluster"
+    ]
+    assert not (tmp_path / ".toolq").exists()

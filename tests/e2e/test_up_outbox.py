@@ -5,6 +5,7 @@ the ledger's outbox and RabbitMQ."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from tests.helpers import descendants, pid_gone, start_toolq, stop_process, toolq_env, wait_until
 from tests.rabbit import RabbitServer, start_rabbit
+from toolq.redact import redact_url
 from toolq.state import read_state
 
 UNSET = ("TOOLQ_REDIS_URL", "TOOLQ_STATE_DIR", "TOOLQ_APP")
@@ -68,6 +70,34 @@ def test_up_with_a_broker_url_runs_a_relay_and_calls_cross_rabbitmq(
         status = json.loads(toolq("status", "--json").stdout)
         assert status["outbox"]["entries"] == 0 and status["queues"]["unacked"] is None
         assert status["tools"]["create_invoice"]["states"]["succeeded"] == 1
+
+        # The stack recorded its broker, without the password; a command that would
+        # publish without TOOLQ_BROKER_URL is refused in one sentence naming it
+        state = read_state(tmp_path / ".toolq") or {}
+        assert state["mode"]["broker"] == redact_url(rabbit.url) != rabbit.url
+        bare = subprocess.run(
+            [sys.executable, "-m", "toolq.cli", "submit", "create_invoice", "--args", args],
+            cwd=tmp_path,
+            env=toolq_env(unset=(*UNSET, "TOOLQ_BROKER_URL")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert bare.returncode == 2 and len(bare.stderr.strip().splitlines()) == 1, bare.stderr
+        assert f"set TOOLQ_BROKER_URL to the broker {redact_url(rabbit.url)}" in bare.stderr
+
+        # A SIGKILLed relay is started again, and the next call crosses RabbitMQ
+        old = state["children"]["relay"]["pid"]
+        os.killpg(old, signal.SIGKILL)
+
+        def relay_back() -> bool:
+            relay = (read_state(tmp_path / ".toolq") or {})["children"]["relay"]
+            return relay["restarts"] == 1 and relay["pid"] != old and not pid_gone(relay["pid"])
+
+        assert wait_until(relay_back, 30), log.read_text()
+        sub = toolq("submit", "create_invoice", "--args", args, "--wait", "60")
+        assert sub.returncode == 0, sub.stderr + log.read_text()
+        assert json.loads("".join(sub.stdout.splitlines()[1:]))["ok"] is True
         pids = descendants(p.pid)
     finally:
         code = stop_process(p, signal.SIGTERM, timeout=30)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
-from toolq.stack import Stack, StackConfig, free_port
+import pytest
+
+from toolq.cli.common import CliError
+from toolq.cli.stack import _port
+from toolq.stack import Stack, StackConfig, deployment_id, free_port, node_name
 
 
 def test_up_waits_for_its_endpoints_to_take_connections() -> None:
@@ -27,3 +32,54 @@ def test_up_waits_for_its_endpoints_to_take_connections() -> None:
         )
         assert silent.wait_serving(timeout=0.5) == ["api"]
     assert Stack(StackConfig(app="m:tq", redis_url="redis://h:1/0")).wait_serving() == []
+
+
+def _time_wait_port() -> int:
+    """A port whose only socket is a TIME_WAIT connection, as a killed API leaves: the
+    server side accepted a connection and closed it first."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port: int = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = server.accept()
+        conn.close()  # the server's side closes first: its end waits in TIME_WAIT
+        client.recv(1)
+        client.close()
+    return port
+
+
+def test_the_port_check_accepts_a_port_left_in_time_wait() -> None:
+    port = _time_wait_port()
+    with socket.socket() as plain, pytest.raises(OSError):  # what the check did before
+        plain.bind(("127.0.0.1", port))
+    assert _port(port, "api") == port
+
+
+def test_the_port_check_refuses_a_port_listened_on() -> None:
+    with socket.socket() as listening:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        with pytest.raises(CliError, match=f"port {port} for api is in use"):
+            _port(port, "api")
+
+
+def test_worker_node_names_are_unique_per_deployment() -> None:
+    """Two deployments on one RabbitMQ vhost: each node name has one exclusive control
+    queue (`<name>.celery.pidbox`), so the same name in both is refused to the second."""
+    one, two = (Stack(StackConfig(app="m:tq", redis_url="redis://h:1/0")) for _ in range(2))
+    names = [
+        [c.argv[c.argv.index("--hostname") + 1] for c in s._plan() if "--hostname" in c.argv]
+        for s in (one, two)
+    ]
+    assert one.config.deployment != two.config.deployment
+    assert names[0] == [
+        f"calls-1.{one.config.deployment}@%h",
+        f"verify-1.{one.config.deployment}@%h",
+    ]
+    assert not set(names[0]) & set(names[1])
+    assert node_name("calls-2", "4242") == "calls-2.4242@%h"
+    assert deployment_id().startswith(f"{os.getpid()}-")  # not this process's first stack

@@ -13,7 +13,7 @@ import click
 import redis
 
 from toolq.redact import redact_url
-from toolq.state import read_state, recorded_url
+from toolq.state import read_state, recorded_mode, recorded_url, with_mode
 
 if TYPE_CHECKING:
     from toolq.errors import RequestRefused
@@ -109,12 +109,27 @@ def load_app(app_path: str, redis_url: str | None = None) -> Any:
         raise CliError(str(exc)) from None
 
 
-def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None) -> Any:
-    """Load the app and check the server answers; one clear line if it does not."""
+def open_app(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path | None,
+    *,
+    publishes: bool = True,
+) -> Any:
+    """Load the app and check the server answers; one clear line if it does not.
+
+    A server found in ``state_dir`` brings the mode its ``toolq up`` recorded
+    (:func:`toolq.state.with_mode`; ``publishes``: whether this command may send
+    messages, and so needs the broker's URL). The ledger's number of cells is checked
+    against the app's: on another layout every read would answer "nothing"."""
     url = resolve_url(redis_url, state_dir)
     tq = load_app(resolve_app_path(app_path, state_dir), url)
+    if url and not redis_url:
+        tq.app.adopt(recorded_settings(tq.settings, state_dir, publishes=publishes))
     try:
         tq.redis.ping()
+        if not tq.app.ledger.cells_checked:
+            tq.app.ledger.record_cells()
     except raised("RequestRefused") as exc:
         raise CliError(cast("RequestRefused", exc).message) from None
     except redis.RedisError as exc:
@@ -122,6 +137,17 @@ def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None
             f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
         ) from None
     return tq
+
+
+def recorded_settings(settings: Any, state_dir: Path | None, *, publishes: bool) -> Any:
+    """``settings`` with the mode the ``toolq up`` in ``state_dir`` recorded; one line
+    where they disagree (:func:`toolq.state.with_mode`)."""
+    from toolq.errors import RequestRefused
+
+    try:
+        return with_mode(settings, recorded_mode(state_dir), publishes=publishes, path=state_dir)
+    except RequestRefused as exc:
+        raise CliError(exc.message) from None
 
 
 def parse_json_args(text: str) -> Any:

@@ -18,6 +18,7 @@ from toolq.cli.common import (
     echo_json,
     handle_errors,
     open_app,
+    recorded_settings,
     redis_option,
     resolve_app_path,
     resolve_url,
@@ -25,6 +26,7 @@ from toolq.cli.common import (
 )
 from toolq.monitor import STATES, broker_depths, read_status, settings_sources, status_snapshot
 from toolq.redact import redact_url
+from toolq.state import read_state
 
 
 @click.command()
@@ -83,16 +85,20 @@ def status(
     --app (or TOOLQ_APP) the app is not imported: the settings come from TOOLQ_*.
     """
     if app_path is None and not ping:
-        snapshot, source = _light(redis_url, state_dir, workers)
+        snapshot, source, stack_url = _light(redis_url, state_dir, workers)
     else:
-        tq = open_app(app_path, redis_url, state_dir)
+        tq = open_app(app_path, redis_url, state_dir, publishes=False)
         source = tq.settings.safe_url
+        stack_url = tq.settings.url
 
         def snapshot() -> dict[str, Any]:
             return status_snapshot(tq, workers=workers, worker_timeout=worker_timeout, ping=ping)
 
     def show() -> None:
         snap = snapshot()
+        stack = stack_children(state_dir, stack_url)
+        if stack is not None:
+            snap["stack"] = stack
         if as_json and watch:
             click.echo(json.dumps(snap, separators=(",", ":")))
         elif as_json:
@@ -124,18 +130,22 @@ def _pause(seconds: float) -> None:
 
 def _light(
     redis_url: str | None, state_dir: Path, workers: bool
-) -> tuple[Callable[[], dict[str, Any]], str]:
+) -> tuple[Callable[[], dict[str, Any]], str, str]:
     """The snapshot read with the settings from the environment, on a plain client:
     no app, no Celery imported (what keeps ``toolq status`` under 0.3 s)."""
+    from toolq.cells import cells_conflict
+    from toolq.keys import Keys
     from toolq.settings import ToolqSettings
 
     settings = ToolqSettings()
-    url = resolve_url(redis_url, state_dir) or (settings.url if settings.redis_url else None)
+    url = resolve_url(redis_url, state_dir)
     if url is None:
         raise CliError(
             "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
             "directory"
         )
+    if not redis_url:  # the server `toolq up` recorded: its mode too
+        settings = recorded_settings(settings, state_dir, publishes=False)
     options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
     client: redis.Redis
     if settings.cluster:
@@ -148,8 +158,12 @@ def _light(
         client = redis.Redis.from_url(url, **options)
     try:
         client.ping()
+        recorded = client.hget(Keys(settings.prefix).meta, "cells")
     except redis.RedisError as exc:
         raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
+    why = cells_conflict(recorded, settings.cells)  # else an empty table: a wrong answer
+    if why is not None:
+        raise CliError(why)
     sources = settings_sources(settings)
     depths = broker_depths(settings)
     seen: frozenset[str] = frozenset()
@@ -163,7 +177,7 @@ def _light(
         seen = frozenset(snap["tools"])  # the next refresh needs one round trip
         return snap
 
-    return snapshot, redact_url(url)
+    return snapshot, redact_url(url), url
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -276,7 +290,34 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
         + ("  (none live: nothing due will move)" if not sched["live"] and sched["backlog"] else "")
     )
     lines.append(f"workers     {_workers(workers)}")
+    if snap.get("stack"):
+        lines += ["", *_stack_lines(snap["stack"], snap.get("at"))]
     return "\n".join(lines)
+
+
+def stack_children(state_dir: Path, url: str) -> dict[str, Any] | None:
+    """The children of the ``toolq up`` recorded in ``state_dir`` on this server, with
+    their restarts (what its supervisor records); None when it runs none here."""
+    data = read_state(state_dir)
+    if not data or data.get("redis_url") != url or not isinstance(data.get("children"), dict):
+        return None
+    return {"pid": data.get("pid"), "children": data["children"]}
+
+
+def _stack_lines(stack: dict[str, Any], at: object) -> list[str]:
+    """One line per child of ``toolq up``: its state, pid and restarts."""
+    now = time.time()
+    lines = [f"toolq up    pid {stack.get('pid')}"]
+    for name, c in stack["children"].items():
+        state = str(c.get("state", "?"))
+        line = f"  {name:<10} {state:<10} pid {c.get('pid')}  restarts {c.get('restarts', 0)}"
+        exit_at = c.get("last_exit_at")
+        if isinstance(exit_at, (int, float)):
+            line += f"  (last exit code {c.get('last_exit_code')}, {_age(now - exit_at)} ago)"
+        if state == "failed":
+            line += "  crash loop: not restarted"
+        lines.append(line)
+    return lines
 
 
 def _counter_rows(tools: dict[str, Any]) -> list[Sequence[str]]:

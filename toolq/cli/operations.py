@@ -126,7 +126,7 @@ def show(
     ref: str, as_json: bool, app_path: str | None, redis_url: str | None, state_dir: Path
 ) -> None:
     """Show an operation: its state and the timeline of its transitions."""
-    tq = open_app(app_path, redis_url, state_dir)
+    tq = open_app(app_path, redis_url, state_dir, publishes=False)
     rec = tq.get(ref)
     if rec is None:
         raise OperationNotFound(f"no operation {ref[:80]!r}")

@@ -4,6 +4,7 @@ deployments."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,13 @@ def _metrics(port: int | None, tq: Any, role: str) -> None:
     help="Celery pool (default prefork; threads suits I/O-bound tools).",
 )
 @click.option("--autoscale", default=None, metavar="MAX,MIN", help="Celery autoscaling.")
-@click.option("--hostname", "-n", default=None, help="Celery node name.")
+@click.option(
+    "--hostname",
+    "-n",
+    default=None,
+    help="Celery node name [default: worker.PID@HOST: unique, as RabbitMQ needs; Celery's "
+    "own default, celery@HOST, is refused to a second worker on the host].",
+)
 @click.option(
     "--events",
     "-E",
@@ -79,6 +86,7 @@ def worker(
 ) -> None:
     """Run a Celery worker that serves toolq's queues (Celery supervises the pool)."""
     install_redaction()  # before Celery sets up logging: the pool's children inherit it
+    from toolq.stack import node_name
     from toolq.workers.main import run_worker
 
     tq = open_app(app_path, redis_url, state_dir)
@@ -92,7 +100,7 @@ def worker(
         pool=pool,
         autoscale=autoscale,
         loglevel=loglevel,
-        hostname=hostname,
+        hostname=hostname or node_name("worker", str(os.getpid())),
         events=events or tq.settings.worker.task_events,
     )
 

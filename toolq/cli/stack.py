@@ -23,8 +23,10 @@ from toolq.cli.common import (
     redis_option,
     state_dir_option,
 )
+from toolq.errors import ToolqError
 from toolq.redact import redact_url
-from toolq.state import clear_state, owner, read_state, write_state
+from toolq.state import clear_state, mode_of, owner, read_state, write_state
+from toolq.supervise import Action, ChildRecord, RestartPolicy
 
 
 class _Interrupts:
@@ -53,22 +55,32 @@ class _Interrupts:
             signal.signal(sig, handler)
 
 
-def _port(value: int | None, what: str) -> int | None:
+def _port(value: int | None, what: str, host: str = "127.0.0.1") -> int | None:
     """0 picks a free port; None stays off; a port in use is refused now, in one line."""
     from toolq.stack import free_port
 
     if value == 0:
         return free_port()
-    if value is not None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", value))
-            except OSError:
-                raise CliError(
-                    f"port {value} for {what} is in use: pass --{what}-port 0 (any free port) "
-                    "or another port"
-                ) from None
+    if value is not None and not _bindable(host, value):
+        raise CliError(
+            f"port {value} for {what} is in use: pass --{what}-port 0 (any free port) "
+            "or another port"
+        )
     return value
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now. With SO_REUSEADDR, as uvicorn
+    and the metrics server bind theirs: the TIME_WAIT connections a crash (or a browser
+    tab) leaves on the port do not count, a socket listening there still does."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _api_available() -> bool:
@@ -86,6 +98,26 @@ def _ping(url: str) -> None:
         raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
     finally:
         client.close()
+
+
+def _check_cluster(redis_url: str | None) -> None:
+    """``TOOLQ_CLUSTER`` on and no URL: refused before anything starts (the embedded
+    server is a single node; its clients would fail after their timeouts). Read before
+    the settings are validated, so that this is the sentence whatever else is set."""
+    raw = os.environ.get("TOOLQ_CLUSTER", "")
+    if redis_url or not raw.strip():
+        return
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        cluster = TypeAdapter(bool).validate_python(raw.strip())
+    except ValidationError:
+        return  # the settings say what is wrong with it
+    if cluster:
+        raise CliError(
+            "TOOLQ_CLUSTER=1 needs the URL of the Cluster's nodes (--redis-url or "
+            "TOOLQ_REDIS_URL): `toolq up` alone starts one embedded server, not a Cluster"
+        )
 
 
 def _check_not_running(state_dir: Path) -> None:
@@ -177,8 +209,9 @@ def up(
     from toolq.stack import Stack, StackConfig
 
     _check_not_running(state_dir)
+    _check_cluster(redis_url)
     app = app_path or DEFAULT_APP
-    load_app(app)  # a wrong --app fails here, once, before anything is started
+    tq = load_app(app)  # a wrong --app fails here, once, before anything is started
     if redis_url:
         _ping(redis_url)
     if example_provider is None:
@@ -193,7 +226,7 @@ def up(
     api_port_used: int | None = None
     if api:
         if _api_available():
-            api_port_used = _port(api_port, "api")
+            api_port_used = _port(api_port, "api", api_host)
         else:
             notes.append("api        skipped: `toolq api` is not available in this install")
     config = StackConfig(
@@ -224,20 +257,23 @@ def up(
                 raise CliError(f"cannot start the stack: {type(exc).__name__}: {exc}") from None
             for name in stack.wait_serving():
                 notes.append(f"{name:<10} not answering after 30 s (see the errors above)")
-            write_state(
-                {
-                    "redis_url": stack.redis_url,
-                    "app": app,
-                    **owner(),
-                    "metrics_url": stack.metrics_url,
-                    "api_url": stack.api_url,
-                    "embedded": stack.embedded,
-                    "started_at": time.time(),
-                },
-                state_dir,
+            recorded = {
+                "redis_url": stack.redis_url,
+                "app": app,
+                **owner(),
+                "metrics_url": stack.metrics_url,
+                "api_url": stack.api_url,
+                "embedded": stack.embedded,
+                "started_at": time.time(),
+                # What every other command here must share with the stack (toolq.state).
+                "mode": mode_of(tq.settings),
+            }
+            supervisor = Supervisor(
+                stack, lambda children: write_state({**recorded, "children": children}, state_dir)
             )
+            supervisor.save()
             _print_banner(stack, app, state_dir, provider.url if provider else None, notes)
-            exit_code = _supervise(stack)
+            exit_code = supervisor.run()
         except KeyboardInterrupt:
             click.echo("toolq up: stopping (Ctrl-C again to kill at once)…", err=True)
         finally:
@@ -252,16 +288,83 @@ def up(
     click.echo("toolq up: stopped", err=True)
 
 
-def _supervise(stack: Any) -> int:
-    """Wait until interrupted; a child that exits on its own stops the stack (exit code 1)."""
-    while True:
-        dead = stack.exited()
-        if dead:
-            c = dead[0]
-            code = c.popen.returncode if c.popen is not None else None
-            click.echo(f"toolq up: {c.name} exited (code {code}); stopping everything", err=True)
-            return 1
-        time.sleep(0.3)
+class Supervisor:
+    """Restart each child of ``stack`` that exits, as :class:`RestartPolicy` decides, and
+    give up on one in a crash loop while the rest keeps serving. ``save`` is handed each
+    child's record (:class:`ChildRecord`) after every change: ``toolq status`` reads them
+    from the state file."""
+
+    def __init__(
+        self,
+        stack: Any,
+        save: Callable[[dict[str, Any]], object],
+        policy: RestartPolicy | None = None,
+        poll: float = 0.2,
+    ) -> None:
+        self.stack = stack
+        self.policy = policy or RestartPolicy()
+        self.poll = poll
+        self._save = save
+        self.records = {c.name: ChildRecord(c.name, c.pid) for c in stack.supervised()}
+        self._due: dict[str, float] = {}  # child name -> when to start it again
+
+    def save(self) -> None:
+        self._save({name: r.as_json() for name, r in self.records.items()})
+
+    def run(self) -> int:
+        """Until interrupted (KeyboardInterrupt); 1 when every child has failed."""
+        while True:
+            if self.step(time.monotonic()):
+                self.save()
+            if all(r.state == "failed" for r in self.records.values()):
+                click.echo("toolq up: every process has failed; stopping", err=True)
+                return 1
+            time.sleep(self.poll)
+
+    def step(self, now: float) -> bool:
+        """Look at every child once; whether a record changed."""
+        changed = False
+        for child in self.stack.supervised():
+            rec = self.records[child.name]
+            if rec.state == "running" and child.popen is not None and not child.running:
+                self._exited(child, rec, now)
+                changed = True
+            elif rec.state == "restarting" and now >= self._due[child.name]:
+                rec.restarts += 1
+                rec.state = "running"
+                changed = True
+                try:
+                    rec.pid = self.stack.restart(child)
+                except (OSError, ToolqError) as exc:  # no fork, no log file, no PING:
+                    why = getattr(exc, "strerror", None) or exc  # an exit like any other
+                    click.echo(
+                        f"toolq up: cannot start {child.name} again ({type(exc).__name__}: {why})",
+                        err=True,
+                    )
+                    self._exited(child, rec, now)
+        return changed
+
+    def _exited(self, child: Any, rec: ChildRecord, now: float) -> None:
+        code = child.popen.returncode
+        rec.exited(code, now, time.time())
+        decision = self.policy.decide(rec.exits, now)
+        if decision.action is Action.GIVE_UP:
+            rec.state = "failed"
+            self.stack.reap(child)  # what is left of its process group
+            click.echo(
+                f"toolq up: {child.name} exited (code {code}), {decision.recent} times in "
+                f"{self.policy.window:g} s; not restarting it again (see its errors above); "
+                "the rest keeps serving",
+                err=True,
+            )
+            return
+        rec.state = "restarting"
+        self._due[child.name] = now + decision.delay
+        click.echo(
+            f"toolq up: {child.name} exited (code {code}); restarting in "
+            f"{decision.delay:g} s (restart {rec.restarts + 1})",
+            err=True,
+        )
 
 
 def _print_banner(
