@@ -58,7 +58,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -682,9 +682,7 @@ def render(res: ChaosResult, cfg: ChaosConfig, ocfg: OutageConfig, deployment: s
         if deployment == "single"
         else "the ledger in 256 cells on a Valkey Cluster of 3 primaries with a replica each"
     )
-    exits = "".join(f"<br>`{e}`" for e in res.unexpected_exits[:12]) + (
-        "<br>…" if len(res.unexpected_exits) > 12 else ""
-    )
+    exits = "".join(f"<br>{line}" for line in exits_by_reason(res.unexpected_exits))
     head = [
         ("operations submitted", f"{res.submitted:,}"),
         ("by final state", ", ".join(f"{s} {n}" for s, n in res.by_state.items())),
@@ -717,9 +715,36 @@ def render(res: ChaosResult, cfg: ChaosConfig, ocfg: OutageConfig, deployment: s
         + "\n\nResume, in seconds from the dependency answering again to each process's first "
         "call or check completed (workers), first beat with more messages published (relays; "
         "≤ 2 s late) or first beat (schedulers); **none**: no sign by the end of the run; "
-        "`-`: not affected (a scheduler never talks to the broker).\n\n"
+        "`-`: not affected (a scheduler never talks to the broker). A process that exited "
+        "on its own was started again by the harness, as a supervisor would: its figure is "
+        "then its successor's.\n\n"
         + table(("outage", "back after start (s)", *roles, "exits"), rows)
     )
+
+
+def exits_by_reason(exits: list[str]) -> list[str]:
+    """``relay-1-g3 exit 1: why`` lines as one line per reason: how many, of which role."""
+    by: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for e in exits:
+        who, _, why = e.partition(": ")
+        by[why or "?"][who.split(" exit ")[0].rsplit("-g", 1)[0]] += 1
+    return [
+        ", ".join(f"{role} x{n}" for role, n in sorted(roles.items())) + f": `{why}`"
+        for why, roles in by.items()
+    ]
+
+
+def _run_args(argv: list[str]) -> list[str]:
+    """The options that shaped a run (what --render needs), without where it wrote."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in ("--json", "--replay", "--render"):
+            skip = True
+        elif x != "--no-report" and not x.startswith(("--json=", "--replay=", "--render=")):
+            out.append(x)
+    return out
 
 
 def _mark(s: float) -> str:
@@ -727,6 +752,7 @@ def _mark(s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(
         prog="python -m bench.outage_chaos", description=__doc__.split("\n")[0]
     )
@@ -741,9 +767,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=300.0, help="seconds to wait for quiet")
     ap.add_argument("--max-seconds", type=float, default=1800.0)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--replay", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--no-report", action="store_true", help="do not update RESULTS.md")
     ap.add_argument("--json", type=Path, default=None, help="write the result here as JSON")
+    ap.add_argument(
+        "--render", type=Path, default=None, help="rewrite the section from a saved result"
+    )
     a = ap.parse_args(argv)
+    if a.render is not None:
+        saved = json.loads(a.render.read_text())
+        args = saved.get("argv", ["--deployment", saved.get("deployment", "single")])
+        return main([*args, "--replay", str(a.render)])
     spec = a.outages or (SINGLE_OUTAGES if a.deployment == "single" else CLUSTER_OUTAGES)
     outages = parse_outages(spec)
     if a.deployment == "single" and any(o.kind == "primary" for o in outages):
@@ -759,14 +793,20 @@ def main(argv: list[str] | None = None) -> int:
         kill_kinds=tuple(k for k in a.kill_kinds.split(",") if k),
     )
     harness = (OutageChaos if a.deployment == "single" else ClusterOutageChaos)(cfg, ocfg)
+    if a.replay is not None:
+        names = {f.name for f in fields(ChaosResult)}
+        saved = json.loads(a.replay.read_text())
+        res = ChaosResult(**{k: v for k, v in saved.items() if k in names})
+    else:
 
-    def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)  # unwinds through run()'s finally: all stopped
+        def stop(signum: int, _frame: object) -> None:
+            raise SystemExit(128 + signum)  # unwinds through run()'s finally: all stopped
 
-    signal.signal(signal.SIGTERM, stop)
-    res = harness.run()
+        signal.signal(signal.SIGTERM, stop)
+        res = harness.run()
     v = verdict(res)
     raw = {**res.as_dict(), "verdict": v, "ok": v["ok"], "deployment": a.deployment}
+    raw["argv"] = _run_args(argv)
     print(outage_summary(res), flush=True)
     if a.json is not None:
         a.json.write_text(json.dumps(raw, indent=1, default=str))
