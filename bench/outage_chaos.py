@@ -792,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         max_seconds=a.max_seconds,
         kill_kinds=tuple(k for k in a.kill_kinds.split(",") if k),
     )
-    harness = (OutageChaos if a.deployment == "single" else ClusterOutageChaos)(cfg, ocfg)
+    kind = OutageChaos if a.deployment == "single" else ClusterOutageChaos
     if a.replay is not None:
         names = {f.name for f in fields(ChaosResult)}
         saved = json.loads(a.replay.read_text())
@@ -803,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(128 + signum)  # unwinds through run()'s finally: all stopped
 
         signal.signal(signal.SIGTERM, stop)
-        res = harness.run()
+        res = kind(cfg, ocfg).run()
     v = verdict(res)
     raw = {**res.as_dict(), "verdict": v, "ok": v["ok"], "deployment": a.deployment}
     raw["argv"] = _run_args(argv)
@@ -813,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_report:
         from bench import report
 
-        report.update(harness.SECTION, render(res, cfg, ocfg, a.deployment), raw)
+        report.update(kind.SECTION, render(res, cfg, ocfg, a.deployment), raw)
     return 0 if v["ok"] else 1
 
 
