@@ -463,7 +463,8 @@ class OutageChaos(chaos.Chaos):
         for o in self.outages:
             if o.back_at:
                 self.measure(o, calls)
-        res.outages = [self.outage_dict(o) for o in self.outages]
+        ends = [o.down_at or math.inf for o in self.outages[1:]] + [math.inf]
+        res.outages = [self.outage_dict(o, end) for o, end in zip(self.outages, ends, strict=True)]
         return res
 
     def completed_calls(self) -> dict[str, list[int]]:
@@ -520,14 +521,15 @@ class OutageChaos(chaos.Chaos):
             o.resume_s[role.name] = None if first is None else round((first - back_ms) / 1000, 2)
             o.how[role.name] = how
 
-    def outage_dict(self, o: Outage) -> dict[str, Any]:
+    def outage_dict(self, o: Outage, end: float) -> dict[str, Any]:
+        """``o`` as a dict, with the exits from its start to the next outage's (``end``)."""
         d = asdict(o)
         d["name"] = o.name
         d["worst_s"] = None if math.isinf(o.worst_s) else o.worst_s
         d["exits"] = [
             {"at_s": round(at - o.down_at, 1), "process": who, "code": code, "reason": why[:200]}
             for at, who, code, why in self.exit_events
-            if o.down_at <= at <= (o.back_at or math.inf) + self.ocfg.gap
+            if o.down_at <= at < end
         ]
         return d
 
