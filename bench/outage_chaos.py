@@ -107,6 +107,8 @@ class Outage:
     resume_s: dict[str, float | None] = field(default_factory=dict)
     #: role -> what the figure is ("call completed", "published", "beat").
     how: dict[str, str] = field(default_factory=dict)
+    #: Workers with no sign because no work of theirs appeared after the return.
+    idle: list[str] = field(default_factory=list)
     detail: str = ""
 
     @property
@@ -115,7 +117,9 @@ class Outage:
 
     @property
     def worst_s(self) -> float:
-        vals = [math.inf if v is None else v for v in self.resume_s.values()]
+        vals = [
+            math.inf if v is None else v for r, v in self.resume_s.items() if r not in self.idle
+        ]
         return max(vals, default=0.0)
 
 
@@ -173,6 +177,8 @@ class OutageChaos(chaos.Chaos):
         self.beats: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
         #: (wall time, role, exit code, reason) of each process that exited on its own.
         self.exit_events: list[tuple[float, str, int | None, str]] = []
+        #: worker kind -> when work for it appeared (ms; from the ledger's histories).
+        self.work_at: dict[str, list[int]] = collections.defaultdict(list)
         self.t0 = 0.0
 
     # ------------------------------------------------------------------ the deployment
@@ -379,7 +385,8 @@ class OutageChaos(chaos.Chaos):
         else:
             self.revive_primary(o)
         self.hold_kills_until = time.monotonic() + KILL_HOLD_S
-        self.log(f"{o.name}: answering again ({o.boot_s:.1f} s after it was started again)")
+        again = "SIGCONT" if o.pause else "it was started again"
+        self.log(f"{o.name}: answering again ({o.boot_s:.1f} s after {again})")
 
     def wait_ledger(self, timeout: float = 30.0) -> None:
         """Until the ledger's server answers PING."""
@@ -482,6 +489,10 @@ class OutageChaos(chaos.Chaos):
             fields = {_s(k): _s(v) for k, v in rec.items()}
             for n in range(1, int(fields.get("hn") or 0) + 1):
                 entry = json.loads(fields[f"h{n}"])
+                # work for a worker of that kind: a call queued, a check due
+                kind = {"queued": "calls", "verifying": "verify"}.get(entry.get("to", ""))
+                if kind is not None:
+                    self.work_at[kind].append(int(entry["at"]))
                 # a call's outcome (from running) or a check's verdict (from verifying)
                 if entry.get("from") not in ("running", "verifying"):
                     continue
@@ -501,6 +512,8 @@ class OutageChaos(chaos.Chaos):
             if role.kind in ("calls", "verify"):
                 how = "first call completed" if role.kind == "calls" else "first check completed"
                 first = next((t for t in calls.get(role.name, []) if t >= back_ms), None)
+                if first is None and not any(t >= back_ms for t in self.work_at[role.kind]):
+                    o.idle.append(role.name)
             elif role.kind == "relay":
                 how = "first beat with more published"
                 for bid, seen in self.beats.items():
@@ -646,10 +659,11 @@ def outage_summary(res: ChaosResult) -> str:
     lines = [summary(res), "", "outages (resume: seconds from the dependency answering again):"]
     for o in res.outages:
         figures = ", ".join(
-            f"{role} {'none' if s is None else f'{s:.1f}'}" for role, s in o["resume_s"].items()
+            f"{role} {'idle' if role in o.get('idle', ()) else 'none' if s is None else f'{s:.1f}'}"
+            for role, s in o["resume_s"].items()
         )
         lines.append(
-            f"  {o['name']}: back {o['boot_s']:.1f} s after its start; {figures}"
+            f"  {o['name']}: back {o['boot_s']:.1f} s after its start (or SIGCONT); {figures}"
             + (f" ({o['detail']})" if o["detail"] else "")
         )
         lines += [
@@ -675,6 +689,8 @@ def render(res: ChaosResult, cfg: ChaosConfig, ocfg: OutageConfig, deployment: s
         cells = [
             "-"
             if r not in o["resume_s"]
+            else "idle"
+            if r in o.get("idle", ())
             else ("**none**" if o["resume_s"][r] is None else _mark(o["resume_s"][r]))
             for r in roles
         ]
@@ -716,7 +732,8 @@ def render(res: ChaosResult, cfg: ChaosConfig, ocfg: OutageConfig, deployment: s
         + table(("", ""), head)
         + "\n\nResume, in seconds from the dependency answering again to each process's first "
         "call or check completed (workers), first beat with more messages published (relays; "
-        "≤ 2 s late) or first beat (schedulers); **none**: no sign by the end of the run; "
+        "≤ 2 s late) or first beat (schedulers); **none**: no sign by the end of the run; idle: no "
+        "work for it appeared after the return; "
         "`-`: not affected (a scheduler never talks to the broker). A process that exited "
         "on its own was started again by the harness, as a supervisor would: its figure is "
         "then its successor's.\n\n"
@@ -779,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.render is not None:
         saved = json.loads(a.render.read_text())
         args = saved.get("argv", ["--deployment", saved.get("deployment", "single")])
-        return main([*args, "--replay", str(a.render)])
+        return main([*args, "--replay", str(a.render), *(["--no-report"] * a.no_report)])
     spec = a.outages or (SINGLE_OUTAGES if a.deployment == "single" else CLUSTER_OUTAGES)
     outages = parse_outages(spec)
     if a.deployment == "single" and any(o.kind == "primary" for o in outages):
