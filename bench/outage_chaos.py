@@ -3,7 +3,7 @@
     python -m bench.outage_chaos                          single server + RabbitMQ
     python -m bench.outage_chaos --deployment cluster     Valkey Cluster + RabbitMQ
     python -m bench.outage_chaos --ops 40 --kills 1 --kill-kinds worker \\
-        --outages rabbit:12,ledger:15 --gap 8 --warmup 5 --settle 45   (CI size)
+        --outages rabbit:12,ledger:15 --gap 8 --warmup 5 --settle 60   (CI size)
 
 bench.chaos's run (workers, schedulers, the faulty invoice provider without
 deduplication, the verdict) in outbox mode with RabbitMQ as Celery's broker
