@@ -66,6 +66,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,8 @@ class ChaosResult:
     notes: list[str] = field(default_factory=list)
     #: A Cluster run's events (bench.cluster_chaos): failover, revive, slot migration.
     cluster: dict[str, Any] = field(default_factory=dict)
+    #: An outage run's dependency outages and each process's resume (bench.outage_chaos).
+    outages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -349,22 +352,26 @@ class Chaos:
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            customer = self.rng.choices([c for c, _ in MIX], [w for _, w in MIX])[0]
-            ref = f"chaos-{self.run_id}-{i:05d}"
-            args = {"customer": customer, "amount": round(self.rng.uniform(10, 5000), 2)}
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    tq.submit(TOOL, args, operation_ref=ref)
-                    break
-                except (ServerUnavailable, redis.ConnectionError, redis.TimeoutError):
-                    # The server is restarting: submit again with the same ref (idempotent).
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-            with self.lock:
-                self.refs.append(ref)
-                self.customer[ref] = customer
+            self.submit_one(tq, i)
+
+    def submit_one(self, tq: Any, i: int, patience: float = 120.0) -> None:
+        """Submit operation ``i``, again with the same ref while the server is away."""
+        customer = self.rng.choices([c for c, _ in MIX], [w for _, w in MIX])[0]
+        ref = f"chaos-{self.run_id}-{i:05d}"
+        args = {"customer": customer, "amount": round(self.rng.uniform(10, 5000), 2)}
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                tq.submit(TOOL, args, operation_ref=ref)
+                break
+            except (ServerUnavailable, redis.ConnectionError, redis.TimeoutError):
+                # The server is restarting: submit again with the same ref (idempotent).
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        with self.lock:
+            self.refs.append(ref)
+            self.customer[ref] = customer
 
     def duplicator(self) -> None:
         r = self.queues_client()
@@ -389,6 +396,18 @@ class Chaos:
                     continue
         finally:
             r.close()
+
+    def wait_ready(self) -> None:
+        """Give the processes just started time to start (hook)."""
+        time.sleep(3.0)
+
+    def duration(self) -> float:
+        """Seconds over which operations are submitted and kills spread (hook)."""
+        return max(self.cfg.kills * self.cfg.interval, self.cfg.ops / 50)
+
+    def helpers(self) -> list[Callable[[], None]]:
+        """What runs in threads beside the submitter until the chaos stops (hook)."""
+        return [self.duplicator]
 
     def planned(self, start: float, seconds: float) -> list[tuple[float, str]]:
         """The server events of the run, (monotonic time, name), in order (hook)."""
@@ -528,8 +547,8 @@ class Chaos:
         try:
             for role in self.roles:
                 self.spawn(role)
-            time.sleep(3.0)
-            seconds = max(cfg.kills * cfg.interval, cfg.ops / 50)
+            self.wait_ready()
+            seconds = self.duration()
             self.log(
                 f"seed {cfg.seed}: {cfg.ops} operations over {seconds:.0f} s, {cfg.kills} "
                 f"kills; logs in "
@@ -537,7 +556,7 @@ class Chaos:
             )
             threads = [
                 threading.Thread(target=self.submitter, args=(tq, seconds), daemon=True),
-                threading.Thread(target=self.duplicator, daemon=True),
+                *(threading.Thread(target=t, daemon=True) for t in self.helpers()),
             ]
             if self.server is not None and cfg.power_losses:
                 threads.append(threading.Thread(target=self.sample_aof, daemon=True))

@@ -41,6 +41,8 @@ ORDER = (
     "chaos",
     "chaos-power",
     "chaos-cluster",
+    "outage",
+    "outage-cluster",
     "relay",
     "cluster",
 )

@@ -4,6 +4,11 @@ node gets an Erlang port mapper of its own on a free port (``ERL_EPMD_PORT``),
 which a node starts as a daemon that outlives it, so :meth:`RabbitServer.stop`
 stops it (``epmd -kill``), never touching a port mapper the host runs.
 
+Outages (bench.outage_chaos): :meth:`RabbitServer.kill` SIGKILLs the node (its
+data directory stays), :meth:`RabbitServer.pause` / :meth:`RabbitServer.resume`
+SIGSTOP / SIGCONT it, and :meth:`RabbitServer.start` starts it again on the same
+port, node name and data directory.
+
 Missing binary: the tests that need it are skipped, saying how to get it,
 unless ``CI`` is set, where they fail (as the browser tests do without chromium).
 """
@@ -75,7 +80,7 @@ class RabbitServer:
             "RABBITMQ_PID_FILE": str(self.dir / "pid"),
             "ERL_EPMD_PORT": str(self.epmd_port),
         }
-        with (self.dir / "stdout.log").open("wb") as log:  # the child keeps its own copy
+        with (self.dir / "stdout.log").open("ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(
                 [self.binary],
                 env=env,
@@ -102,18 +107,58 @@ class RabbitServer:
                 time.sleep(0.3)
         raise RuntimeError(f"rabbitmq-server did not answer in {START_TIMEOUT_S} s: {self.tail()}")
 
+    def answering(self, timeout: float = 1.0) -> bool:
+        """Whether the node takes an AMQP connection now."""
+        from kombu import Connection
+
+        try:
+            with Connection(self.url, connect_timeout=timeout) as conn:
+                conn.connect()
+        except OSError:
+            return False
+        return True
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the node's process group, as a crash would; :meth:`start` brings it back
+        on the same port and data directory (its port mapper, outside the group, stays)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP the node: connections stay open and nothing answers."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused node; returns once it takes a connection again."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+        self._wait()
+
     def tail(self) -> str:
         path = self.dir / "stdout.log"
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
-    def stop(self) -> None:
+    def stop_node(self) -> None:
+        """Stop the node gracefully, keeping its data directory for :meth:`start`."""
         if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused node must still get to exit
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        self.stop_node()
         self._stop_epmd()
         shutil.rmtree(self.dir, ignore_errors=True)
 
