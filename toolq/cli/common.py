@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,23 @@ def raised(name: str) -> tuple[type[BaseException], ...]:
     """
     errors = sys.modules.get("toolq.errors")
     return (getattr(errors, name),) if errors is not None else ()
+
+
+#: What redis-py's Cluster clients raise with a node away, beside ConnectionError and
+#: TimeoutError (toolq.outage.CLUSTER_UNREACHABLE, without importing toolq.errors here).
+CLUSTER_AWAY: tuple[type[Exception], ...] = (
+    redis.exceptions.RedisClusterException,
+    redis.exceptions.ClusterError,
+)
+#: Any Redis failure, a Cluster's included.
+REDIS_OR_CLUSTER: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
+
+
+def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str | None:
+    """The line for a server (a Cluster's node) that is away; None if ``exc`` is not that."""
+    from toolq.outage import message, unreachable
+
+    return message(url or "", exc, cluster=cluster) if unreachable(exc) else None
 
 
 class CliError(click.ClickException):
@@ -117,9 +135,12 @@ def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None
         tq.redis.ping()
     except raised("RequestRefused") as exc:
         raise CliError(cast("RequestRefused", exc).message) from None
-    except redis.RedisError as exc:
+    except REDIS_OR_CLUSTER as exc:
+        line = unreachable_line(tq.redis_url, exc, cluster=True) if tq.settings.cluster else None
+        if line is None and not isinstance(exc, redis.RedisError):
+            raise
         raise CliError(
-            f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
+            line or f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
         ) from None
     return tq
 
@@ -154,6 +175,11 @@ def handle_errors(f: F) -> F:
                 f"cannot reach Redis/Valkey ({type(exc).__name__}): check --redis-url "
                 "(or TOOLQ_REDIS_URL) and that the server is up"
             ) from None
+        except CLUSTER_AWAY as exc:  # a RedisClusterException is no RedisError
+            line = unreachable_line(os.environ.get("TOOLQ_REDIS_URL"), exc, cluster=True)
+            if line is None:
+                raise
+            raise CliError(line) from None
         except redis.RedisError as exc:
             raise CliError(f"redis error: {type(exc).__name__}") from None
 

@@ -13,6 +13,8 @@ import click
 import redis
 
 from toolq.cli.common import (
+    CLUSTER_AWAY,
+    REDIS_OR_CLUSTER,
     CliError,
     app_option,
     echo_json,
@@ -22,6 +24,7 @@ from toolq.cli.common import (
     resolve_app_path,
     resolve_url,
     state_dir_option,
+    unreachable_line,
 )
 from toolq.monitor import STATES, broker_depths, read_status, settings_sources, status_snapshot
 from toolq.redact import redact_url
@@ -111,8 +114,10 @@ def status(
         while True:
             try:
                 show()
-            except redis.RedisError as exc:  # keep watching through an outage
+            except REDIS_OR_CLUSTER as exc:  # keep watching through an outage
                 click.echo(f"redis unavailable ({type(exc).__name__}); retrying", err=True)
+            except CliError as exc:  # a Cluster's node away, named
+                click.echo(f"{exc.message}; retrying", err=True)
             _pause(interval)
     except KeyboardInterrupt:
         pass
@@ -138,18 +143,24 @@ def _light(
         )
     options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
     client: redis.Redis
-    if settings.cluster:
-        # A Cluster's node answers MOVED for the cells it does not serve: the cluster
-        # client (the ledger's, which reads FCALL's keys itself) sends each its own.
-        from toolq.ledger.cluster import LedgerCluster
-
-        client = LedgerCluster.from_url(url, **options)  # type: ignore[assignment]
-    else:
-        client = redis.Redis.from_url(url, **options)
     try:
+        if settings.cluster:
+            # A Cluster's node answers MOVED for the cells it does not serve: the cluster
+            # client (the ledger's, which reads FCALL's keys itself) sends each its own;
+            # it starts from any of the seeds the URL lists (a:7000,b:7001).
+            from toolq.ledger.cluster import LedgerCluster
+
+            client = LedgerCluster.from_seeds(url, **options)  # type: ignore[assignment]
+        else:
+            client = redis.Redis.from_url(url, **options)
         client.ping()
-    except redis.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
+    except REDIS_OR_CLUSTER as exc:
+        line = unreachable_line(url, exc, cluster=True) if settings.cluster else None
+        if line is None and not isinstance(exc, redis.RedisError):
+            raise
+        raise CliError(
+            line or f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}"
+        ) from None
     sources = settings_sources(settings)
     depths = broker_depths(settings)
     seen: frozenset[str] = frozenset()
@@ -157,9 +168,19 @@ def _light(
     def snapshot() -> dict[str, Any]:
         nonlocal seen
         now = int(time.time() * 1000)
-        snap = read_status(
-            client, sources, now_ms=now, tools_hint=seen, beats=workers, broker_depths=depths
-        )
+        try:
+            snap = read_status(
+                client, sources, now_ms=now, tools_hint=seen, beats=workers, broker_depths=depths
+            )
+        except CLUSTER_AWAY as exc:  # a node away mid-read: name it
+            line = unreachable_line(url, exc, cluster=True)
+            if line is None:
+                raise
+            raise CliError(line) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if not settings.cluster:
+                raise
+            raise CliError(unreachable_line(url, exc, cluster=True) or str(exc)) from None
         seen = frozenset(snap["tools"])  # the next refresh needs one round trip
         return snap
 
