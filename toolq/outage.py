@@ -142,9 +142,11 @@ def cluster_message(url: str, exc: BaseException) -> str:
                 f"the server at {seeds} is not a Cluster node ({kind}): unset TOOLQ_CLUSTER, "
                 "or point TOOLQ_REDIS_URL at a Cluster's nodes"
             )
+        last = exc.__cause__ or exc  # the last seed's failure, without redis-py's preamble
         return (
-            f"cannot reach any seed node of the Cluster ({seeds}) ({kind}: {said}): start "
-            "them, or list more seeds in TOOLQ_REDIS_URL (redis://a:7000,b:7001,c:7002)"
+            f"cannot reach any seed node of the Cluster ({seeds}) ({type(last).__name__}: "
+            f"{scrub(str(last))[:200]}): start them, or list more seeds in TOOLQ_REDIS_URL "
+            "(redis://a:7000,b:7001,c:7002)"
         )
     if isinstance(exc, ClusterDownError | SlotNotCoveredError) or (
         isinstance(exc, RedisClusterException) and "not covered" in str(exc)
