@@ -40,8 +40,6 @@ CLUSTER_AWAY: tuple[type[Exception], ...] = (
     redis.exceptions.RedisClusterException,
     redis.exceptions.ClusterError,
 )
-#: Any Redis failure, a Cluster's included.
-REDIS_OR_CLUSTER: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 
 
 def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str | None:
@@ -135,12 +133,9 @@ def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None
         tq.redis.ping()
     except raised("RequestRefused") as exc:
         raise CliError(cast("RequestRefused", exc).message) from None
-    except REDIS_OR_CLUSTER as exc:
-        line = unreachable_line(tq.redis_url, exc, cluster=True) if tq.settings.cluster else None
-        if line is None and not isinstance(exc, redis.RedisError):
-            raise
+    except redis.RedisError as exc:
         raise CliError(
-            line or f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
+            f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
         ) from None
     return tq
 
@@ -176,7 +171,8 @@ def handle_errors(f: F) -> F:
                 "(or TOOLQ_REDIS_URL) and that the server is up"
             ) from None
         except CLUSTER_AWAY as exc:  # a RedisClusterException is no RedisError
-            line = unreachable_line(os.environ.get("TOOLQ_REDIS_URL"), exc, cluster=True)
+            url = kwargs.get("redis_url") or os.environ.get("TOOLQ_REDIS_URL")
+            line = unreachable_line(url, exc, cluster=True)
             if line is None:
                 raise
             raise CliError(line) from None

@@ -14,7 +14,6 @@ import redis
 
 from toolq.cli.common import (
     CLUSTER_AWAY,
-    REDIS_OR_CLUSTER,
     CliError,
     app_option,
     echo_json,
@@ -28,6 +27,9 @@ from toolq.cli.common import (
 )
 from toolq.monitor import STATES, broker_depths, read_status, settings_sources, status_snapshot
 from toolq.redact import redact_url
+
+#: What ``toolq status --watch`` keeps watching through: any Redis failure, a Cluster's too.
+_REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 
 
 @click.command()
@@ -114,7 +116,7 @@ def status(
         while True:
             try:
                 show()
-            except REDIS_OR_CLUSTER as exc:  # keep watching through an outage
+            except _REDIS_AWAY as exc:  # keep watching through an outage
                 click.echo(f"redis unavailable ({type(exc).__name__}); retrying", err=True)
             except CliError as exc:  # a Cluster's node away, named
                 click.echo(f"{exc.message}; retrying", err=True)
@@ -143,24 +145,18 @@ def _light(
         )
     options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
     client: redis.Redis
-    try:
-        if settings.cluster:
-            # A Cluster's node answers MOVED for the cells it does not serve: the cluster
-            # client (the ledger's, which reads FCALL's keys itself) sends each its own;
-            # it starts from any of the seeds the URL lists (a:7000,b:7001).
-            from toolq.ledger.cluster import LedgerCluster
+    if settings.cluster:
+        # A Cluster's node answers MOVED for the cells it does not serve: the cluster
+        # client (the ledger's, which reads FCALL's keys itself) sends each its own.
+        from toolq.ledger.cluster import LedgerCluster
 
-            client = LedgerCluster.from_seeds(url, **options)  # type: ignore[assignment]
-        else:
-            client = redis.Redis.from_url(url, **options)
+        client = LedgerCluster.from_seeds(url, **options)  # type: ignore[assignment]
+    else:
+        client = redis.Redis.from_url(url, **options)
+    try:
         client.ping()
-    except REDIS_OR_CLUSTER as exc:
-        line = unreachable_line(url, exc, cluster=True) if settings.cluster else None
-        if line is None and not isinstance(exc, redis.RedisError):
-            raise
-        raise CliError(
-            line or f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}"
-        ) from None
+    except redis.RedisError as exc:
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
     sources = settings_sources(settings)
     depths = broker_depths(settings)
     seen: frozenset[str] = frozenset()
