@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -171,8 +170,8 @@ def handle_errors(f: F) -> F:
                 "(or TOOLQ_REDIS_URL) and that the server is up"
             ) from None
         except CLUSTER_AWAY as exc:  # a RedisClusterException is no RedisError
-            url = kwargs.get("redis_url") or os.environ.get("TOOLQ_REDIS_URL")
-            line = unreachable_line(url, exc, cluster=True)
+            # --redis-url reads TOOLQ_REDIS_URL too: the seeds, when not the node's
+            line = unreachable_line(kwargs.get("redis_url"), exc, cluster=True)
             if line is None:
                 raise
             raise CliError(line) from None
