@@ -57,7 +57,7 @@ from toolq.ledger import lists
 from toolq.ledger.aio import AsyncLedger
 from toolq.ledger.cluster import AsyncLedgerCluster, InFlight
 from toolq.notify import AsyncNotifier, Event, Progress, Waiter
-from toolq.outage import UNREACHABLE, message, server_errors, translated
+from toolq.outage import MISUSE, UNREACHABLE, server_errors, translated, unavailable
 from toolq.record import HistoryEntry, OperationPage, OperationRecord
 from toolq.recovery import operator
 from toolq.recovery.transition import Transition
@@ -336,7 +336,9 @@ class AsyncToolQueue:
     def _unavailable(self, exc: Exception) -> errors.ServerUnavailable:
         """What :func:`toolq.outage.server_errors` says, for the two calls that stay
         pending: a try block costs a pending wait nothing, the decorator ~1 KiB."""
-        return errors.ServerUnavailable(message(self.app.redis_url, exc))
+        if isinstance(exc, MISUSE):
+            raise exc
+        return unavailable(lambda: self.app.redis_url, exc, self.app.settings.cluster)
 
     async def _wait(
         self,
@@ -385,11 +387,11 @@ class AsyncToolQueue:
         Use ``contextlib.aclosing`` to stop watching before it ends.
         """
         self._require(ref)
-        with translated(lambda: self.app.redis_url):
+        with translated(lambda: self.app.redis_url, self.app.settings.cluster):
             b = await self._bound()
             w = await b.notifier.watch(ref, progress=True)
         try:
-            with translated(lambda: self.app.redis_url):
+            with translated(lambda: self.app.redis_url, self.app.settings.cluster):
                 last = await self._now(b, ref)
             yield last
             while last.state not in SETTLED:

@@ -50,10 +50,11 @@ MAX_BOUND_TOOLS = 1024
 
 def cluster_client(url: str, options: dict[str, Any]) -> redis.Redis:
     """The ledger's client on a Cluster (``settings.cluster``), from the URL of any of
-    its nodes: it finds the node of each call's cell itself, FCALLs included
+    its nodes, or of several (``redis://a:7000,b:7001``: it starts from any that
+    answers): it finds the node of each call's cell itself, FCALLs included
     (:class:`LedgerCluster`). Typed as the Redis client: toolq sends it the same commands."""
     options = {k: v for k, v in options.items() if k != "timeout"}  # no blocking pool here
-    client: Any = LedgerCluster.from_url(url, **options)
+    client: Any = LedgerCluster.from_seeds(url, **options)
     return client  # type: ignore[no-any-return]
 
 
@@ -64,7 +65,7 @@ def async_cluster_client(url: str, options: dict[str, Any]) -> aioredis.Redis:
     ``MaxConnectionsError`` rather than waiting for one (redis.asyncio's cluster
     pool does not block): ``tq.aio`` bounds its commands in flight below it."""
     options = {k: v for k, v in options.items() if k != "timeout"}
-    client: Any = AsyncLedgerCluster.from_url(url, **options)
+    client: Any = AsyncLedgerCluster.from_seeds(url, **options)
     return client  # type: ignore[no-any-return]
 
 

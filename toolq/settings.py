@@ -186,11 +186,46 @@ class LimitSettings(BaseModel):
         return re.compile(self.ref_pattern)
 
 
+def seed_urls(url: str) -> list[str]:
+    """A Cluster's seed nodes, one URL each: ``redis://[user:password@]a:7000,b:7001[/0][?...]``
+    gives ``redis://[user:password@]a:7000[/0][?...]`` and the same for ``b:7001``. The
+    scheme (``rediss://``: TLS), credentials, database and options of the one URL apply
+    to every seed. A URL without a comma is its own only seed. ``ValueError`` (its
+    message redacted) for an empty seed or a list of whole URLs."""
+    scheme, sep, rest = url.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    tail = rest[len(authority) :]
+    userinfo, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return [url]
+    seeds = [h.strip() for h in hosts.split(",")]
+    if "://" in rest or any(not h or "@" in h for h in seeds):
+        raise ValueError(
+            "redis_url lists a Cluster's seed nodes as one URL with comma-separated "
+            "host:port pairs (redis://[user:password@]a:7000,b:7001,c:7002)"
+        )
+    return [f"{scheme}{sep}{userinfo}{at}{seed}{tail}" for seed in seeds]
+
+
+def seed_nodes(url: str) -> list[tuple[str, int]]:
+    """The (host, port) of each seed :func:`seed_urls` finds in ``url``, in its order."""
+    out = []
+    for seed in seed_urls(url):
+        parts = urlsplit(seed)
+        out.append((parts.hostname or "localhost", parts.port or 6379))
+    return out
+
+
 class ToolqSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TOOLQ_", env_nested_delimiter="__", extra="ignore"
     )
 
+    #: The ledger's server. On a Cluster (``cluster``), one URL may list several seed
+    #: nodes, comma-separated: ``redis://[user:password@]a:7000,b:7001,c:7002``, the
+    #: credentials, TLS (``rediss://``) and options applying to every seed
+    #: (:func:`seed_urls`); a client starts from any seed that answers, so one node
+    #: down does not stop a process from starting.
     redis_url: SecretStr | None = None
     #: The Celery broker, when it is not the ledger's Redis (``amqp://``/``pyamqp://``
     #: for RabbitMQ, or a Redis/Valkey of its own: ``redis://``, or ``sentinel://`` behind
@@ -281,6 +316,14 @@ class ToolqSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _cluster_needs(self) -> ToolqSettings:
+        seeds = seed_urls(self.redis_url.get_secret_value()) if self.redis_url else []
+        if len(seeds) > 1 and not self.cluster:
+            raise ValueError(
+                "redis_url lists several nodes, which only a Cluster client takes: set "
+                "TOOLQ_CLUSTER=1 for a Cluster, or name one server"
+            )
+        if len(seeds) > 1 and seeds[0].startswith("unix://"):
+            raise ValueError("redis_url: a Cluster's seeds are redis:// or rediss:// nodes")
         if self.cluster:
             if self.cells is None:
                 raise ValueError(

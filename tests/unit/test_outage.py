@@ -16,9 +16,20 @@ from typing import Any
 import pytest
 import redis
 from pydantic import BaseModel
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    CrossSlotTransactionError,
+    InvalidPipelineStack,
+    MasterDownError,
+    MaxConnectionsError,
+    ReadOnlyError,
+    RedisClusterException,
+    SlotNotCoveredError,
+)
 
 from toolq import ToolQueue, errors
-from toolq.outage import message, server_errors
+from toolq.outage import UNREACHABLE, message, server_errors, unreachable
 
 SECRET = "s3cr3t-pw"
 
@@ -106,3 +117,170 @@ def test_async_methods_are_translated_too() -> None:
 
     with pytest.raises(errors.ServerUnavailable, match=r"redis://:\*\*\*@h:1/0"):
         asyncio.run(Client().go())
+
+
+# ---------------------------------------------------------------- on a Cluster
+
+SEEDS = f"redis://:{SECRET}@a:7000,b:7001,c:7002"
+
+
+class _Node:
+    """What redis-py's cluster clients attach as an exception's ``connection``: a
+    connection or a ClusterNode, both with host and port."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+
+def _on(exc: Exception, host: str, port: int) -> Exception:
+    exc.connection = _Node(host, port)  # type: ignore[attr-defined]
+    return exc
+
+
+def _raised_from(exc: Exception, cause: Exception) -> Exception:
+    exc.__cause__ = cause
+    return exc
+
+
+def _no_seed() -> Exception:
+    return _raised_from(
+        RedisClusterException(
+            "Redis Cluster cannot be connected. Please provide at least one reachable node: "
+            "Error 111 connecting to c:7002. Connection refused."
+        ),
+        redis.ConnectionError("Error 111 connecting to c:7002. Connection refused."),
+    )
+
+
+# What redis-py's cluster clients raise with a node away, and what toolq says: the
+# node that failed when redis-py tells which, else the seeds.
+CLUSTER_TABLE: list[tuple[str, Exception, list[str]]] = [
+    (
+        "a node refuses connections (the connection redis-py attaches)",
+        _on(redis.ConnectionError("Connection closed by server."), "d", 7003),
+        ["cannot reach the Cluster's node d:7003", "its replica takes over"],
+    ),
+    (
+        "a node refuses connections (the address in the connect error)",
+        redis.ConnectionError("Error 111 connecting to e:7004. Connection refused."),
+        ["cannot reach the Cluster's node e:7004"],
+    ),
+    (
+        "raised while refreshing the map after a node's connection error",
+        _raised_from(
+            RedisClusterException("startup_nodes could not agree on a valid slots cache"),
+            _on(redis.ConnectionError("Connection reset by peer"), "d", 7003),
+        ),
+        ["cannot reach the Cluster's node d:7003"],
+    ),
+    (
+        "a node does not answer in time",
+        _on(redis.TimeoutError("Timeout reading from socket"), "d", 7003),
+        ["the Cluster's node d:7003 did not answer in time"],
+    ),
+    (
+        "no seed answers",
+        _no_seed(),
+        ["cannot reach any seed node of the Cluster (a:7000, b:7001, c:7002)", "list more seeds"],
+    ),
+    (
+        "the seeds are no Cluster's nodes",
+        RedisClusterException(
+            "Redis Cluster cannot be connected. Please provide at least one reachable node: "
+            "Cluster mode is not enabled on this node"
+        ),
+        ["is not a Cluster node", "unset TOOLQ_CLUSTER"],
+    ),
+    (
+        "CLUSTERDOWN (a live node answers it: it is not the one that failed)",
+        _on(ClusterDownError("The cluster is down"), "a", 7000),
+        ["a node of the Cluster (seeds a:7000, b:7001, c:7002) is down", "does not serve"],
+    ),
+    (
+        "MASTERDOWN",
+        MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'"),
+        ["a node of the Cluster (seeds a:7000, b:7001, c:7002) is down"],
+    ),
+    (
+        "a slot no node serves",
+        SlotNotCoveredError('Slot "42" is not covered by the cluster.'),
+        ["does not serve every slot"],
+    ),
+    (
+        "not every slot covered after asking every seed",
+        RedisClusterException("All slots are not covered after query all startup_nodes."),
+        ["does not serve every slot"],
+    ),
+    (
+        "too many redirections",
+        ClusterError("TTL exhausted."),
+        ["cannot reach a node of the Cluster (seeds a:7000, b:7001, c:7002)"],
+    ),
+    (
+        "no free connection to a node",
+        _on(MaxConnectionsError("Too many connections"), "d", 7003),
+        ["no free connection to the Cluster's node d:7003"],
+    ),
+    (
+        "a node refuses the password",
+        _on(redis.AuthenticationError("invalid password"), "d", 7003),
+        ["the Cluster's node d:7003 refused toolq's credentials"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("exc", "says"), [row[1:] for row in CLUSTER_TABLE], ids=[row[0] for row in CLUSTER_TABLE]
+)
+def test_a_cluster_node_away_is_server_unavailable_naming_it(
+    exc: Exception, says: list[str]
+) -> None:
+    class Client:
+        app = type("A", (), {"redis_url": SEEDS, "settings": type("S", (), {"cluster": True})()})()
+
+        @server_errors
+        def go(self) -> None:
+            raise exc
+
+        @server_errors
+        async def ago(self) -> None:
+            raise exc
+
+    for call in (Client().go, lambda: asyncio.run(Client().ago())):
+        with pytest.raises(errors.ServerUnavailable) as caught:
+            call()
+        text = str(caught.value)
+        assert all(s in text for s in says), text
+        assert SECRET not in text
+        assert caught.value.__cause__ is exc
+        assert unreachable(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        CrossSlotTransactionError("Cross-slot keys"),
+        InvalidPipelineStack("pipeline stack is invalid"),
+        redis.ResponseError("WRONGTYPE Operation against a key"),
+        ReadOnlyError("You can't write against a read only replica."),
+    ],
+)
+def test_a_cluster_answer_or_a_misuse_stays_as_it_is(exc: Exception) -> None:
+    class Client:
+        app = type("A", (), {"redis_url": SEEDS, "settings": type("S", (), {"cluster": True})()})()
+
+        @server_errors
+        def go(self) -> None:
+            raise exc
+
+    with pytest.raises(type(exc)):
+        Client().go()
+    assert not unreachable(exc)
+
+
+def test_the_unreachable_tuple_covers_every_cluster_outage() -> None:
+    # what long-running processes wait out (toolq.outage.UNREACHABLE)
+    for _, exc, _ in CLUSTER_TABLE:
+        assert isinstance(exc, UNREACHABLE), type(exc)
+    assert issubclass(RedisClusterException, UNREACHABLE)
+    assert not issubclass(RedisClusterException, redis.RedisError)  # why it is listed

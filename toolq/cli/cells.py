@@ -80,7 +80,10 @@ def _connect(redis_url: str | None, state_dir: str) -> tuple[str, redis.Redis]:
     url = resolve_url(redis_url, Path(state_dir))
     if url is None:
         raise CliError("no Redis URL: pass --redis-url or set TOOLQ_REDIS_URL")
-    return url, redis.Redis.from_url(url, socket_timeout=30)
+    from toolq.settings import seed_urls
+
+    # a Cluster's seeds (redis://a:7000,b:7001): the first one's node
+    return url, redis.Redis.from_url(seed_urls(url)[0], socket_timeout=30)
 
 
 def _address(value: str) -> str:

@@ -33,6 +33,21 @@ def raised(name: str) -> tuple[type[BaseException], ...]:
     return (getattr(errors, name),) if errors is not None else ()
 
 
+#: What redis-py's Cluster clients raise with a node away, beside ConnectionError and
+#: TimeoutError (toolq.outage.CLUSTER_UNREACHABLE, without importing toolq.errors here).
+CLUSTER_AWAY: tuple[type[Exception], ...] = (
+    redis.exceptions.RedisClusterException,
+    redis.exceptions.ClusterError,
+)
+
+
+def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str | None:
+    """The line for a server (a Cluster's node) that is away; None if ``exc`` is not that."""
+    from toolq.outage import message, unreachable
+
+    return message(url or "", exc, cluster=cluster) if unreachable(exc) else None
+
+
 class CliError(click.ClickException):
     """One clear line on stderr and a non-zero exit (2 unless told)."""
 
@@ -180,6 +195,12 @@ def handle_errors(f: F) -> F:
                 f"cannot reach Redis/Valkey ({type(exc).__name__}): check --redis-url "
                 "(or TOOLQ_REDIS_URL) and that the server is up"
             ) from None
+        except CLUSTER_AWAY as exc:  # a RedisClusterException is no RedisError
+            # --redis-url reads TOOLQ_REDIS_URL too: the seeds, when not the node's
+            line = unreachable_line(kwargs.get("redis_url"), exc, cluster=True)
+            if line is None:
+                raise
+            raise CliError(line) from None
         except redis.RedisError as exc:
             raise CliError(f"redis error: {type(exc).__name__}") from None
 

@@ -13,6 +13,7 @@ import click
 import redis
 
 from toolq.cli.common import (
+    CLUSTER_AWAY,
     CliError,
     app_option,
     echo_json,
@@ -23,10 +24,14 @@ from toolq.cli.common import (
     resolve_app_path,
     resolve_url,
     state_dir_option,
+    unreachable_line,
 )
 from toolq.monitor import STATES, broker_depths, read_status, settings_sources, status_snapshot
 from toolq.redact import redact_url
 from toolq.state import read_state
+
+#: What ``toolq status --watch`` keeps watching through: any Redis failure, a Cluster's too.
+_REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 
 
 @click.command()
@@ -117,8 +122,10 @@ def status(
         while True:
             try:
                 show()
-            except redis.RedisError as exc:  # keep watching through an outage
+            except _REDIS_AWAY as exc:  # keep watching through an outage
                 click.echo(f"redis unavailable ({type(exc).__name__}); retrying", err=True)
+            except CliError as exc:  # a Cluster's node away, named
+                click.echo(f"{exc.message}; retrying", err=True)
             _pause(interval)
     except KeyboardInterrupt:
         pass
@@ -153,7 +160,7 @@ def _light(
         # client (the ledger's, which reads FCALL's keys itself) sends each its own.
         from toolq.ledger.cluster import LedgerCluster
 
-        client = LedgerCluster.from_url(url, **options)  # type: ignore[assignment]
+        client = LedgerCluster.from_seeds(url, **options)  # type: ignore[assignment]
     else:
         client = redis.Redis.from_url(url, **options)
     try:
@@ -171,9 +178,19 @@ def _light(
     def snapshot() -> dict[str, Any]:
         nonlocal seen
         now = int(time.time() * 1000)
-        snap = read_status(
-            client, sources, now_ms=now, tools_hint=seen, beats=workers, broker_depths=depths
-        )
+        try:
+            snap = read_status(
+                client, sources, now_ms=now, tools_hint=seen, beats=workers, broker_depths=depths
+            )
+        except CLUSTER_AWAY as exc:  # a node away mid-read: name it
+            line = unreachable_line(url, exc, cluster=True)
+            if line is None:
+                raise
+            raise CliError(line) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if not settings.cluster:
+                raise
+            raise CliError(unreachable_line(url, exc, cluster=True) or str(exc)) from None
         seen = frozenset(snap["tools"])  # the next refresh needs one round trip
         return snap
 

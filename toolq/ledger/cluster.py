@@ -50,10 +50,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from redis._parsers import AsyncCommandsParser, CommandsParser
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ReadOnlyError
+
+from toolq.settings import seed_nodes, seed_urls
 
 _FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
 _STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
@@ -123,6 +126,14 @@ class LedgerCluster(RedisCluster):
         # Pipelines get the client's parser (RedisCluster.pipeline), so they ask no more.
         self.commands_parser = _FunctionKeysParser(self.commands_parser)
 
+    @classmethod
+    def from_seeds(cls, url: str, **options: Any) -> LedgerCluster:
+        """A client from every seed ``url`` lists, tried in its order (the credentials,
+        TLS and options of the first apply to all): any one that answers will do."""
+        nodes = [ClusterNode(host, port) for host, port in seed_nodes(url)]  # type: ignore[no-untyped-call]
+        client: Any = cls.from_url(seed_urls(url)[0], startup_nodes=nodes, **options)
+        return client  # type: ignore[no-any-return]
+
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
@@ -172,6 +183,13 @@ class AsyncLedgerCluster(AsyncRedisCluster):
         # it would redis-py's own; ClusterPipeline asks the client's parser.
         self.commands_parser = _AsyncFunctionKeysParser()
 
+    @classmethod
+    def from_seeds(cls, url: str, **options: Any) -> AsyncLedgerCluster:
+        """:meth:`LedgerCluster.from_seeds` for redis.asyncio."""
+        nodes = [AsyncClusterNode(host, port) for host, port in seed_nodes(url)]
+        client: Any = cls.from_url(seed_urls(url)[0], startup_nodes=nodes, **options)
+        return client  # type: ignore[no-any-return]
+
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         async with _turn(self.in_flight):
             try:
@@ -179,6 +197,13 @@ class AsyncLedgerCluster(AsyncRedisCluster):
             except ReadOnlyError:  # a "primary" is a replica now: the map is stale (see above)
                 await self.nodes_manager.initialize()
                 return await super().execute_command(*args, **kwargs)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        # redis-py's closes nothing while a connection error has left the client marked
+        # for initializing again (its ``_initialize``): the live nodes' sockets leaked.
+        await self.nodes_manager.aclose()
+        await self.nodes_manager.aclose("startup_nodes")
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:  # as redis-py's: refused

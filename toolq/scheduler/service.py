@@ -414,6 +414,8 @@ class Scheduler:
     def stop(self) -> None:
         """Stop the loop; a blocking wait is woken at once (safe from a signal handler)."""
         self._stop.set()
+        if self.app.settings.cluster:
+            return  # _listen sees _stop within a second; nothing blocks on a wake list
         # A connection of its own: a signal may interrupt the pool's lock holder.
         with (
             contextlib.suppress(redis.RedisError),
