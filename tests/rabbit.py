@@ -106,6 +106,13 @@ class RabbitServer:
         path = self.dir / "stdout.log"
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
+    def kill(self) -> None:
+        """SIGKILL the node (its process group), as a crash would; :meth:`start` brings
+        it back on the same port, with its data (durable queues and their messages)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -109,19 +110,73 @@ def load_app(app_path: str, redis_url: str | None = None) -> Any:
         raise CliError(str(exc)) from None
 
 
-def open_app(app_path: str | None, redis_url: str | None, state_dir: Path | None) -> Any:
-    """Load the app and check the server answers; one clear line if it does not."""
+def open_app(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path | None,
+    *,
+    away: str = "exit",
+) -> Any:
+    """Load the app and check the server answers; one clear line if it does not.
+
+    ``away`` is what a server that does not answer means: ``exit`` (a command: one
+    line, exit 2), ``wait`` (a long-running process that needs it: wait for it, one
+    line when the wait starts and one when it ends), ``serve`` (the API, the MCP
+    server: start anyway, say so once; requests answer QUEUE_UNAVAILABLE meanwhile).
+    """
     url = resolve_url(redis_url, state_dir)
     tq = load_app(resolve_app_path(app_path, state_dir), url)
+    if away == "wait":
+        wait_for_server(tq)
+        return tq
     try:
         tq.redis.ping()
     except raised("RequestRefused") as exc:
         raise CliError(cast("RequestRefused", exc).message) from None
     except redis.RedisError as exc:
+        if away == "serve":
+            _start_log().warning(
+                "the ledger's server at %s does not answer (%s); serving anyway: requests "
+                "answer 503 QUEUE_UNAVAILABLE until it does",
+                redact_url(tq.redis_url),
+                type(exc).__name__,
+            )
+            return tq
         raise CliError(
             f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
         ) from None
     return tq
+
+
+def wait_for_server(tq: Any) -> None:
+    """Ping until the server answers, with a capped backoff (:mod:`toolq.waiting`):
+    a long-running process started while it is away waits instead of exiting."""
+    from toolq.waiting import Outage, Waiter
+
+    waiter = Waiter(Outage(f"the ledger's server at {redact_url(tq.redis_url)}"), _start_log())
+    while True:
+        try:
+            tq.redis.ping()
+        except raised("RequestRefused") as exc:  # no URL, a refused setting: said at once
+            raise CliError(cast("RequestRefused", exc).message) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            waiter.failed(exc)
+            continue
+        waiter.answered()
+        return
+
+
+def _start_log() -> logging.Logger:
+    """The logger of a process starting. Before any logging is set up (a worker sets
+    Celery's up later) its lines go to stderr on a handler of its own."""
+    log = logging.getLogger("toolq.start")
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/%(name)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
 
 
 def parse_json_args(text: str) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +277,19 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
         + ("  (none live: nothing due will move)" if not sched["live"] and sched["backlog"] else "")
     )
     lines.append(f"workers     {_workers(workers)}")
+    lines += [_waiting(w) for w in snap.get("waiting", ())]
     return "\n".join(lines)
+
+
+#: How ``toolq status`` names what a process waits for (a beat's ``waiting.for``).
+_DEPENDENCIES = {"broker": "the broker", "ledger": "the ledger's server"}
+
+
+def _waiting(w: dict[str, Any]) -> str:
+    """``relay r1: waiting for the broker since 21:04:05 (40s)`` (UTC)."""
+    since = datetime.fromtimestamp(w["since_ms"] / 1000, UTC).strftime("%H:%M:%S")
+    what = _DEPENDENCIES.get(w["for"], w["for"])
+    return f"{w['who']}: waiting for {what} since {since} UTC ({_age(w['age_s'])})"
 
 
 def _counter_rows(tools: dict[str, Any]) -> list[Sequence[str]]:
