@@ -11,16 +11,21 @@ one when it ends, never one per try, and its heartbeat says what it waits for
 :class:`Outage` is the pure bookkeeping (time passed in); :class:`Waiter` is the
 thin shell a process loop uses: it logs and sleeps.
 
-=========================  ==========  =========================================
-event                      next delay  line
-=========================  ==========  =========================================
-first failure              first_s     "<what> unavailable (<why>); retrying every
-                                       ≤ <cap_s> s" (warning)
-another failure            doubled,    none
-                           ≤ cap_s
-it answered, after a wait  reset       "<what> back after <n> s" (info)
-it answered, no wait       reset       none
-=========================  ==========  =========================================
+==============================  ==========  ====================================
+event                           next delay  line
+==============================  ==========  ====================================
+first failure                   first_s     "<what> unavailable (<why>); retrying
+                                            every ≤ <cap_s> s" (warning)
+another failure                 doubled,    none
+                                ≤ cap_s
+it answered, after a wait       reset       "<what> back after <n> s" (info)
+it answered, no wait            reset       none
+a failure within cap_s of the   first_s     none: a flap of the outage just
+answer that ended a wait                    ended (a pooled connection from
+                                            before it), unless it lasts
+                                            FLAP_S: then the first failure's line
+it answered, after a flap       reset       none (unless its line was said)
+==============================  ==========  ====================================
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from typing import Any
 #: CAP_S of its dependency answering again (the issue asks for ≤ 5 s).
 FIRST_S = 0.5
 CAP_S = 2.0
+#: A flap (a failure right after an outage ended) lasting this long is an outage of
+#: its own, and said.
+FLAP_S = 10.0
 
 
 @dataclass
@@ -54,6 +62,9 @@ class Outage:
     #: Why it failed first (an exception's class name).
     why: str = ""
     delay_s: float = 0.0
+    #: When the last outage ended, and whether the current one is a flap of it.
+    ended: float | None = None
+    flap: bool = False
 
     @property
     def waiting(self) -> bool:
@@ -64,19 +75,24 @@ class Outage:
         (only for the first failure of an outage)."""
         if self.since is None:
             self.since, self.why, self.delay_s = now, why, self.first_s
-            return self.delay_s, (
-                f"{self.what} unavailable ({why}); retrying every ≤ {self.cap_s:g} s"
-            )
+            self.flap = self.ended is not None and now - self.ended < self.cap_s
+            return self.delay_s, None if self.flap else self._line()
         self.delay_s = min(self.delay_s * 2, self.cap_s)
+        if self.flap and now - self.since >= FLAP_S:
+            self.flap = False
+            return self.delay_s, self._line()
         return self.delay_s, None
 
     def answered(self, now: float) -> str | None:
         """A try succeeded: the line to log if it ends an outage."""
         if self.since is None:
             return None
-        took = max(0.0, now - self.since)
-        self.since, self.why, self.delay_s = None, "", 0.0
-        return f"{self.what} back after {took:.0f} s"
+        took, flap = max(0.0, now - self.since), self.flap
+        self.since, self.why, self.delay_s, self.ended, self.flap = None, "", 0.0, now, False
+        return None if flap else f"{self.what} back after {took:.0f} s"
+
+    def _line(self) -> str:
+        return f"{self.what} unavailable ({self.why}); retrying every ≤ {self.cap_s:g} s"
 
     def beat(self) -> dict[str, Any] | None:
         """What a heartbeat carries while waiting: ``{"for": key, "since": ms}``."""

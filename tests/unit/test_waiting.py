@@ -21,6 +21,16 @@ WALK: list[tuple[str, float, float | None, str | None]] = [
     ("answered", 142.0, None, "the broker back after 41 s"),
     ("answered", 143.0, None, None),
     ("failed", 150.0, 0.5, "the broker unavailable (OperationalError); retrying every ≤ 2 s"),
+    ("answered", 151.0, None, "the broker back after 1 s"),
+    # a flap: failing again within cap_s of the answer, briefly, says nothing
+    ("failed", 152.0, 0.5, None),
+    ("answered", 152.5, None, None),
+    # a flap that lasts FLAP_S is an outage of its own: said then, and its end
+    ("failed", 153.0, 0.5, None),
+    ("failed", 158.0, 1.0, None),
+    ("failed", 163.0, 2.0, "the broker unavailable (OperationalError); retrying every ≤ 2 s"),
+    ("failed", 165.0, 2.0, None),
+    ("answered", 170.0, None, "the broker back after 17 s"),
 ]
 
 

@@ -63,7 +63,10 @@ class Consumer(CeleryConsumer):
         self._toolq_reserve = reserve_for(c.app.conf.get(RESERVE_KEY), slots)
         c.initial_prefetch_count = prefetch_count(slots, multiplier, self._toolq_reserve)
         #: The broker's outage as this worker sees it (read by its heartbeat).
-        self.toolq_broker = Outage("the broker", "broker")
+        ledger = c.app.conf.get("toolq_acks_in_ledger")
+        self.toolq_broker = Outage(
+            "the broker (the ledger's server)" if ledger else "the broker", "broker"
+        )
 
     def ensure_connected(self, conn: Any) -> Any:
         """Celery's, with kombu's retry intervals capped short and one line per outage
@@ -88,11 +91,14 @@ class Consumer(CeleryConsumer):
         return connected
 
     def on_connection_error_after_connected(self, exc: Any) -> None:
-        """The connection was lost: the outage starts now (Celery says it too)."""
-        outage = self.toolq_broker
-        if not outage.waiting:
-            outage.failed(time.time(), type(exc).__name__)
-        super().on_connection_error_after_connected(exc)
+        """The connection was lost: the outage starts now, said in one line (instead
+        of Celery's own, which the reconnect's line per try followed)."""
+        _, line = self.toolq_broker.failed(time.time(), type(exc).__name__)
+        if line is not None:
+            log.warning("%s", line)
+        c: Any = self
+        if c.pool and c.pool.flush:
+            c.pool.flush()
 
     def _update_prefetch_count(self, index: int = 0) -> Any:
         """After the pool grew or shrank (autoscale, pool_grow/pool_shrink)."""
