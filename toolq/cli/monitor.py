@@ -150,7 +150,10 @@ def _light(
     try:
         client.ping()
     except redis.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
+        raise CliError(
+            f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
+            "server: toolq's processes wait for it and resume once it answers)"
+        ) from None
     sources = settings_sources(settings)
     depths = broker_depths(settings)
     seen: frozenset[str] = frozenset()
