@@ -57,6 +57,8 @@ class Outage:
     key: str = ""
     first_s: float = FIRST_S
     cap_s: float = CAP_S
+    #: How the wait's first line says it: "<what> unavailable (...)".
+    down: str = "unavailable"
     #: When the first failure of the current outage happened (None: no outage).
     since: float | None = None
     #: Why it failed first (an exception's class name).
@@ -92,7 +94,7 @@ class Outage:
         return None if flap else f"{self.what} back after {took:.0f} s"
 
     def _line(self) -> str:
-        return f"{self.what} unavailable ({self.why}); retrying every ≤ {self.cap_s:g} s"
+        return f"{self.what} {self.down} ({self.why}); retrying every ≤ {self.cap_s:g} s"
 
     def beat(self) -> dict[str, Any] | None:
         """What a heartbeat carries while waiting: ``{"for": key, "since": ms}``."""

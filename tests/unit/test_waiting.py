@@ -89,7 +89,7 @@ def test_an_unexpected_error_is_logged_once_with_its_traceback(
 ) -> None:
     stop = threading.Event()
     stop.set()
-    w = Waiter(Outage("a relay round"), logging.getLogger("t"), stop=stop)
+    w = Waiter(Outage("relay rounds", down="failing"), logging.getLogger("t"), stop=stop)
     for _ in range(3):
         try:
             raise KeyError("boom")

@@ -184,7 +184,7 @@ class Relay:
             Outage("the broker", "broker"), log, clock=self.clock, stop=self._stop
         )
         self.fault_wait = Waiter(
-            Outage("a relay round", "fault"), log, clock=self.clock, stop=self._stop
+            Outage("relay rounds", "fault", down="failing"), log, clock=self.clock, stop=self._stop
         )
 
     # ------------------------------------------------------------------ one round

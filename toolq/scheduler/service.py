@@ -157,7 +157,10 @@ class Scheduler:
             Outage("the ledger's server", "ledger"), log, clock=self.clock, stop=self._stop
         )
         self.fault_wait = Waiter(
-            Outage("a scheduler round", "fault"), log, clock=self.clock, stop=self._stop
+            Outage("scheduler rounds", "fault", down="failing"),
+            log,
+            clock=self.clock,
+            stop=self._stop,
         )
         #: Cells mode: the cells this scheduler holds the lease of (and walks).
         self.held: list[int] = []
