@@ -332,7 +332,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     keys = app.ledger.keys
 
     def waiting() -> dict[str, Any] | None:
-        outage = getattr(getattr(sender, "consumer", None), "toolq_broker", None)
+        outage = getattr(sender, "toolq_broker", None)  # the sender is the consumer
         return None if outage is None else outage.beat()
 
     beat = Heartbeat(

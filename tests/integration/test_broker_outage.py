@@ -80,8 +80,15 @@ def test_the_relay_and_the_worker_outlive_rabbitmq_down_longer_than_before(
         ]
         # the relay says in its beat what it waits for (toolq status reads it)
         assert wait_until(lambda: waited_for(tq) == ["broker"], timeout=20), relay_beats(tq)
-        snap = status_snapshot(tq, workers=False)
-        assert [w["for"] for w in snap["waiting"]] == ["broker"], snap["waiting"]
+
+        # and so does the worker (its heartbeat): toolq status names both
+        def waiting() -> set[str]:
+            snap = status_snapshot(tq)
+            return {f"{w['who'].split()[0]} {w['for']}" for w in snap["waiting"]}
+
+        assert wait_until(lambda: waiting() == {"relay broker", "worker broker"}, timeout=20), (
+            waiting()
+        )
         time.sleep(max(0.0, DOWN_S - (time.monotonic() - down_at)))  # keep it down
         assert relay.poll() is None, "the relay exited while the broker was down"
         rabbit.start()
