@@ -12,6 +12,7 @@ call must run exactly once after the broker is back.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,25 @@ def waited_for(tq: ToolQueue) -> list[str]:
     return [b["waiting"]["for"] for b in relay_beats(tq) if "waiting" in b]
 
 
+def _console_overview(tq: ToolQueue) -> str:
+    """The console's live overview, rendered by the real app on this deployment."""
+    from starlette.testclient import TestClient
+
+    from toolq.api import ApiSettings, create_app
+
+    token = "operator-token-0123456789"
+    app = create_app(tq, ApiSettings(tokens=f"{token}=*"))
+    with TestClient(
+        app, base_url="http://localhost:8000", client=("127.0.0.1", 5000), follow_redirects=False
+    ) as c:
+        csrf = re.search(r'name="csrf" value="([^"]+)"', c.get("/ui/login").text)
+        assert csrf is not None
+        c.post("/ui/login", data={"csrf": csrf.group(1), "token": token, "next": "/ui/"})
+        page = c.get("/ui/overview/live")
+        assert page.status_code == 200
+        return page.text
+
+
 def test_the_relay_and_the_worker_outlive_rabbitmq_down_longer_than_before(
     tq: ToolQueue, rabbit: RabbitServer, module_redis_url: str, tmp_path: Path
 ) -> None:
@@ -89,6 +109,7 @@ def test_the_relay_and_the_worker_outlive_rabbitmq_down_longer_than_before(
         assert wait_until(lambda: waiting() == {"relay broker", "worker broker"}, timeout=20), (
             waiting()
         )
+        assert "relay " in (page := _console_overview(tq)) and "waiting for the broker" in page
         time.sleep(max(0.0, DOWN_S - (time.monotonic() - down_at)))  # keep it down
         assert relay.poll() is None, "the relay exited while the broker was down"
         rabbit.start()
