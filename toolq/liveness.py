@@ -67,6 +67,9 @@ class WorkerNode:
     queues: tuple[str, ...]
     started_ms: int
     beat_ms: int = 0
+    #: What it waits for, when it does (:meth:`toolq.waiting.Outage.beat`):
+    #: ``{"for": "broker", "since": ms}``.
+    waiting: dict[str, Any] | None = None
 
     @property
     def field(self) -> str:
@@ -90,9 +93,20 @@ class WorkerNode:
                 queues=tuple(str(q) for q in d["queues"]),
                 started_ms=int(d["started_ms"]),
                 beat_ms=int(d["beat_ms"]),
+                waiting=waiting_of(d.get("waiting")),
             )
         except (ValueError, KeyError, TypeError):
             return None
+
+
+def waiting_of(raw: Any) -> dict[str, Any] | None:
+    """A beat's ``waiting`` as written (``{"for": str, "since": ms}``), or None."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return {"for": str(raw["for"]), "since": int(raw["since"])}
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def worker_nodes(raw: Mapping[Any, Any]) -> list[WorkerNode]:
@@ -222,6 +236,7 @@ class Heartbeat:
         clock: Callable[[], float] = time.time,
         node: WorkerNode | None = None,
         nodes_key: str | None = None,
+        waiting: Callable[[], dict[str, Any] | None] = lambda: None,
     ) -> None:
         self.client = client
         self.key = key
@@ -230,6 +245,7 @@ class Heartbeat:
         self.clock = clock
         self.node = node
         self.nodes_key = nodes_key
+        self.waiting = waiting
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="toolq-heartbeat", daemon=True)
 
@@ -251,7 +267,7 @@ class Heartbeat:
         if self.node is None or self.nodes_key is None:
             self.client().hset(self.key, mapping=dict.fromkeys(self.queues, now))
             return
-        entry = WorkerNode(**{**asdict(self.node), "beat_ms": now})
+        entry = WorkerNode(**{**asdict(self.node), "beat_ms": now, "waiting": self.waiting()})
         pipe = self.client().pipeline(transaction=False)
         pipe.hset(self.key, mapping=dict.fromkeys(self.queues, now))
         pipe.hset(self.nodes_key, self.node.field, entry.to_json())
@@ -314,8 +330,18 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         started_ms=int(time.time() * 1000),
     )
     keys = app.ledger.keys
+
+    def waiting() -> dict[str, Any] | None:
+        outage = getattr(sender, "toolq_broker", None)  # the sender is the consumer
+        return None if outage is None else outage.beat()
+
     beat = Heartbeat(
-        lambda: app.redis, keys.workers, queues, node=node, nodes_key=keys.worker_nodes
+        lambda: app.redis,
+        keys.workers,
+        queues,
+        node=node,
+        nodes_key=keys.worker_nodes,
+        waiting=waiting,
     )
     _beats[id(celery)] = beat.start()
 

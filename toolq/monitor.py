@@ -217,7 +217,27 @@ def read_status(
         snap["workers"] = shape_workers(common["nodes"], now_ms)
     else:
         snap["workers"] = {"checked": False}
+    snap["waiting"] = waiting(snap, now_ms)
     return snap
+
+
+def waiting(snap: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
+    """The live processes waiting for a dependency, from their beats: who (``relay
+    ID``, ``worker NODE``), for what, since when (ms) and how long. Pure."""
+    found = [(f"relay {w['id']}", w) for w in (snap.get("outbox") or {}).get("waiting", ())] + [
+        (f"worker {n['node']}", n["waiting"])
+        for n in snap.get("workers", {}).get("nodes", ())
+        if n.get("alive") and n.get("waiting")
+    ]
+    return [
+        {
+            "who": who,
+            "for": w["for"],
+            "since_ms": w["since"],
+            "age_s": _secs(max(0, now_ms - w["since"])),
+        }
+        for who, w in found
+    ]
 
 
 def _ledger_tools(common: dict[str, Any]) -> set[str]:
@@ -460,6 +480,7 @@ def shape_workers(nodes: Iterable[WorkerNode], now_ms: int) -> dict[str, Any]:
             "last_beat_ms": n.beat_ms,
             "age_s": _secs(max(0, now_ms - n.beat_ms)),
             "alive": now_ms - n.beat_ms <= ALIVE_MS,
+            "waiting": n.waiting,
         }
         for n in nodes
     ]
@@ -528,6 +549,7 @@ async def aread_status(
             escalated[tool] = _parse_escalated(more, sources)
     snap = _shape_read(common, per_tool, ledger_tools, sources, now_ms)
     snap["workers"] = shape_workers(common["nodes"], now_ms)
+    snap["waiting"] = waiting(snap, now_ms)
     oldest_escalated = {
         t: (_s(first[0][0]), int(first[0][1])) for t, first in escalated.items() if first
     }

@@ -196,3 +196,37 @@ def test_a_drain_that_finds_its_script_gone_recovers_without_doubling(
         t.join(10)
     assert lost == ["apply"] and not t.is_alive()
     assert _dispatched(rt) == 1200
+
+
+def test_a_scheduler_waits_out_an_unexpected_error_in_a_round(
+    rt: ToolQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a round that fails three times for a reason toolq did not expect (a bug)
+    ref = _park(rt, 1, "fault")[0]
+    sched = Scheduler(rt.app)
+    real = sched._take
+    failures = [KeyError("a bug")] * 3
+
+    def take() -> object:
+        if failures:
+            raise failures.pop()
+        return real()
+
+    monkeypatch.setattr(sched, "_take", take)
+    caplog.set_level("INFO", logger="toolq.scheduler")
+    t = threading.Thread(target=sched.run, daemon=True)
+    t.start()
+    try:
+        # Then the same run() goes on and dispatches the item once the rounds work again
+        assert wait_until(lambda: rt.get(ref).state is State.QUEUED, 20)  # type: ignore[union-attr]
+        assert t.is_alive()
+    finally:
+        sched.stop()
+        t.join(10)
+        sched.close()
+    said = [r for r in caplog.records if "scheduler rounds" in r.getMessage()]
+    assert [r.getMessage().split(" (")[0].rstrip("0123456789 s") for r in said] == [
+        "scheduler rounds failing",
+        "scheduler rounds back after",
+    ], said
+    assert said[0].exc_info is not None  # the traceback, once

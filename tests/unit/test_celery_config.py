@@ -31,6 +31,10 @@ def test_safe_celery_settings() -> None:
     assert c["visibility_timeout"] == 1234
     assert {q.name for q in c["task_queues"]} == {"toolq.calls", "toolq.verify"}
     assert not c["worker_send_task_events"]  # off unless asked, as in Celery
+    # a worker never gives up on its broker (Celery: after 100 tries), and a call
+    # running when the connection drops finishes (the ledger's claim refuses the copy)
+    assert c["broker_connection_max_retries"] is None and c["broker_connection_retry"]
+    assert c["worker_cancel_long_running_tasks_on_connection_loss"] is False
 
 
 def test_no_celery_delay_or_retry_anywhere_in_toolq() -> None:

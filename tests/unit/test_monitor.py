@@ -25,6 +25,7 @@ from toolq.monitor import (
     ping_workers,
     read_status,
     shape,
+    waiting,
 )
 from toolq.observe import DISPATCH_LAG_SECONDS, PENDING_RECOVERY_SECONDS, observe_recovery
 from toolq.queue import ToolQueue
@@ -303,6 +304,31 @@ def test_the_table_shows_counts_ages_and_the_recovery_counters() -> None:
     assert "due now 1" in text and "next now" in text
     assert "none live" in text  # a backlog and no scheduler
     assert "live 1  (celery@w1)" in text
+
+
+def test_processes_waiting_for_a_dependency_show_what_and_since_when() -> None:
+    snap = _shape(queues={CALLS: 0, VERIFY: 0})
+    snap["outbox"] = {"waiting": [{"id": "r1", "for": "broker", "since": NOW - 40_000}]}
+    node = {"node": "celery@w1", "alive": True, "waiting": {"for": "broker", "since": NOW - 5_000}}
+    dead = {
+        "node": "celery@w2",
+        "alive": False,
+        "age_s": 99,
+        "waiting": {"for": "broker", "since": 1},
+    }
+    snap["workers"] = {"checked": True, "live": 1, "names": ["celery@w1"], "nodes": [node, dead]}
+
+    snap["waiting"] = waiting(snap, NOW)
+
+    assert snap["waiting"] == [
+        {"who": "relay r1", "for": "broker", "since_ms": NOW - 40_000, "age_s": 40.0},
+        {"who": "worker celery@w1", "for": "broker", "since_ms": NOW - 5_000, "age_s": 5.0},
+    ]
+    text = render_status({**snap, "outbox": None})
+    # NOW is 2023-11-14 22:13:20 UTC
+    assert "relay r1: waiting for the broker since 22:12:40 UTC (40s)" in text
+    assert "worker celery@w1: waiting for the broker since 22:13:15 UTC (5s)" in text
+    assert "celery@w2" not in text
 
 
 def test_the_table_of_an_empty_ledger() -> None:

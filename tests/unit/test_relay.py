@@ -11,7 +11,9 @@ import time
 from typing import Any
 
 import pytest
+from amqp.exceptions import MessageNacked
 from kombu import Connection
+from kombu.exceptions import OperationalError
 from pydantic import SecretStr
 
 from toolq import ToolQueue
@@ -259,3 +261,63 @@ def test_a_redis_broker_gets_the_ledgers_message_as_it_is_and_a_failed_push_is_t
     assert isinstance(caught.value, OSError)
     assert isinstance(caught.value, relay._broker_errors)
     relay._drop_broker()
+
+
+# --------------------------------------------------------------------------- outages
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        # what Connection.default_channel raised after ~8 s of RabbitMQ down: it ended
+        # every relay with something to publish
+        (OperationalError("[Errno 111] Connection refused"), "the broker unavailable"),
+        (MessageNacked(), "the broker unavailable"),
+        (RuntimeError("a bug"), "relay rounds failing"),
+    ],
+)
+def test_a_relay_waits_out_any_failure_of_a_round_and_says_it_once(
+    tq: ToolQueue, fake_redis: Any, caplog: pytest.LogCaptureFixture, exc: Exception, said: str
+) -> None:
+    import threading
+
+    from tests.helpers import wait_until
+
+    _drain("toolq.calls")
+    _submit(tq, fake_redis, "o/1")
+    failures = [exc, exc, exc]
+
+    def fail(batch: Any) -> None:
+        if failures:
+            raise failures.pop()
+
+    relay = _memory_relay(tq, fake_redis, on_read=fail)
+    relay._blocking, relay.block_ms = fake_redis, 100  # its blocking reads on fakeredis too
+    caplog.set_level("INFO", logger="toolq.relay")
+    runner = threading.Thread(target=relay.run, daemon=True)
+    runner.start()
+    try:
+        # Then the entry is published once the failures stop, by the same run()
+        assert wait_until(lambda: not failures and fake_redis.xlen("{toolq}:outbox") == 0, 20)
+        assert runner.is_alive()
+        assert _drain("toolq.calls") == ["o/1"]
+    finally:
+        relay.stop()
+        runner.join(timeout=10)
+        relay.close()
+    lines = [r for r in caplog.records if "retrying" in r.getMessage()]
+    assert [r.getMessage().split(" (")[0] for r in lines] == [said], lines
+    assert (lines[0].exc_info is not None) == isinstance(exc, RuntimeError)  # a bug: traceback
+    assert any("back after" in r.getMessage() for r in caplog.records)
+
+
+def test_a_relay_waiting_for_the_broker_says_so_in_its_beat(tq: ToolQueue, fake_redis: Any) -> None:
+    relay = _memory_relay(tq, fake_redis)
+    relay.broker_wait.outage.failed(1_700_000_000.0, "OperationalError")
+    relay._waiting_beat()
+    beat = json.loads(fake_redis.hget("{toolq}:relays", relay.id))
+    assert beat["waiting"] == {"for": "broker", "since": 1_700_000_000_000}
+    relay.broker_wait.answered()
+    relay._last_beat = 0.0
+    relay._beat()
+    assert "waiting" not in json.loads(fake_redis.hget("{toolq}:relays", relay.id))

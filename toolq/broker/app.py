@@ -79,6 +79,17 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "result_backend_transport_options": transport,
         "visibility_timeout": q.visibility_timeout,
         "broker_connection_retry_on_startup": True,
+        # A worker never gives up on its broker (Celery's default: after 100 tries);
+        # the interval between tries is capped short by toolq's consumer
+        # (toolq.broker.consumer.Consumer.ensure_connected): no Celery setting reaches
+        # kombu's interval_start/step/max there, and Celery's default grows to 30 s.
+        "broker_connection_max_retries": None,
+        "broker_connection_retry": True,
+        # A call running when the broker connection drops finishes and records its
+        # outcome in the ledger; its message, unacknowledged, comes back and the
+        # ledger's claim refuses it (exactly once). True would kill the call
+        # mid-flight instead: an unknown outcome, a verification, for nothing.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "task_queues": task_queues(settings, url),
         "task_default_queue": q.calls,
         "task_routes": {RUN_TASK: {"queue": q.calls}, VERIFY_TASK: {"queue": q.verify}},

@@ -1,4 +1,12 @@
-"""The worker's consumer: Celery's, holding a few messages beyond its pool's slots.
+"""The worker's consumer: Celery's, holding a few messages beyond its pool's slots,
+and reconnecting to its broker every ≤ 2 s, for ever, with one log line per outage.
+
+Reconnecting: Celery's consumer calls kombu's ``ensure_connection`` with kombu's
+default intervals (2 s, growing by 2 s to 30 s) and a line per try; after the
+ledger's server had been away 60 s a worker took its first call 12 s after the
+server answered again. :meth:`Consumer.ensure_connected` caps them at
+:data:`toolq.waiting.CAP_S` and says the outage once (:class:`toolq.waiting.Outage`,
+which the worker's heartbeat also carries: ``toolq status`` shows the wait).
 
 With late acknowledgement and a prefetch of one message per slot, a slot that
 finishes waits for the worker to fetch its next message: the acknowledgement,
@@ -12,11 +20,16 @@ messages wait behind busy slots instead of in the queue.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
 from toolq.broker.app import RESERVE_KEY
+from toolq.waiting import CAP_S, FIRST_S, Outage
+
+log = logging.getLogger("toolq.worker")
 
 
 def reserve_for(setting: int | None, slots: int) -> int:
@@ -49,6 +62,43 @@ class Consumer(CeleryConsumer):
         slots = c.initial_prefetch_count // multiplier
         self._toolq_reserve = reserve_for(c.app.conf.get(RESERVE_KEY), slots)
         c.initial_prefetch_count = prefetch_count(slots, multiplier, self._toolq_reserve)
+        #: The broker's outage as this worker sees it (read by its heartbeat).
+        ledger = c.app.conf.get("toolq_acks_in_ledger")
+        self.toolq_broker = Outage(
+            "the broker (the ledger's server)" if ledger else "the broker", "broker"
+        )
+
+    def ensure_connected(self, conn: Any) -> Any:
+        """Celery's, with kombu's retry intervals capped short and one line per outage
+        (Celery's errback says every try, with a growing "Trying again in N s")."""
+        outage = self.toolq_broker
+        ensure = conn.ensure_connection
+
+        def said_once(exc: BaseException, interval: float) -> None:
+            _, line = outage.failed(time.time(), type(exc).__name__)
+            if line is not None:
+                log.warning("%s", line)
+
+        def capped(errback: Any = None, max_retries: Any = None, **options: Any) -> Any:
+            options.update(interval_start=FIRST_S, interval_step=FIRST_S, interval_max=CAP_S)
+            return ensure(said_once, max_retries, **options)
+
+        conn.ensure_connection = capped
+        connected = super().ensure_connected(conn)
+        line = outage.answered(time.time())
+        if line is not None:
+            log.info("%s", line)
+        return connected
+
+    def on_connection_error_after_connected(self, exc: Any) -> None:
+        """The connection was lost: the outage starts now, said in one line (instead
+        of Celery's own, which the reconnect's line per try followed)."""
+        _, line = self.toolq_broker.failed(time.time(), type(exc).__name__)
+        if line is not None:
+            log.warning("%s", line)
+        c: Any = self
+        if c.pool and c.pool.flush:
+            c.pool.flush()
 
     def _update_prefetch_count(self, index: int = 0) -> Any:
         """After the pool grew or shrank (autoscale, pool_grow/pool_shrink)."""

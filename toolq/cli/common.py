@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,10 @@ CLUSTER_AWAY: tuple[type[Exception], ...] = (
     redis.exceptions.RedisClusterException,
     redis.exceptions.ClusterError,
 )
+#: A server (a Cluster's node) away: what a long-running process starting waits out.
+AWAY: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, *CLUSTER_AWAY)
+#: Any failure of a check of the server, away or answering with an error.
+FAILED: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 
 
 def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str | None:
@@ -130,28 +135,48 @@ def open_app(
     state_dir: Path | None,
     *,
     publishes: bool = True,
+    away: str = "exit",
 ) -> Any:
     """Load the app and check the server answers; one clear line if it does not.
 
     A server found in ``state_dir`` brings the mode its ``toolq up`` recorded
     (:func:`toolq.state.with_mode`; ``publishes``: whether this command may send
     messages, and so needs the broker's URL). The ledger's number of cells is checked
-    against the app's: on another layout every read would answer "nothing"."""
+    against the app's: on another layout every read would answer "nothing".
+
+    ``away`` is what a server that does not answer means: ``exit`` (a command: one
+    line, exit 2), ``wait`` (a long-running process that needs it: wait for it, one
+    line when the wait starts and one when it ends), ``serve`` (the API, the MCP
+    server: start anyway, say so once; requests answer QUEUE_UNAVAILABLE meanwhile).
+    """
     url = resolve_url(redis_url, state_dir)
     tq = load_app(resolve_app_path(app_path, state_dir), url)
     if url and not redis_url:
         tq.app.adopt(recorded_settings(tq.settings, state_dir, publishes=publishes))
-    try:
-        tq.redis.ping()
-        if not tq.app.ledger.cells_checked:
-            tq.app.ledger.record_cells()
-    except raised("RequestRefused") as exc:
-        raise CliError(cast("RequestRefused", exc).message) from None
-    except redis.RedisError as exc:
-        raise CliError(
-            f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
-        ) from None
-    return tq
+    while True:
+        if away == "wait":
+            wait_for_server(tq)
+        try:
+            tq.redis.ping()
+            if not tq.app.ledger.cells_checked:
+                tq.app.ledger.record_cells()
+            return tq
+        except raised("RequestRefused") as exc:
+            raise CliError(cast("RequestRefused", exc).message) from None
+        except FAILED as exc:
+            if away == "wait" and isinstance(exc, AWAY):  # gone between the wait and the check
+                continue
+            if away == "serve":
+                _start_log().warning(
+                    "the ledger's server at %s does not answer (%s); serving anyway: requests "
+                    "answer 503 QUEUE_UNAVAILABLE until it does",
+                    redact_url(tq.redis_url),
+                    type(exc).__name__,
+                )
+                return tq
+            raise CliError(
+                f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
+            ) from None
 
 
 def recorded_settings(settings: Any, state_dir: Path | None, *, publishes: bool) -> Any:
@@ -163,6 +188,37 @@ def recorded_settings(settings: Any, state_dir: Path | None, *, publishes: bool)
         return with_mode(settings, recorded_mode(state_dir), publishes=publishes, path=state_dir)
     except RequestRefused as exc:
         raise CliError(exc.message) from None
+
+
+def wait_for_server(tq: Any) -> None:
+    """Ping until the server answers, with a capped backoff (:mod:`toolq.waiting`):
+    a long-running process started while it is away waits instead of exiting."""
+    from toolq.waiting import Outage, Waiter
+
+    waiter = Waiter(Outage(f"the ledger's server at {redact_url(tq.redis_url)}"), _start_log())
+    while True:
+        try:
+            tq.redis.ping()
+        except raised("RequestRefused") as exc:  # no URL, a refused setting: said at once
+            raise CliError(cast("RequestRefused", exc).message) from None
+        except AWAY as exc:
+            waiter.failed(exc)
+            continue
+        waiter.answered()
+        return
+
+
+def _start_log() -> logging.Logger:
+    """The logger of a process starting. Before any logging is set up (a worker sets
+    Celery's up later) its lines go to stderr on a handler of its own."""
+    log = logging.getLogger("toolq.start")
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/%(name)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
 
 
 def parse_json_args(text: str) -> Any:

@@ -87,7 +87,7 @@ def api(
     _bind(host, settings, "api")
     from toolq.api.app import serve_api
 
-    tq = open_app(app_path, redis_url, state_dir)
+    tq = open_app(app_path, redis_url, state_dir, away="serve")
     try:
         serve_api(tq, host, port, settings=settings, log_level=loglevel)
     finally:
@@ -142,7 +142,7 @@ def mcp_command(
 
     if transport == "http":
         _bind(host, _settings(), "mcp")
-    tq = open_app(app_path, redis_url, state_dir)
+    tq = open_app(app_path, redis_url, state_dir, away="serve")
     clash = sorted({GET_OPERATION, CANCEL_OPERATION} & {t.name for t in tq.registry})
     if clash:
         raise CliError(f"tool names clash with the MCP server's own tools: {', '.join(clash)}")

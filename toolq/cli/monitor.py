@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,10 @@ def _light(
         client.ping()
         recorded = client.hget(Keys(settings.prefix).meta, "cells")
     except redis.RedisError as exc:
-        raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
+        raise CliError(
+            f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
+            "server: toolq's processes wait for it and resume once it answers)"
+        ) from None
     why = cells_conflict(recorded, settings.cells)  # else an empty table: a wrong answer
     if why is not None:
         raise CliError(why)
@@ -307,6 +311,7 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
         + ("  (none live: nothing due will move)" if not sched["live"] and sched["backlog"] else "")
     )
     lines.append(f"workers     {_workers(workers)}")
+    lines += [_waiting(w) for w in snap.get("waiting", ())]
     if snap.get("stack"):
         lines += ["", *_stack_lines(snap["stack"], snap.get("at"))]
     return "\n".join(lines)
@@ -335,6 +340,17 @@ def _stack_lines(stack: dict[str, Any], at: object) -> list[str]:
             line += "  crash loop: not restarted"
         lines.append(line)
     return lines
+
+
+#: How ``toolq status`` names what a process waits for (a beat's ``waiting.for``).
+_DEPENDENCIES = {"broker": "the broker", "ledger": "the ledger's server"}
+
+
+def _waiting(w: dict[str, Any]) -> str:
+    """``relay r1: waiting for the broker since 21:04:05 (40s)`` (UTC)."""
+    since = datetime.fromtimestamp(w["since_ms"] / 1000, UTC).strftime("%H:%M:%S")
+    what = _DEPENDENCIES.get(w["for"], w["for"])
+    return f"{w['who']}: waiting for {what} since {since} UTC ({_age(w['age_s'])})"
 
 
 def _counter_rows(tools: dict[str, Any]) -> list[Sequence[str]]:

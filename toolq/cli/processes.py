@@ -89,7 +89,7 @@ def worker(
     from toolq.stack import node_name
     from toolq.workers.main import run_worker
 
-    tq = open_app(app_path, redis_url, state_dir)
+    tq = open_app(app_path, redis_url, state_dir, away="wait")
     _metrics(metrics_port, tq, "worker")
     run_worker(
         tq.celery,
@@ -134,7 +134,7 @@ def scheduler(
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
-    tq = open_app(app_path, redis_url, state_dir)
+    tq = open_app(app_path, redis_url, state_dir, away="wait")
     _metrics(metrics_port, tq, "scheduler")
     on_tick = None
     if metrics_port:
@@ -197,7 +197,7 @@ def relay(
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
     )
-    tq = open_app(app_path, redis_url, state_dir)
+    tq = open_app(app_path, redis_url, state_dir, away="wait")
     if broker_url:
         tq.app.configure_broker(broker_url)
     if not tq.settings.outbox:

@@ -48,9 +48,11 @@ def parse_status(
 ) -> dict[str, Any]:
     """The outbox as ``toolq status`` shows it (pure): entries waiting (read by a relay
     or not), the oldest one's age, the relays whose beat is recent, and the largest lag
-    they report (how long the entries of their latest batch waited)."""
+    they report (how long the entries of their latest batch waited), and what the live
+    ones wait for (``waiting``: relay id, what, since when in ms)."""
     live, lags = 0, []
-    for raw in beats.values():
+    waiting: list[dict[str, Any]] = []
+    for rid, raw in sorted(beats.items()):
         try:
             beat = json.loads(raw)
             at, lag = int(beat["at"]), int(beat["lag_ms"])
@@ -59,10 +61,23 @@ def parse_status(
         if now_ms - at <= alive_ms:
             live += 1
             lags.append(lag)
+            wait = beat.get("waiting") if isinstance(beat, dict) else None
+            try:
+                if isinstance(wait, dict):
+                    waiting.append(
+                        {"id": _s(rid), "for": str(wait["for"]), "since": int(wait["since"])}
+                    )
+            except (KeyError, TypeError, ValueError):
+                pass
     oldest = max(0, now_ms - entry_ms(first[0][0])) if first else None
     return {
         "entries": int(length),
         "oldest_age_ms": oldest,
         "relays": live,
         "lag_ms": max(lags) if lags else None,
+        "waiting": waiting,
     }
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

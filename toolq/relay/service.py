@@ -46,21 +46,30 @@ import redis
 import redis.sentinel
 from amqp.exceptions import MessageNacked
 from kombu import Connection, Producer, Queue
-from redis.exceptions import ClusterError
+from kombu.exceptions import KombuError
+from redis.exceptions import ClusterError, RedisClusterException
 
+from toolq import errors
 from toolq.broker.app import is_amqp, is_redis, queue_for
 from toolq.keys import OUTBOX_GROUP, Keys
 from toolq.ledger import Ledger
 from toolq.notify import Subscription
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
+from toolq.waiting import Outage, Waiter
 
 log = logging.getLogger("toolq.relay")
 
 #: How often a relay records its heartbeat and numbers (toolq status reads them).
 BEAT_EVERY_S = 2.0
-#: Wait after a broker or ledger error before trying again.
-RETRY_S = 0.5
+#: What a relay round fails with when the ledger's server is away.
+LEDGER_DOWN: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.BusyLoadingError,
+    ClusterError,  # a Cluster's node down, before its replica took over
+    RedisClusterException,  # no seed answers, a slot without a primary mid-failover
+)
 #: Beats older than this (relays killed without a goodbye) are removed, now and then.
 FORGET_BEAT_MS = 3_600_000
 FORGET_EVERY_S = 60.0
@@ -139,7 +148,6 @@ class Relay:
         self.on_published = on_published
         self.published = 0
         self.lag_ms = 0
-        self._stop = threading.Event()
         self._queues: dict[str, Queue] = {}
         self._connection: Connection | None = None
         #: A Redis/Valkey broker is written directly (:meth:`_push`); AMQP goes through kombu.
@@ -160,9 +168,24 @@ class Relay:
         probe = Connection(self.broker_url)  # lazy: connects to nothing
         self._broker_errors: tuple[type[BaseException], ...] = (
             OSError,
+            # kombu's own: OperationalError when Connection.default_channel cannot
+            # connect (what ended every relay after ~8 s of RabbitMQ down)
+            KombuError,
             MessageNacked,  # RabbitMQ refused a publish (confirm mode): publish it again
             *probe.connection_errors,
             *probe.channel_errors,
+        )
+        #: The waits for each dependency, and for a round that failed unexpectedly:
+        #: one log line when each starts and ends; the broker's shows in the beat.
+        self._stop = threading.Event()
+        self.ledger_wait = Waiter(
+            Outage("the ledger's server", "ledger"), log, clock=self.clock, stop=self._stop
+        )
+        self.broker_wait = Waiter(
+            Outage("the broker", "broker"), log, clock=self.clock, stop=self._stop
+        )
+        self.fault_wait = Waiter(
+            Outage("relay rounds", "fault", down="failing"), log, clock=self.clock, stop=self._stop
         )
 
     # ------------------------------------------------------------------ one round
@@ -307,6 +330,7 @@ class Relay:
                 retry=False,
                 **m.properties,
             )
+        self.broker_wait.answered()
 
     def _push(self, messages: Sequence[Outgoing]) -> None:
         """A Redis broker: each message pushed to its queue list as the ledger built it,
@@ -323,6 +347,7 @@ class Relay:
             pipe.execute()
         except redis.RedisError as exc:  # the broker's, not the ledger's: see run()
             raise BrokerUnavailable(type(exc).__name__) from exc
+        self.broker_wait.answered()
 
     def _broker_redis(self) -> redis.Redis:
         """The Redis broker's client. Behind Sentinel, on the primary its Sentinels name:
@@ -373,7 +398,10 @@ class Relay:
         if self._producer is None:
             # Publisher confirms on AMQP: publish() returns once RabbitMQ has the
             # message (a quorum queue: on a majority of its replicas).
-            options = {"confirm_publish": True} if is_amqp(self.broker_url) else {}
+            options: dict[str, Any] = {"confirm_publish": True} if is_amqp(self.broker_url) else {}
+            # One try to connect, then the error: run() waits and tries again itself
+            # (kombu's own retries end in an error after ~8 s anyway, and grow to 30 s).
+            options["max_retries"] = 0
             self._connection = Connection(self.broker_url, transport_options=options)
             self._producer = Producer(self._connection.default_channel)
         return self._producer
@@ -381,35 +409,55 @@ class Relay:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
-        """Run until :meth:`stop`; survives the ledger or the broker going away."""
+        """Run until :meth:`stop`. Never ends on its own: the ledger's server or the
+        broker away (for any time), or a round failing unexpectedly, is waited out
+        with a capped backoff (:mod:`toolq.waiting`), one log line when each wait
+        starts and one when it ends."""
         log.info("relay %s publishing the outbox to %s", self.id, self.app.settings.safe_broker_url)
         while not self._stop.is_set():
             try:
                 self.setup()
                 while not self._stop.is_set():
                     self.step()
+                    self.ledger_wait.answered()
+                    self.fault_wait.answered()
                     self._beat()
-            except (
-                redis.ConnectionError,
-                redis.TimeoutError,
-                redis.BusyLoadingError,
-                ClusterError,  # a Cluster's node down, before its replica took over
-            ) as exc:
-                log.warning("ledger unavailable (%s); retrying", type(exc).__name__)
+            except LEDGER_DOWN as exc:
                 self._drop_hints()  # subscribed again, and everything read, next round
-                self._stop.wait(RETRY_S)
+                self.ledger_wait.failed(exc)
             except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                # The stream went away (a flush, a restore): made again with its group.
-                log.warning("the outbox's consumer group is gone; creating it again")
+                if "NOGROUP" in str(exc):
+                    # The stream went away (a flush, a restore): made again with its group.
+                    log.warning("the outbox's consumer group is gone; creating it again")
+                else:
+                    self._fault(exc)
             except self._broker_errors as exc:
                 # The entries read stay pending with this relay: published on the next round.
-                log.warning("broker unavailable (%s); retrying", type(exc).__name__)
                 self._drop_broker()
                 self._backlog = True
-                self._stop.wait(RETRY_S)
+                self._waiting_beat()
+                self.broker_wait.failed(exc)
+            except errors.RequestRefused:
+                raise  # a misconfiguration (cells not the ledger's): said, not waited out
+            except Exception as exc:
+                self._fault(exc)
         log.info("relay %s stopped", self.id)
+
+    def _fault(self, exc: Exception) -> None:
+        """An unexpected error in a round: logged once with its traceback, then the
+        round is tried again (with the broker's connection afresh) after a backoff."""
+        self._drop_hints()
+        self._drop_broker()
+        self._backlog = True
+        self.fault_wait.failed(exc, traceback=True)
+
+    def _waiting_beat(self) -> None:
+        """Say in the beat, now, what this relay waits for (the ledger may be away too)."""
+        self._last_beat = 0.0
+        try:
+            self._beat()
+        except redis.RedisError:
+            log.debug("beat not written", exc_info=True)
 
     def _beat(self) -> None:
         now = time.monotonic()
@@ -417,7 +465,10 @@ class Relay:
             return
         self._last_beat = now
         at = int(self.clock() * 1000)
-        beat = {"at": at, "published": self.published, "lag_ms": self.lag_ms}
+        beat: dict[str, Any] = {"at": at, "published": self.published, "lag_ms": self.lag_ms}
+        waiting = self.broker_wait.outage.beat()
+        if waiting is not None:  # toolq status: "waiting for the broker since ..."
+            beat["waiting"] = waiting
         self.app.redis.hset(self.keys.relays, self.id, json.dumps(beat))
         if now - self._last_forget >= FORGET_EVERY_S:
             self._last_forget = now

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
-from redis.exceptions import ClusterError, NoScriptError, TryAgainError
+from redis.exceptions import ClusterError, NoScriptError, RedisClusterException, TryAgainError
 
+from toolq import errors
 from toolq.broker.app import transport_options
 from toolq.broker.depth import Depths
 from toolq.broker.messages import message_head
@@ -51,6 +52,7 @@ from toolq.scheduler.series import Sampler
 from toolq.settings import ToolqSettings
 from toolq.states import PENDING_RECOVERY, TERMINAL
 from toolq.tools import Registry
+from toolq.waiting import Outage, Waiter
 
 
 class Parts(Protocol):
@@ -79,6 +81,17 @@ class Parts(Protocol):
 
 
 log = logging.getLogger("toolq.scheduler")
+
+#: What a round fails with while the server is away (or a Cluster's slots move).
+LEDGER_DOWN: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.BusyLoadingError,
+    ClusterError,  # a Cluster's node down, before its replica took over
+    RedisClusterException,  # no seed answers, a slot without a primary mid-failover
+    TryAgainError,  # keys of a cell in the middle of a slot migration
+    NoScriptError,  # a drain's raw script call after SCRIPT FLUSH: loaded again
+)
 
 MAINTENANCE_EVERY_S = 60.0
 #: Messages read at the front of each queue to tell how old its backlog is: past the
@@ -140,6 +153,16 @@ class Scheduler:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.on_tick = on_tick
         self._stop = threading.Event()
+        #: The waits for the server, and for a round that failed unexpectedly.
+        self.ledger_wait = Waiter(
+            Outage("the ledger's server", "ledger"), log, clock=self.clock, stop=self._stop
+        )
+        self.fault_wait = Waiter(
+            Outage("scheduler rounds", "fault", down="failing"),
+            log,
+            clock=self.clock,
+            stop=self._stop,
+        )
         #: Cells mode: the cells this scheduler holds the lease of (and walks).
         self.held: list[int] = []
         self._leased = -math.inf
@@ -332,42 +355,47 @@ class Scheduler:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
-        """Run until :meth:`stop`. Survives Redis going away and coming back."""
+        """Run until :meth:`stop`. Never ends on its own: the server away (for any
+        time), or a round failing unexpectedly, is waited out with a capped backoff
+        (:mod:`toolq.waiting`), one log line when the wait starts and one when it ends."""
         log.info("scheduler %s started on %s", self.id, self.app.settings.safe_url)
         while not self._stop.is_set():
             try:
-                if not self.app.ledger.cells_checked:
-                    # errors.RequestRefused ends the run: on a ledger moved into cells, a
-                    # scheduler without TOOLQ_CELLS would find nothing due, ever.
-                    self.app.ledger.record_cells()
-                batch = self._take()
-                if self.app.ledger.cells is not None:
-                    more = batch.full  # the drain's raw connections reach one server only
-                else:
-                    more = batch.stats.taken >= self.batch  # more is due right now
-                if more and self.app.ledger.cells is not None:
-                    self._commit(batch)
-                    self._heartbeat_every_s(1.0)
-                elif more:
-                    self._drain(batch)
-                else:
-                    self._commit(batch)
-                    self._heartbeat()
-                    self._series.maybe()
-                    self._maintain()
-                    self._sleep()
-            except (
-                redis.ConnectionError,
-                redis.TimeoutError,
-                redis.BusyLoadingError,
-                ClusterError,  # a Cluster's node down, before its replica took over
-                TryAgainError,  # keys of a cell in the middle of a slot migration
-                NoScriptError,  # a drain's raw script call after SCRIPT FLUSH: loaded again
-            ) as exc:
-                log.warning("redis unavailable (%s); retrying", type(exc).__name__)
+                self._round()
+                self.ledger_wait.answered()
+                self.fault_wait.answered()
+            except LEDGER_DOWN as exc:
                 self._drop_notices()  # subscribed again on the next sleep
-                self._stop.wait(0.5)
+                self.ledger_wait.failed(exc)
+            except errors.RequestRefused:
+                # On a ledger moved into cells, a scheduler without TOOLQ_CELLS would
+                # find nothing due, ever: a misconfiguration is said, not waited out.
+                raise
+            except Exception as exc:
+                self._drop_notices()
+                self.fault_wait.failed(exc, traceback=True)
         log.info("scheduler %s stopped", self.id)
+
+    def _round(self) -> None:
+        """One batch taken and applied, or a drain of many; then beat and sleep."""
+        if not self.app.ledger.cells_checked:
+            self.app.ledger.record_cells()
+        batch = self._take()
+        cells = self.app.ledger.cells is not None
+        # More is due right now (cells: some cell's batch was full; the drain's raw
+        # connections reach one server only, so cells commit batch by batch).
+        more = batch.full if cells else batch.stats.taken >= self.batch
+        if more and cells:
+            self._commit(batch)
+            self._heartbeat_every_s(1.0)
+        elif more:
+            self._drain(batch)
+        else:
+            self._commit(batch)
+            self._heartbeat()
+            self._series.maybe()
+            self._maintain()
+            self._sleep()
 
     def _drain(self, batch: _Batch) -> None:
         """Many items due at once: keep the server and this process busy together.

@@ -298,7 +298,13 @@ def _patient(fn: Callable[[], T], patience_s: float) -> T:
     while True:
         try:
             return fn()
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+        except (
+            redis.ConnectionError,
+            redis.TimeoutError,
+            redis.BusyLoadingError,  # a ConnectionError; named for the reader
+            redis.exceptions.ClusterError,  # a Cluster's node down, before its failover
+            redis.exceptions.RedisClusterException,
+        ):
             if time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)

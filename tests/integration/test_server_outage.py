@@ -1,0 +1,163 @@
+"""The ledger's server away (issue 25), on a Valkey of this module's own (the session's
+is shared): no long-running process exits because of it, each says so once, and
+each resumes once the server answers again on the same port.
+
+1. A worker and a scheduler outlive the server killed for longer than Celery's
+   default reconnect backoff grows over (2, 4, 6 ... s a try, one ERROR line a try,
+   and an end after 100 tries): the worker logs one line when the wait starts and
+   one when it ends, and runs a call submitted once the server is back.
+2. A worker, a scheduler, a relay, the API and the MCP server started while the
+   server is down do not exit (they used to, in under a second: "cannot reach
+   Redis"): each waits or serves 503, says so once, and the deployment runs a call
+   once the server is up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import free_port, start_toolq, stop_process, wait_until
+from tests.integration.apps import outbox_app, runtime_app
+from toolq import ToolQueue
+from toolq.embedded import EmbeddedServer, url_for_db
+
+#: Long enough for Celery's old backoff to grow past 6 s a try (2+4+6+8 s).
+DOWN_S = 22.0
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    s = EmbeddedServer(tmp_path / "valkey", port=free_port(), appendonly=True)
+    yield s
+    s.stop()
+
+
+def _log(tmp_path: Path, name: str) -> tuple[Path, int]:
+    """A log file for a child's stderr (the child keeps its own copy of the fd)."""
+    path = tmp_path / f"{name}.log"
+    with path.open("wb") as f:
+        return path, os.dup(f.fileno())
+
+
+def _said(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
+def _health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+def test_a_worker_outlives_the_server_down_and_says_it_once(
+    server: EmbeddedServer, tmp_path: Path
+) -> None:
+    server.start()
+    url = url_for_db(server.url, 0)
+    app = "tests.integration.apps.runtime_app:tq"
+    worker_log, worker_fd = _log(tmp_path, "worker")
+    worker = start_toolq(
+        ["worker", "--app", app, "--pool", "threads", "-c", "2", "--loglevel", "INFO"],
+        env={"TOOLQ_REDIS_URL": url},
+        stderr=worker_fd,
+    )
+    os.close(worker_fd)
+    scheduler = start_toolq(
+        ["scheduler", "--app", app, "--loglevel", "WARNING"], env={"TOOLQ_REDIS_URL": url}
+    )
+    tq: ToolQueue = runtime_app.tq
+    tq.configure(redis_url=url)
+    try:
+        # Given a worker that serves calls
+        assert tq.wait(tq.submit("pay", {}, operation_ref="down/warm").operation_ref, 60).ok
+
+        # When the server is killed for longer than the old backoff grows over
+        server.kill()
+        assert wait_until(lambda: "unavailable (" in _said(worker_log), timeout=30)
+        time.sleep(DOWN_S)  # keep it down
+        assert worker.poll() is None and scheduler.poll() is None
+        server.start()
+        back = time.monotonic()
+
+        # Then a call submitted once it answers runs, and the worker said it once
+        ref = tq.submit("pay", {}, operation_ref="down/after").operation_ref
+        assert tq.wait(ref, timeout=60).ok
+        print(f"first call done {time.monotonic() - back:.2f} s after the server answered")
+        assert worker.poll() is None and scheduler.poll() is None
+    finally:
+        tq.close()
+        for p in (worker, scheduler):
+            stop_process(p, timeout=5)
+    said = _said(worker_log)
+    assert said.count("the broker (the ledger's server) unavailable") == 1, said[-3000:]
+    assert said.count("the broker (the ledger's server) back after") == 1, said[-3000:]
+    assert "Trying again in" not in said, said[-3000:]  # Celery's line a try
+
+
+def test_every_process_started_while_the_server_is_down_waits_for_it(
+    server: EmbeddedServer, tmp_path: Path
+) -> None:
+    # Given a server that is not up yet (its port known), in outbox mode: the broker
+    # is another database of the same server
+    url, broker = url_for_db(server.url, 0), url_for_db(server.url, 1)
+    env = {"TOOLQ_REDIS_URL": url, "TOOLQ_BROKER_URL": broker}
+    app = outbox_app.APP
+    api_port, mcp_port = free_port(), free_port()
+    roles = {
+        "worker": ["worker", "--app", app, "--pool", "threads", "-c", "2"],
+        "scheduler": ["scheduler", "--app", app],
+        "relay": ["relay", "--app", app],
+        "api": ["api", "--app", app, "--port", str(api_port)],
+        "mcp": ["mcp", "--app", app, "--transport", "http", "--port", str(mcp_port)],
+    }
+    logs: dict[str, Path] = {}
+    procs = {}
+    for role, argv in roles.items():
+        logs[role], fd = _log(tmp_path, role)
+        procs[role] = start_toolq(argv, env=env, stderr=fd)
+        os.close(fd)
+    tq: ToolQueue = outbox_app.tq
+    try:
+        # When each has started: it says once that the server does not answer, and stays
+        for role in ("worker", "scheduler", "relay"):
+            assert wait_until(lambda r=role: "unavailable" in _said(logs[r]), timeout=30), (
+                role,
+                _said(logs[role])[-2000:],
+            )
+        for role in ("api", "mcp"):
+            assert wait_until(lambda r=role: "serving anyway" in _said(logs[r]), timeout=30), (
+                role,
+                _said(logs[role])[-2000:],
+            )
+        assert wait_until(lambda: _health(api_port) == 503, timeout=30)  # QUEUE_UNAVAILABLE
+        dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
+        assert not dead, (dead, {r: _said(logs[r])[-1500:] for r in dead})
+
+        # Then, the server up, the deployment runs a call end to end
+        server.start()
+        tq.configure(redis_url=url)
+        tq.app.configure_broker(broker)
+        assert wait_until(lambda: _health(api_port) == 200, timeout=30)
+        ref = tq.submit("pay", {}, operation_ref="start-down/1").operation_ref
+        assert tq.wait(ref, timeout=60).ok
+        dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
+        assert not dead, (dead, {r: _said(logs[r])[-1500:] for r in dead})
+    finally:
+        tq.close()
+        for p in procs.values():
+            stop_process(p, timeout=5)
+    for role in ("worker", "scheduler", "relay"):
+        said = _said(logs[role])
+        assert said.count("unavailable (") == 1, (role, said[-3000:])
+        assert "back after" in said, (role, said[-3000:])

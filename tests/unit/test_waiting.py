@@ -1,0 +1,99 @@
+"""The wait for a dependency that is away (toolq.waiting): the docstring's table, row
+by row, then the shell's logging (one line when the wait starts, one when it ends)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from toolq.waiting import Outage, Waiter
+
+# (event, at, expected delay, expected line or None)
+WALK: list[tuple[str, float, float | None, str | None]] = [
+    ("answered", 100.0, None, None),  # no outage: nothing to say
+    ("failed", 101.0, 0.5, "the broker unavailable (OperationalError); retrying every ≤ 2 s"),
+    ("failed", 101.5, 1.0, None),
+    ("failed", 102.5, 2.0, None),
+    ("failed", 104.5, 2.0, None),  # capped
+    ("failed", 106.5, 2.0, None),
+    ("answered", 142.0, None, "the broker back after 41 s"),
+    ("answered", 143.0, None, None),
+    ("failed", 150.0, 0.5, "the broker unavailable (OperationalError); retrying every ≤ 2 s"),
+    ("answered", 151.0, None, "the broker back after 1 s"),
+    # a flap: failing again within cap_s of the answer, briefly, says nothing
+    ("failed", 152.0, 0.5, None),
+    ("answered", 152.5, None, None),
+    # a flap that lasts FLAP_S is an outage of its own: said then, and its end
+    ("failed", 153.0, 0.5, None),
+    ("failed", 158.0, 1.0, None),
+    ("failed", 163.0, 2.0, "the broker unavailable (OperationalError); retrying every ≤ 2 s"),
+    ("failed", 165.0, 2.0, None),
+    ("answered", 170.0, None, "the broker back after 17 s"),
+]
+
+
+def test_the_table_row_by_row() -> None:
+    o = Outage("the broker", "broker")
+    for event, at, delay, line in WALK:
+        if event == "failed":
+            assert o.failed(at, "OperationalError") == (delay, line), (event, at)
+            assert o.waiting and o.beat() is not None
+        else:
+            assert o.answered(at) == line, (event, at)
+            assert not o.waiting and o.beat() is None
+
+
+def test_the_beat_says_what_and_since_when_it_started() -> None:
+    o = Outage("the broker", "broker")
+    o.failed(1_700_000_000.25, "OSError")
+    o.failed(1_700_000_009.0, "OSError")
+    assert o.beat() == {"for": "broker", "since": 1_700_000_000_250}
+
+
+@pytest.mark.parametrize(
+    ("first", "cap", "delays"), [(0.5, 2.0, [0.5, 1, 2, 2]), (1, 5, [1, 2, 4, 5, 5])]
+)
+def test_the_delay_doubles_up_to_the_cap(first: float, cap: float, delays: list[float]) -> None:
+    o = Outage("x", first_s=first, cap_s=cap)
+    assert [o.failed(float(i), "E")[0] for i in range(len(delays))] == delays
+
+
+def test_the_shell_logs_one_line_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    stop = threading.Event()
+    stop.set()  # no sleeping in a unit test
+    now = [0.0]
+    w = Waiter(
+        Outage("the ledger's server", "ledger"),
+        logging.getLogger("t"),
+        clock=lambda: now[0],
+        stop=stop,
+    )
+    caplog.set_level(logging.INFO, logger="t")
+    for _ in range(50):
+        now[0] += 1
+        w.failed(ConnectionError("refused"))
+    now[0] = 60.0
+    w.answered()
+    w.answered()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("WARNING", "the ledger's server unavailable (ConnectionError); retrying every ≤ 2 s"),
+        ("INFO", "the ledger's server back after 59 s"),
+    ]
+
+
+def test_an_unexpected_error_is_logged_once_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = threading.Event()
+    stop.set()
+    w = Waiter(Outage("relay rounds", down="failing"), logging.getLogger("t"), stop=stop)
+    for _ in range(3):
+        try:
+            raise KeyError("boom")
+        except KeyError as exc:
+            w.failed(exc, traceback=True)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and errors[0].exc_info is not None

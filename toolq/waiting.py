@@ -1,0 +1,144 @@
+"""Waiting for a dependency that is away: since when, how long before the next try,
+and the two lines an operator reads.
+
+Every long-running process (worker, scheduler, relay, API, MCP server) outlives an
+outage of the ledger's server or of the broker of any length: it tries again after
+a delay that doubles from ``first_s`` up to ``cap_s`` (so it resumes within
+``cap_s`` of the dependency answering), logs one line when the wait starts and
+one when it ends, never one per try, and its heartbeat says what it waits for
+(:meth:`Outage.beat`, shown by ``toolq status``).
+
+:class:`Outage` is the pure bookkeeping (time passed in); :class:`Waiter` is the
+thin shell a process loop uses: it logs and sleeps.
+
+==============================  ==========  ====================================
+event                           next delay  line
+==============================  ==========  ====================================
+first failure                   first_s     "<what> unavailable (<why>); retrying
+                                            every ≤ <cap_s> s" (warning)
+another failure                 doubled,    none
+                                ≤ cap_s
+it answered, after a wait       reset       "<what> back after <n> s" (info)
+it answered, no wait            reset       none
+a failure within cap_s of the   first_s     none: a flap of the outage just
+answer that ended a wait                    ended (a pooled connection from
+                                            before it), unless it lasts
+                                            FLAP_S: then the first failure's line
+it answered, after a flap       reset       none (unless its line was said)
+==============================  ==========  ====================================
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: The first wait after a failure, and the longest: a process resumes within
+#: CAP_S of its dependency answering again (the issue asks for ≤ 5 s).
+FIRST_S = 0.5
+CAP_S = 2.0
+#: A flap (a failure right after an outage ended) lasting this long is an outage of
+#: its own, and said.
+FLAP_S = 10.0
+
+
+@dataclass
+class Outage:
+    """One dependency's outage as a process sees it. Pure: ``now`` is passed in
+    (seconds, wall clock: :meth:`beat` tells other processes when it started)."""
+
+    #: What is waited for, as said in the log and in ``toolq status``: "the broker".
+    what: str
+    #: Its key in a heartbeat's ``waiting``: "broker", "ledger".
+    key: str = ""
+    first_s: float = FIRST_S
+    cap_s: float = CAP_S
+    #: How the wait's first line says it: "<what> unavailable (...)".
+    down: str = "unavailable"
+    #: When the first failure of the current outage happened (None: no outage).
+    since: float | None = None
+    #: Why it failed first (an exception's class name).
+    why: str = ""
+    delay_s: float = 0.0
+    #: When the last outage ended, and whether the current one is a flap of it.
+    ended: float | None = None
+    flap: bool = False
+
+    @property
+    def waiting(self) -> bool:
+        return self.since is not None
+
+    def failed(self, now: float, why: str) -> tuple[float, str | None]:
+        """A try failed: the seconds to wait before the next, and the line to log
+        (only for the first failure of an outage)."""
+        if self.since is None:
+            self.since, self.why, self.delay_s = now, why, self.first_s
+            self.flap = self.ended is not None and now - self.ended < self.cap_s
+            return self.delay_s, None if self.flap else self._line()
+        self.delay_s = min(self.delay_s * 2, self.cap_s)
+        if self.flap and now - self.since >= FLAP_S:
+            self.flap = False
+            return self.delay_s, self._line()
+        return self.delay_s, None
+
+    def answered(self, now: float) -> str | None:
+        """A try succeeded: the line to log if it ends an outage."""
+        if self.since is None:
+            return None
+        took, flap = max(0.0, now - self.since), self.flap
+        self.since, self.why, self.delay_s, self.ended, self.flap = None, "", 0.0, now, False
+        return None if flap else f"{self.what} back after {took:.0f} s"
+
+    def _line(self) -> str:
+        return f"{self.what} {self.down} ({self.why}); retrying every ≤ {self.cap_s:g} s"
+
+    def beat(self) -> dict[str, Any] | None:
+        """What a heartbeat carries while waiting: ``{"for": key, "since": ms}``."""
+        if self.since is None:
+            return None
+        return {"for": self.key or self.what, "since": int(self.since * 1000)}
+
+
+class Waiter:
+    """:class:`Outage` with a logger, a clock and a stop event: what a loop calls."""
+
+    def __init__(
+        self,
+        outage: Outage,
+        log: logging.Logger,
+        *,
+        clock: Callable[[], float] = time.time,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.outage = outage
+        self.log = log
+        self.clock = clock
+        self.stop = stop or threading.Event()
+
+    @property
+    def waiting(self) -> bool:
+        return self.outage.waiting
+
+    def failed(self, exc: BaseException, *, traceback: bool = False) -> bool:
+        """Log the start of an outage (once; with the traceback if asked: an
+        unexpected error) and sleep until the next try, or until stopped. Returns
+        whether this failure started the outage."""
+        delay, line = self.outage.failed(self.clock(), type(exc).__name__)
+        if line is not None:
+            if traceback:
+                self.log.error("%s", line, exc_info=exc)
+            else:
+                self.log.warning("%s", line)
+        else:
+            self.log.debug("%s still unavailable (%s)", self.outage.what, type(exc).__name__)
+        self.stop.wait(delay)
+        return line is not None
+
+    def answered(self) -> None:
+        line = self.outage.answered(self.clock())
+        if line is not None:
+            self.log.info("%s", line)
