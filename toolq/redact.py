@@ -13,6 +13,8 @@ Two tools, for two kinds of text:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 REDACTED = "[redacted]"
 
@@ -215,3 +217,104 @@ def redact_url(url: str) -> str:
         r"\1***",
         out,
     )
+
+
+# --------------------------------------------------------------------------- arguments
+
+#: A property name that says its value is a secret: shown nowhere, whatever the value.
+SECRET_NAME = re.compile(
+    r"(?i)(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|credential|authorization|cookie|session[_-]?id)"
+)
+#: Longest string shown in the arguments; the rest is cut (the ledger has it all).
+MAX_SHOWN = 2000
+#: Items of one list or object shown.
+MAX_ITEMS = 200
+
+
+def shown_args(value: Any, schema: Mapping[str, Any] | None = None) -> Any:
+    """``value`` (an operation's arguments) as every output shows them to a person
+    or an agent: the CLI (text and ``--json``), the HTTP API, its event stream, MCP,
+    the console and the logs. ``schema`` is the tool's input schema, when known.
+
+    Every string is scrubbed (:func:`scrub`, line by line) and cut to
+    :data:`MAX_SHOWN`; a property the schema marks secret (``SecretStr``:
+    ``format: password`` or ``writeOnly``) or whose name says it holds one
+    (:data:`SECRET_NAME`) is :data:`REDACTED` whatever its value.
+    """
+    defs = (schema or {}).get("$defs") or {}
+    return _redact(value, schema or {}, defs, 0)
+
+
+def _redact(value: Any, schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> Any:
+    schema, _nullable = unwrap_schema(schema, defs)
+    if _secret_schema(schema):
+        return REDACTED
+    if isinstance(value, str):
+        text = redact_text(value)  # line by line, and key blocks across lines
+        return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…"
+    if depth > 20:
+        return "…"
+    if isinstance(value, Mapping):
+        props = schema.get("properties") or {}
+        out: dict[str, Any] = {}
+        for i, (key, item) in enumerate(value.items()):
+            if i >= MAX_ITEMS:
+                out["…"] = f"{len(value) - MAX_ITEMS} more"
+                break
+            name = scrub(str(key))[:200]
+            if SECRET_NAME.search(str(key)):
+                out[name] = REDACTED
+            else:
+                out[name] = _redact(item, _mapping(props.get(key)), defs, depth + 1)
+        return out
+    if isinstance(value, list):
+        items = _mapping(schema.get("items"))
+        shown = [_redact(v, items, defs, depth + 1) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            shown.append(f"… {len(value) - MAX_ITEMS} more")
+        return shown
+    return value
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _secret_schema(schema: Mapping[str, Any]) -> bool:
+    return schema.get("format") == "password" or schema.get("writeOnly") is True
+
+
+def unwrap_schema(
+    prop: Mapping[str, Any], defs: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], bool]:
+    """The property with ``$ref``/``allOf`` followed and ``X | None`` taken apart."""
+    nullable = False
+    for _ in range(5):  # a chain of references, never a cycle
+        ref = prop.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            target = defs.get(ref.removeprefix("#/$defs/"))
+            prop = {**(target if isinstance(target, Mapping) else {}), **_without(prop, "$ref")}
+            continue
+        all_of = prop.get("allOf")
+        if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], Mapping):
+            prop = {**all_of[0], **_without(prop, "allOf")}
+            continue
+        any_of = prop.get("anyOf")
+        if isinstance(any_of, list):
+            others = [p for p in any_of if not (isinstance(p, Mapping) and p.get("type") == "null")]
+            if len(others) < len(any_of):
+                nullable = True
+            if len(others) == 1 and isinstance(others[0], Mapping):
+                prop = {**others[0], **_without(prop, "anyOf")}
+                continue
+        break
+    if prop.get("type") == "null" or (
+        isinstance(prop.get("type"), list) and "null" in prop["type"]
+    ):
+        nullable = True
+    return prop, nullable
+
+
+def _without(prop: Mapping[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in prop.items() if k != key}
