@@ -99,6 +99,7 @@ def run(url: str, seconds: float = 20.0) -> dict[str, Any]:
         if not procs.wait_for(lambda: _answers(base), 60, 0.2):
             raise SystemExit(f"toolq api did not start:\n{child.tail()}")
         quiet = _probe(base, time.monotonic() + 3.0)
+        cpu_before = procs.cpu_seconds(child.pid)
         until = time.time() + seconds
         load = subprocess.Popen(
             [sys.executable, "-m", "bench.api_abuse", "load", "--port", str(port),
@@ -108,6 +109,7 @@ def run(url: str, seconds: float = 20.0) -> dict[str, Any]:
         probes = _probe(base, time.monotonic() + seconds)
         out, _ = load.communicate(timeout=seconds + 300)
         statuses = json.loads(out)
+        server_cpu = procs.cpu_seconds(child.pid) - cpu_before
         alive = child.alive()
     finally:
         if load is not None and load.poll() is None:
@@ -119,6 +121,7 @@ def run(url: str, seconds: float = 20.0) -> dict[str, Any]:
         "probes": probes,
         "statuses": statuses,
         "alive": alive,
+        "server_cpu_s": server_cpu,
     }
 
 
@@ -154,6 +157,7 @@ def render(res: dict[str, Any]) -> str:
         (name, ", ".join(f"{n} x {status}" for status, n in sorted(counts.items())))
         for name, counts in res["statuses"].items()
     ]
+    requests = sum(n for counts in res["statuses"].values() for n in counts.values())
     return "\n".join(
         [
             "## HTTP API: health while a client sends long request lines and headers\n",
@@ -164,6 +168,9 @@ def render(res: dict[str, Any]) -> str:
             table(("health probe", "answers", "errors", "p50 ms", "p99 ms", "max ms", "p99"), rows),
             "",
             table(("long request", "answers"), answers),
+            "",
+            f"The server's CPU meanwhile: {res['server_cpu_s']:.1f} s in {res['seconds']:g} s "
+            f"({res['server_cpu_s'] * 1000 / max(1, requests):.2f} ms per long request).",
         ]
     )
 
