@@ -503,7 +503,7 @@ class AsyncToolQueue:
     # ------------------------------------------------------------------ refs
 
     def _may_exist(self, ref: object) -> bool:
-        return isinstance(ref, str) and bool(self.app.settings.limits.ref_re.fullmatch(ref))
+        return self.app.settings.limits.is_ref(ref)
 
     def _require(self, ref: object) -> None:
         """A ref no operation can have is answered as one that does not exist."""

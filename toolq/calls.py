@@ -20,7 +20,7 @@ from toolq.envelope import FieldError, ToolError, ToolSuccess
 from toolq.record import load_envelope
 from toolq.recovery.outcome import Policy
 from toolq.recovery.transition import Transition
-from toolq.settings import REF_PUNCTUATION, LimitSettings
+from toolq.settings import REF_RULE, LimitSettings
 from toolq.states import SETTLED, State
 from toolq.tools import Tool, canonical_json, fingerprint
 
@@ -60,12 +60,12 @@ def operation_ref(
 
 def check_ref(ref: object, limits: LimitSettings, field: str = "operation_ref") -> str:
     """``ref`` when it is an acceptable operation_ref; :class:`errors.InvalidArguments` if not."""
-    if not isinstance(ref, str) or not limits.ref_re.fullmatch(ref):
+    if not limits.is_ref(ref):
         raise errors.InvalidArguments(
-            f"{field} must be 1-{limits.max_ref_length} characters of letters, "
-            f"digits and {REF_PUNCTUATION}",
+            f"{field} must be 1-{limits.max_ref_length} characters of {REF_RULE}",
             field_errors=[FieldError(field=field, rule="pattern")],
         )
+    assert isinstance(ref, str)
     return ref
 
 

@@ -13,7 +13,13 @@ arguments, its traceback text, its stack text) before any handler formats it:
   Celery sets up (``after_setup_logger``, ``after_setup_task_logger``), covers
   records made without the factory (``logging.makeLogRecord``).
 
-A record without a secret is left exactly as it was made. One with a secret
+Each record is first cut to bounded size (:data:`toolq.redact.LOG_ARG_MAX` per
+string argument, :data:`~toolq.redact.LOG_LINE_MAX` per line,
+:data:`~toolq.redact.LOG_TEXT_MAX` in all, marked where cut): redaction then
+costs at most a few milliseconds, whatever a request or an upstream sent, on the
+event loop where uvicorn logs its access lines.
+
+A record without a secret is otherwise left exactly as it was made. One with a secret
 has its message formatted and redacted (its ``args`` redacted in place when
 that suffices, as uvicorn's access formatter reads them) and its traceback
 replaced by the redacted text (``exc_text``; ``exc_info`` is dropped so no
@@ -28,7 +34,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from toolq.redact import redact_text
+from toolq.redact import LOG_ARG_MAX, bound_text, cut, redact_text
 
 __all__ = ["RedactingFilter", "install_redaction", "redact_record"]
 
@@ -42,15 +48,35 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
     if getattr(record, _MARK, False):
         return record
     try:
+        _bound_message(record)
         _redact_message(record)
         _redact_exception(record)
         if record.stack_info:
-            record.stack_info = redact_text(record.stack_info)
+            record.stack_info = redact_text(bound_text(record.stack_info))
     except Exception:  # never lose the line, never keep what could not be checked
         record.msg, record.args = "[log record withheld: it could not be redacted]", None
         record.exc_info, record.exc_text, record.stack_info = None, None, None
     setattr(record, _MARK, True)
     return record
+
+
+def _bound_message(record: logging.LogRecord) -> None:
+    """Cut the record's arguments, then its message, before anything scans them."""
+    if isinstance(record.args, tuple):
+        record.args = tuple(_cut_arg(a) for a in record.args)
+    elif isinstance(record.args, dict):
+        record.args = {k: _cut_arg(v) for k, v in record.args.items()}
+    try:
+        message = record.getMessage()
+    except Exception:  # a format/args mismatch: left for logging to report
+        return
+    bounded = bound_text(message)
+    if bounded != message:
+        record.msg, record.args = bounded, None
+
+
+def _cut_arg(value: Any) -> Any:
+    return cut(value, LOG_ARG_MAX) if isinstance(value, str) else value
 
 
 def _redact_message(record: logging.LogRecord) -> None:
@@ -87,7 +113,7 @@ def _redact_exception(record: logging.LogRecord) -> None:
         text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
     if not text:
         return
-    clean = redact_text(text)
+    clean = redact_text(bound_text(text))
     if clean != text:
         record.exc_text, record.exc_info = clean, None
 

@@ -62,6 +62,16 @@ class SchedulerSettings(BaseModel):
 #: keys, URL paths and log lines without quoting.
 REF_PUNCTUATION = "_.:/@#+=-"
 REF_CHARS = "A-Za-z0-9" + REF_PUNCTUATION
+#: A ref is segments joined by single "/", none empty, "." or "..": a client
+#: resolving ``Location: /v1/operations/./a/b`` (urljoin, httpx, curl) would
+#: reach the operation ``a/b`` instead. One segment, as a regex (no lookaround, so
+#: that JSON Schema and pydantic's regex engine read it too).
+_SEGMENT_CHARS = REF_CHARS.replace("/", "")
+_SEGMENT = rf"(?:\.?[{_SEGMENT_CHARS.replace('.', '')}][{_SEGMENT_CHARS}]*|\.\.[{_SEGMENT_CHARS}]+)"
+REF_RULE = (
+    f"letters, digits and {REF_PUNCTUATION}, in segments joined by single '/'"
+    ", none empty, '.' or '..'"
+)
 
 #: The brokers ``broker_url`` may name: kombu's AMQP (RabbitMQ), Redis and Redis
 #: Sentinel transports.
@@ -164,26 +174,35 @@ class ClientSettings(BaseModel):
     freeze_heap: bool = True
 
 
+_REF_PATTERN = f"^{_SEGMENT}(?:/{_SEGMENT})*$"
+_REF_RE = re.compile(_REF_PATTERN)
+
+
 class LimitSettings(BaseModel):
     max_args_bytes: int = Field(default=256 * 1024, ge=64)
     #: Redis connections one process opens at most; more callers wait for one.
     max_connections: int = Field(default=256, ge=4, le=10_000)
     #: The longest operation_ref (and call_id) any edge accepts: the client,
-    #: the HTTP API and MCP all check against :attr:`ref_re`. At most 200
+    #: the HTTP API and MCP all check with :meth:`is_ref`. At most 200
     #: because the envelope contract carries refs of up to 200 characters; at
     #: least 36 so the refs toolq mints itself (``mcp_`` + 32 hex) fit.
     max_ref_length: int = Field(default=200, ge=36, le=200)
 
     @property
     def ref_pattern(self) -> str:
-        """An acceptable ref, anchored (also usable as a JSON Schema ``pattern``)."""
-        return f"^[{REF_CHARS}]{{1,{self.max_ref_length}}}$"
+        """An acceptable ref's shape, anchored: a JSON Schema ``pattern``, beside
+        ``maxLength`` :attr:`max_ref_length` (a length in the pattern would need a
+        lookahead, which not every schema reader takes)."""
+        return _REF_PATTERN
 
-    @property
-    def ref_re(self) -> re.Pattern[str]:
-        """:attr:`ref_pattern` compiled; use ``fullmatch`` (``$`` also matches before a
-        final newline)."""
-        return re.compile(self.ref_pattern)
+    def is_ref(self, value: object) -> bool:
+        """Whether ``value`` is an acceptable operation_ref: the one rule every edge
+        (``tq``, ``tq.aio``, the CLI, HTTP, MCP, the integrations) applies."""
+        return (
+            isinstance(value, str)
+            and 0 < len(value) <= self.max_ref_length
+            and _REF_RE.fullmatch(value) is not None
+        )
 
 
 def seed_urls(url: str) -> list[str]:

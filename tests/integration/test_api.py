@@ -110,6 +110,20 @@ def test_same_key_same_arguments_is_the_same_operation_other_arguments_422(
     assert settle(agent, ref)["envelope"]["result"] == {"note": ref}
 
 
+@pytest.mark.parametrize("prefix", ["./", "../", "x/../", "/", "x//"])
+def test_a_key_a_client_would_resolve_to_another_operation_is_refused(
+    agent: TestClient, prefix: str
+) -> None:
+    """``Location: /v1/operations/./fz/ab/target`` would reach ``fz/ab/target``."""
+    ref = key()
+    assert invoke(agent, "echo", {"text": "a"}, ref).status_code == 202
+    r = invoke(agent, "echo", {"text": "a"}, prefix + ref)
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] == "INVALID_ARGUMENTS" and "location" not in r.headers
+    assert r.json()["field_errors"] == [{"field": "operation_ref", "rule": "pattern"}]
+    assert invoke(agent, "echo", {"text": "a"}, ref + "/").status_code == 422
+
+
 def test_a_ref_with_url_characters_is_quoted_in_location(agent: TestClient) -> None:
     ref = f"run_{uuid.uuid4().hex[:6]}#a+b=c@d"
     r = invoke(agent, "echo", {"text": "q"}, ref)

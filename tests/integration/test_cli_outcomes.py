@@ -175,6 +175,13 @@ def test_bad_input_exits_2_in_one_line(
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_ref_with_a_dot_segment_exits_2_in_one_line(tq: ToolQueue, module_redis_url: str) -> None:
+    result = submit(module_redis_url, "echo", '{"text": "x"}', "--ref", "./fz/ab/target")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and "none empty, '.' or '..'" in result.stderr
+    assert tq.get("./fz/ab/target") is None
+
+
 def test_a_plain_celery_worker_redacts_its_log_too(redis_url: str, tmp_path: Path) -> None:
     # Given the same app served by `celery -A module:celery_app worker`, not `toolq worker`
     log = tmp_path / "celery.log"

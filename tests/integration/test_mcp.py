@@ -318,6 +318,16 @@ def test_refusals_are_envelopes(server: Server[Any]) -> None:
             "reread_state",
         ),
         (call(server, "get_operation", {}), "INVALID_ARGUMENTS", "correct_input"),
+        (
+            call(server, "echo", {"text": "x"}, meta={"operation_ref": "./run_mcp/step_1"}),
+            "INVALID_ARGUMENTS",
+            "correct_input",
+        ),
+        (
+            call(server, "get_operation", {"operation_ref": "run_mcp/../x"}),
+            "INVALID_ARGUMENTS",
+            "correct_input",
+        ),
     ]
     for result, code, action in cases:
         env = envelope(result)

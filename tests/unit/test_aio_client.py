@@ -263,6 +263,8 @@ def test_bad_input_is_refused_with_typed_errors_and_nothing_written(tq: ToolQueu
             (errors.InvalidArguments, lambda: aio.submit("noop", {"n": "x"})),
             (errors.InvalidArguments, lambda: aio.submit("noop", [])),
             (errors.InvalidArguments, lambda: aio.call("noop", {}, operation_ref="bad ref")),
+            (errors.InvalidArguments, lambda: aio.submit("noop", {}, operation_ref="./a/b")),
+            (errors.InvalidArguments, lambda: aio.submit("noop", {}, operation_ref="a//b")),
             (errors.InvalidArguments, lambda: aio.submit("noop", {}, call_id="c" * 500)),
             (errors.OperationNotFound, lambda: aio.wait("nosuch/1", timeout=1)),
             (errors.OperationNotFound, lambda: aio.wait("bad ref\n", timeout=1)),

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from toolq.api.console import forms, present
 from toolq.record import HistoryEntry
-from toolq.redact import REDACTED
+from toolq.redact import REDACTED, shown_args
 from toolq.states import State
 
 
@@ -102,13 +102,13 @@ LOGIN = {
 
 
 def test_a_property_named_like_a_secret_is_never_written_into_the_form() -> None:
-    # The page's arguments hide these by name (present.redact_args); the form must too,
+    # The page's arguments hide these by name (toolq.redact.shown_args); the form must too,
     # though the values themselves look harmless.
     f = {x.name: x for x in forms.form_fields(Login.model_json_schema(), LOGIN)}
     for name in ("api_key", "db_password", "credentials", "extra"):
         assert f[name].value == "" and f[name].keeps_current, name
     assert f["user"].value == "ada" and not f["user"].keeps_current
-    shown = present.redact_args(LOGIN, Login.model_json_schema())
+    shown = shown_args(LOGIN, Login.model_json_schema())
     assert shown["api_key"] == shown["db_password"] == shown["credentials"] == REDACTED
 
 
@@ -185,7 +185,7 @@ def test_properties_the_form_does_not_show_are_kept() -> None:
 
 
 def test_arguments_are_shown_redacted() -> None:
-    shown = present.redact_args(
+    shown = shown_args(
         {
             "api_key": "plain-looking",
             "password": "**********",
@@ -207,7 +207,7 @@ def test_a_property_the_schema_marks_secret_is_redacted_whatever_its_name() -> N
         user: str
         passphrase: SecretStr
 
-    shown = present.redact_args({"user": "ann", "passphrase": "x"}, Login.model_json_schema())
+    shown = shown_args({"user": "ann", "passphrase": "x"}, Login.model_json_schema())
     assert shown == {"user": "ann", "passphrase": REDACTED}
 
 

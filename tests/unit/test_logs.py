@@ -107,3 +107,27 @@ def test_installed_it_covers_handlers_added_later_and_every_logger(restored_logg
     out = stream.getvalue()
     assert TOKEN not in out and "could not connect: redis://[redacted]@cache:6379" in out
     assert "ConnectionError: redis://[redacted]@cache:6379 refused" in out
+
+
+@pytest.mark.timeout(60)
+def test_an_access_line_with_a_megabyte_path_is_cut_before_it_is_redacted() -> None:
+    """uvicorn's access record for a 1 MB URL: its path argument is cut (marked),
+    what is left is redacted, and uvicorn's formatter still reads the arguments."""
+    from uvicorn.logging import AccessFormatter
+
+    from toolq.redact import LOG_ARG_MAX
+
+    path = f"/v1/health?api_key={TOKEN}&q=" + "token" * (1 << 18)
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", path, "1.1", 414),
+        None,
+    )
+    text = AccessFormatter("%(message)s", use_colors=False).format(redact_record(record))
+    assert TOKEN not in text and "[redacted]" in text
+    assert "characters cut]" in text and len(text) < LOG_ARG_MAX + 200
+    assert text.endswith('HTTP/1.1" 414')

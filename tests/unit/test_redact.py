@@ -281,3 +281,54 @@ def test_redact_text_keeps_the_layout_of_a_traceback_and_removes_what_scrub_does
     )
     assert redact_text(out) == out
     assert not looks_secret(" ".join(out.split()))
+
+
+# --------------------------------------------------------------------------- long input
+#
+# Each pattern with 1 MB of the shape that once made it backtrack (or would), and a
+# secret of its kind at both ends. Before the patterns were made linear, "eyJ-" and
+# "token" repeated took longer than any test timeout at 16 KB (an 8,000-character
+# URL held the API's event loop 5-9 s); the per-test timeout is the check here.
+MB = 1 << 20
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("filler", "secret", "hidden"),
+    [
+        ("-----BEGIN RSA ", "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAK\n", "MIIEowIBAAK"),
+        ("bearer ", "Bearer abcdefghijklmnop0123", "abcdefghijklmnop0123"),
+        ("authorization  ", "Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA"),
+        ("eyJ-", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", "c2lnbmF0dXJl"),
+        ("sk-", "sk-proj-AbCdEfGh12345678", "AbCdEfGh12345678"),
+        ("sk_live_", "sk_live_51HabcdefGHIJKL", "51HabcdefGHIJKL"),
+        ("ghp_", "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "abcdefghijklmnopqrstuvwxyz"),
+        ("github_pat_", "github_pat_11ABCDEFG0123456789_abcdefghijk", "11ABCDEFG0123456789"),
+        ("xoxb-", "xoxb-1234-5678-abcdefgh", "1234-5678-abcdefgh"),
+        ("AIza", "AIzaSyA-abcdefghijklmnopqrstuvwxyz01234", "SyA-abcdefghijklmnop"),
+        ("AKIA", "AKIAIOSFODNN7EXAMPLE", "IOSFODNN7EXAMPLE"),
+        ("://a", "postgres://admin:s3cr3t!@db.internal:5432/app", "s3cr3t!"),
+        ("a", "password=hunter2", "hunter2"),
+        ("token", "api_key=abc123def456", "abc123def456"),
+        ("x_password_=", 'password="hunter2 x"', "hunter2 x"),
+        ('password="', "client_secret: 'x y z'", "x y z"),
+    ],
+)
+def test_a_megabyte_of_the_worst_shape_is_redacted_in_linear_time(
+    filler: str, secret: str, hidden: str
+) -> None:
+    text = f"{secret} {filler * (MB // len(filler))} {secret}"
+    for redact in (scrub, redact_text):
+        out = redact(text)
+        assert hidden not in out, (redact.__name__, out[:200], out[-200:])
+
+
+def test_a_secret_cut_in_two_at_the_cut_is_dropped_whole() -> None:
+    from toolq.redact import LOG_LINE_MAX, bound_text
+
+    key = "sk-proj-AbCdEfGh12345678"
+    text = "x " * ((LOG_LINE_MAX - 10) // 2) + key + " tail"
+    out = bound_text(text)
+    assert len(out) < LOG_LINE_MAX + 40 and out.endswith("characters cut]")
+    assert "sk-proj" not in out
+    assert bound_text("short\nlines\n") == "short\nlines\n"

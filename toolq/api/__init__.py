@@ -44,6 +44,8 @@ Settings (:class:`ApiSettings`, env prefix ``TOOLQ_API_``)::
     TOOLQ_API_KEEPALIVE=15         seconds between an event stream's keep-alive comments
     TOOLQ_API_MAX_BODY_BYTES=...   413 above this (default: TOOLQ_LIMITS__MAX_ARGS_BYTES)
     TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal   Host names answered besides loopback
+    TOOLQ_API_MAX_URL_BYTES=4096   414 for a longer path and query, before any work
+    TOOLQ_API_MAX_HEADER_BYTES=8192   431 for larger headers (:mod:`toolq.api.sizes`)
 
 Scopes: ``read``, ``invoke``, ``approve``, ``input``, ``cancel``; ``*`` is all
 of them. Tokens are at least 16 characters and compared in constant time.

@@ -20,6 +20,7 @@ from toolq.api.docs import install_docs
 from toolq.api.events import EventStream, open_stream
 from toolq.api.guard import ERROR_RESPONSES, ApiError, install
 from toolq.api.hosts import HostGuard, allowed_hosts, wildcard_note
+from toolq.api.sizes import SizeGuard
 from toolq.api.views import OperationView, tool_view, view_response
 from toolq.record import OperationPage
 
@@ -84,8 +85,12 @@ def create_app(
     install(app, max_body=max_body, retry_after=poll)
     install_docs(app)
     install_console(app, tq, settings)
-    # Added last, so outermost: a refused Host or Origin reaches nothing else.
+    # Added last, so outermost: an oversized request, then a refused Host or Origin,
+    # reaches nothing else.
     app.add_middleware(HostGuard, allowed=allowed_hosts(bind_host, settings.allowed_hosts))
+    app.add_middleware(
+        SizeGuard, max_url=settings.max_url_bytes, max_headers=settings.max_header_bytes
+    )
     Wait = Annotated[
         float, Query(ge=0, le=settings.max_wait, description="Seconds to wait for it to settle.")
     ]
@@ -274,7 +279,7 @@ def serve_api(
 
     ``ValueError`` for malformed tokens, or a non-loopback host without tokens.
     """
-    import uvicorn
+    from toolq.api import sizes
 
     settings = settings or ApiSettings()
     app = create_app(tq, settings, bind_host=host)
@@ -282,4 +287,4 @@ def serve_api(
     note = wildcard_note(host, settings.allowed_hosts, "api")
     if note is not None:
         print(note, file=sys.stderr)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), server_header=False)
+    sizes.run(app, settings, host=host, port=port, log_level=log_level)

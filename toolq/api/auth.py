@@ -39,6 +39,14 @@ class ApiSettings(BaseSettings):
     keepalive: float = Field(default=15.0, gt=0, le=300)
     #: Request bodies above this are refused with 413; default: ``limits.max_args_bytes``.
     max_body_bytes: int | None = Field(default=None, ge=64)
+    #: A path and query longer than this is refused with 414 before any work. The
+    #: routes need a few hundred bytes (a ref is at most 200 characters, a cursor
+    #: 1,024); an 8,000-character URL once held the event loop for seconds.
+    max_url_bytes: int = Field(default=4096, ge=1024, le=65536)
+    #: Headers larger than this in all ("name: value" lines) are refused with 431.
+    #: A browser sends every cookie it holds for the host (cookies ignore ports):
+    #: raise it if other apps on localhost set large ones.
+    max_header_bytes: int = Field(default=8192, ge=1024, le=65536)
     #: Host names (or addresses) the server answers for besides loopback and its own
     #: specific bind address, any port: ``TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal``.
     #: Every other Host is refused (421), so a rebound DNS name cannot reach it.

@@ -47,7 +47,8 @@ class ErrorBody(BaseModel):
 
 #: For ``responses=`` of every route, so the OpenAPI document names the shape.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (400, 401, 403, 404, 409, 413, 421, 422, 500, 503)
+    status: {"model": ErrorBody}
+    for status in (400, 401, 403, 404, 409, 413, 414, 421, 422, 431, 500, 503)
 }
 
 

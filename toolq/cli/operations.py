@@ -20,6 +20,7 @@ from toolq.cli.common import (
     state_dir_option,
 )
 from toolq.errors import OperationNotFound
+from toolq.redact import shown_args
 from toolq.states import SETTLED, State
 
 if TYPE_CHECKING:
@@ -131,7 +132,11 @@ def show(
     if rec is None:
         raise OperationNotFound(f"no operation {ref[:80]!r}")
     if as_json:
-        echo_json(rec.model_dump(mode="json", by_alias=True))
+        # The arguments as every output shows them: never a secret they carry.
+        schema = tq.registry.get(rec.tool).input_schema() if rec.tool in tq.registry else None
+        shown = rec.model_dump(mode="json", by_alias=True)
+        shown["args"] = shown_args(rec.args, schema)
+        echo_json(shown)
         return
     click.echo(
         f"{rec.operation_ref}  {rec.tool}  {rec.state}  attempt {rec.attempt}/{rec.max_attempts}"

@@ -110,7 +110,7 @@ def stable_ref(
     limits = limits or LimitSettings()
     scope = scope or None
     raw = f"{scope}/{call_id}" if scope else call_id
-    if limits.ref_re.fullmatch(raw) and "/" not in call_id and "/" not in (scope or ""):
+    if limits.is_ref(raw) and "/" not in call_id and "/" not in (scope or ""):
         return raw
     pair = json.dumps([scope, call_id], ensure_ascii=True)  # one encoding per pair
     digest = hashlib.sha256(pair.encode()).hexdigest()[:_DIGEST_LEN]
@@ -123,7 +123,7 @@ def call_id_of(value: object, limits: LimitSettings | None = None) -> str | None
     """``value`` as the call_id toolq records (the framework's id), when it is a
     ref-shaped string; None otherwise (the ref still carries it, digested)."""
     limits = limits or LimitSettings()
-    if isinstance(value, str) and limits.ref_re.fullmatch(value):
+    if isinstance(value, str) and limits.is_ref(value):
         return value
     return None
 
@@ -314,7 +314,7 @@ async def follow(
     """
     limits = tq.settings.limits
     call_id = call_id_of(call_id, limits)
-    if not isinstance(ref, str) or not limits.ref_re.fullmatch(ref):
+    if not isinstance(ref, str) or not limits.is_ref(ref):
         shown = stable_ref(str(ref)[:1000], limits=limits) or "none"
         bad = errors.InvalidArguments(
             "bad operation_ref", field_errors=[FieldError(field="operation_ref", rule="pattern")]

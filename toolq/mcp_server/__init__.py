@@ -123,8 +123,7 @@ def serve_http(
     """
     import sys
 
-    import uvicorn
-
+    from toolq.api import sizes
     from toolq.api.auth import ApiSettings, RequireScope, check_bind
     from toolq.api.hosts import HostGuard, allowed_hosts, wildcard_note
 
@@ -139,8 +138,8 @@ def serve_http(
     app: Any = server.streamable_http_app(host=host, transport_security=_security(allowed))
     if tokens:
         app = RequireScope(app, tokens, "invoke")
-    app = HostGuard(app, allowed)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), server_header=False)
+    app = sizes.guarded(HostGuard(app, allowed), settings)
+    sizes.run(app, settings, host=host, port=port, log_level=log_level)
 
 
 def _security(allowed: frozenset[str]) -> Any:

@@ -67,7 +67,7 @@ class Adapter:
         self.task_after = task_after
         self.aio: AsyncToolQueue = tq.aio
         limits = tq.settings.limits
-        self.ref_re = limits.ref_re
+        self.is_ref = limits.is_ref
         self.follow_args, self.cancel_args = builtin_args(limits)
         for name in (GET_OPERATION, CANCEL_OPERATION):
             if name in tq.registry:
@@ -158,7 +158,7 @@ class Adapter:
                 return await self._builtin(ctx, tool, args, call_id)
             given = meta.get("operation_ref")
             if given is not None:
-                if not isinstance(given, str) or not self.ref_re.fullmatch(given):
+                if not isinstance(given, str) or not self.is_ref(given):
                     raise errors.InvalidArguments(
                         "bad operation_ref",
                         field_errors=[FieldError(field="_meta.operation_ref", rule="pattern")],
@@ -243,7 +243,7 @@ class Adapter:
         if isinstance(value, bool) or not isinstance(value, str | int):
             return None
         text = str(value)
-        return text if self.ref_re.fullmatch(text) else None
+        return text if self.is_ref(text) else None
 
     def _max_attempts(self, tool: str) -> int:
         return self.tq.registry.get(tool).options.max_attempts if tool in self.tq.registry else 1

@@ -178,7 +178,7 @@ class TasksExtension(Extension):
         """The operation behind ``params.taskId``; every refusal before any ledger read."""
         require_declared(ctx)
         check_name(ctx, params.task_id)
-        if not self.adapter.ref_re.fullmatch(params.task_id):
+        if not self.adapter.is_ref(params.task_id):
             raise _not_found(verb)
         rec = await self.adapter.aio.get(params.task_id)
         if rec is None:

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from toolq.envelope import AnyEnvelope, Category, ToolError
 from toolq.fixed import escalation_envelope
 from toolq.record import OperationRecord
-from toolq.redact import scrub
+from toolq.redact import scrub, shown_args
 from toolq.render import to_mcp_result
 from toolq.states import State
 
@@ -207,7 +207,8 @@ def input_requests(
     if key is None:
         return {}
     if record.state is State.AWAITING_APPROVAL:
-        quoted = scrub(json.dumps(record.args, separators=(",", ":"), sort_keys=True))
+        shown = shown_args(record.args, input_schema)
+        quoted = json.dumps(shown, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
         if len(quoted) > ARGS_QUOTE:
             quoted = quoted[: ARGS_QUOTE - 1] + "…"
         message = f"Approve {record.tool} with these arguments? {quoted}"

@@ -53,5 +53,18 @@ def transfer(args: Text) -> dict[str, str]:
     return {"sent": args.text}
 
 
+class Login(BaseModel):
+    user: str
+    password: str
+    api_key: str
+    note: str = Field(max_length=2000)
+
+
+@tq.tool(writes=True, requires_approval=True)
+def login(args: Login) -> dict[str, str]:
+    """A write whose arguments carry secrets; it waits for approval (shown redacted)."""
+    return {"user": args.user}
+
+
 #: ``celery -A tests.integration.apps.cli_app:celery_app worker`` serves these tools too.
 celery_app = tq.celery

@@ -21,22 +21,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from toolq.redact import looks_secret
+from toolq.redact import SECRET_NAME, looks_secret, unwrap_schema
 
 Kind = Literal["text", "integer", "number", "boolean", "select", "secret", "json"]
 
 #: Field names are form names: kept to what a schema property name usually is.
 _MAX_FIELDS = 100
-#: A property name that says its value is a secret: shown nowhere, whatever the value.
-SECRET_NAME = re.compile(
-    r"(?i)(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key"
-    r"|credential|authorization|cookie|session[_-]?id)"
-)
 
 
 @dataclass(frozen=True)
@@ -167,41 +161,6 @@ def _read(f: FormField, raw: str) -> Any:
 
 
 # --------------------------------------------------------------------------- the schema
-
-
-def unwrap_schema(
-    prop: Mapping[str, Any], defs: Mapping[str, Any]
-) -> tuple[Mapping[str, Any], bool]:
-    """The property with ``$ref``/``allOf`` followed and ``X | None`` taken apart."""
-    nullable = False
-    for _ in range(5):  # a chain of references, never a cycle
-        ref = prop.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            target = defs.get(ref.removeprefix("#/$defs/"))
-            prop = {**(target if isinstance(target, Mapping) else {}), **_without(prop, "$ref")}
-            continue
-        all_of = prop.get("allOf")
-        if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], Mapping):
-            prop = {**all_of[0], **_without(prop, "allOf")}
-            continue
-        any_of = prop.get("anyOf")
-        if isinstance(any_of, list):
-            others = [p for p in any_of if not (isinstance(p, Mapping) and p.get("type") == "null")]
-            if len(others) < len(any_of):
-                nullable = True
-            if len(others) == 1 and isinstance(others[0], Mapping):
-                prop = {**others[0], **_without(prop, "anyOf")}
-                continue
-        break
-    if prop.get("type") == "null" or (
-        isinstance(prop.get("type"), list) and "null" in prop["type"]
-    ):
-        nullable = True
-    return prop, nullable
-
-
-def _without(prop: Mapping[str, Any], key: str) -> dict[str, Any]:
-    return {k: v for k, v in prop.items() if k != key}
 
 
 def _kind(prop: Mapping[str, Any]) -> tuple[Kind, tuple[Choice, ...]]:

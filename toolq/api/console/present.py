@@ -1,9 +1,6 @@
 """What the console's pages show, shaped from records (pure: no I/O, no templates).
 
-Arguments are shown redacted as an envelope's text is (:func:`toolq.redact.scrub`
-on every string), and more: a property the tool's schema marks secret
-(``SecretStr``) or whose name says it holds one (``api_key``, ``password``,
-...) is shown as ``[redacted]`` whatever its value.
+Arguments are shown as every output shows them (:func:`toolq.redact.shown_args`).
 """
 
 from __future__ import annotations
@@ -16,16 +13,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from toolq.api.console.forms import SECRET_NAME, unwrap_schema
 from toolq.envelope import ToolError, ToolSuccess, to_dict
 from toolq.record import HistoryEntry, OperationRecord
-from toolq.redact import REDACTED, scrub
+from toolq.redact import scrub, shown_args
 from toolq.states import PENDING_RECOVERY, SETTLED, TERMINAL, State
-
-#: Longest string shown in the arguments; the rest is cut (the ledger has it all).
-MAX_SHOWN = 2000
-#: Items of one list or object shown.
-MAX_ITEMS = 200
 
 #: The states each list page is for, in the order the navigation shows them.
 LIST_STATES: tuple[State, ...] = (
@@ -54,51 +45,6 @@ STATE_HELP: dict[State, str] = {
 
 
 # --------------------------------------------------------------------------- arguments
-
-
-def redact_args(value: Any, schema: Mapping[str, Any] | None = None) -> Any:
-    """``value`` (the operation's arguments) fit to show an operator."""
-    defs = (schema or {}).get("$defs") or {}
-    return _redact(value, schema or {}, defs, 0)
-
-
-def _redact(value: Any, schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> Any:
-    schema, _nullable = unwrap_schema(schema, defs)
-    if _secret_schema(schema):
-        return REDACTED
-    if isinstance(value, str):
-        text = scrub(value) if "\n" not in value else "\n".join(scrub(x) for x in value.split("\n"))
-        return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…"
-    if depth > 20:
-        return "…"
-    if isinstance(value, Mapping):
-        props = schema.get("properties") or {}
-        out: dict[str, Any] = {}
-        for i, (key, item) in enumerate(value.items()):
-            if i >= MAX_ITEMS:
-                out["…"] = f"{len(value) - MAX_ITEMS} more"
-                break
-            name = scrub(str(key))[:200]
-            if SECRET_NAME.search(str(key)):
-                out[name] = REDACTED
-            else:
-                out[name] = _redact(item, _mapping(props.get(key)), defs, depth + 1)
-        return out
-    if isinstance(value, list):
-        items = _mapping(schema.get("items"))
-        shown = [_redact(v, items, defs, depth + 1) for v in value[:MAX_ITEMS]]
-        if len(value) > MAX_ITEMS:
-            shown.append(f"… {len(value) - MAX_ITEMS} more")
-        return shown
-    return value
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _secret_schema(schema: Mapping[str, Any]) -> bool:
-    return schema.get("format") == "password" or schema.get("writeOnly") is True
 
 
 def as_json(value: Any) -> str:
@@ -203,7 +149,7 @@ def operation_page(rec: OperationRecord, schema: Mapping[str, Any] | None) -> Op
         rec=rec,
         steps=timeline(rec.history),
         checks=checks(rec.history),
-        args_json=as_json(redact_args(rec.args, schema)),
+        args_json=as_json(shown_args(rec.args, schema)),
         envelope_json=envelope_json(rec.envelope),
         not_before_ms=not_before_ms(rec),
         settled=rec.state in SETTLED,
