@@ -214,10 +214,17 @@ def test_python_callers_take_the_recorded_mode_with_the_url(
 
 def test_every_command_refuses_a_mode_it_disagrees_with_in_one_line(tmp_path: Path) -> None:
     _record(tmp_path, pid=os.getpid(), mode=STACK)
+    # A process each, as a user runs them: in this one the example app may be imported
+    # already, with the settings of an earlier test.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLQ_")}
     for args in (["show", "run_1/step_1"], ["status"], ["submit", "echo", "--args", "{}"]):
-        result = CliRunner().invoke(
-            main, [*args, "--state-dir", str(tmp_path)], env={"TOOLQ_CELLS": "16"}
+        result = subprocess.run(
+            [sys.executable, "-m", "toolq.cli", *args, "--state-dir", str(tmp_path)],
+            env={**env, "TOOLQ_CELLS": "16"},
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
-        assert result.exit_code == 2, result.output
-        lines = result.output.strip().splitlines()
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "TOOLQ_CELLS=16 disagrees with the `toolq up`" in lines[0]
