@@ -11,6 +11,7 @@ The integration test with real processes: tests/integration/test_broker_outage.p
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,6 +123,9 @@ def test_the_task_gives_the_delivery_back_and_celery_says_it_in_one_line(
         body(ref, *args)
     assert isinstance(raised.value, Requeue)
     assert raised.value.args[1] is True  # Reject(reason, requeue)
+    # as a prefork child sends it to its parent, which rejects the message
+    back = pickle.loads(pickle.dumps(raised.value))
+    assert isinstance(back, Requeue) and back.args == raised.value.args
 
     # Celery's tracer (eager here, as in a worker's pool) logs it at WARNING, no traceback
     with caplog.at_level(logging.DEBUG, logger="celery"):
