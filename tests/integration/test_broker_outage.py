@@ -183,7 +183,15 @@ def test_a_delivery_the_ledger_cannot_claim_goes_back_to_rabbitmq_and_runs_once_
         # Given a deployment that serves calls, whose worker then stops taking messages
         # from the calls queue (Celery's remote control, over RabbitMQ)
         assert tq.wait(tq.submit("pay", {}, operation_ref="requeue/warm").operation_ref, 60).ok
-        assert tq.app.celery.control.cancel_consumer(calls, reply=True, limit=1, timeout=10)
+        control = tq.app.celery.control
+        assert control.cancel_consumer(calls, reply=True, limit=1, timeout=10)
+
+        def consuming() -> set[str] | None:
+            found = control.inspect(timeout=2, limit=1).active_queues()
+            return {q["name"] for qs in found.values() for q in qs} if found else None
+
+        # (the reply comes before the worker's loop cancels: wait until it has)
+        assert wait_until(lambda: (c := consuming()) is not None and calls not in c, 20)
 
         # When a call is published to RabbitMQ, the ledger's server is SIGKILLed, and
         # the worker takes the message: its claim cannot reach the ledger
@@ -193,7 +201,7 @@ def test_a_delivery_the_ledger_cannot_claim_goes_back_to_rabbitmq_and_runs_once_
             lambda: probe.read([calls])[calls] == 1 and tq.redis.xlen(outbox) == 0, 20
         )
         ledger_server.kill()
-        assert tq.app.celery.control.add_consumer(calls, reply=True, limit=1, timeout=10)
+        assert control.add_consumer(calls, reply=True, limit=1, timeout=10)
         time.sleep(LEDGER_DOWN_S)  # keep it down past the claim's patience
         assert worker.poll() is None
         ledger_server.start()
