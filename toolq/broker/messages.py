@@ -129,7 +129,7 @@ class OperationNotSucceeded(Exception):
 
 class Requeue(Reject):
     """Raised by a task body to give its delivery back to its queue, the tool not
-    called: the ledger's server did not take the claim (``reason`` says whose).
+    called: the ledger's server did not take the claim (``reason`` says which call).
 
     Celery's tracer rejects the message with requeue, even with late acks, and the
     broker delivers it again; each delivery waits out the claim's patience first,
