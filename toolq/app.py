@@ -29,6 +29,7 @@ from toolq.broker.messages import (
     VERIFY_TASK,
     MessageFactory,
     OperationNotSucceeded,
+    Requeue,
     task_result,
 )
 from toolq.keys import Keys
@@ -41,7 +42,7 @@ from toolq.redact import redact_url
 from toolq.settings import ToolqSettings
 from toolq.state import discover_redis_url, recorded_mode, with_mode
 from toolq.states import State
-from toolq.tasks.run import Runtime
+from toolq.tasks.run import LedgerAway, Runtime
 from toolq.tools import Registry, fingerprint
 
 #: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
@@ -398,17 +399,39 @@ class App:
             tag = (task.request.delivery_info or {}).get("delivery_tag")
             return str(tag) if tag else None
 
-        @celery.task(name=RUN_TASK, ignore_result=True, throws=throws, bind=True, Request=REQUEST)
-        def run(self: Task[Any, Any], ref: str, attempt: int) -> str:
-            return task_result(app.runtime.run_attempt(ref, int(attempt), delivery(self)))
+        # A delivery whose claim the ledger's server did not take goes back to its queue
+        # (Requeue: Celery rejects it with requeue, late acks or not), where an ack would
+        # have left its operation to the scheduler's republish after
+        # recovery.unclaimed_after. Also when the ledger's server is the broker
+        # (toolq_acks_in_ledger), where the broker is away too: the reject then fails as
+        # the ack would have (kombu logs it) and the message stays unacknowledged on the
+        # server, as before; a server back by then takes the requeue, not an ack that
+        # drops the message. One rule for both modes.
+        # shared=False: another App's Celery app (several in one process: tests, an API
+        # beside a worker) must not get this one's bodies, bound to this App's runtime.
+        options: dict[str, Any] = {
+            "ignore_result": True,
+            "throws": throws,
+            "bind": True,
+            "Request": REQUEST,
+            "shared": False,
+        }
 
-        @celery.task(
-            name=VERIFY_TASK, ignore_result=True, throws=throws, bind=True, Request=REQUEST
-        )
+        @celery.task(name=RUN_TASK, **options)
+        def run(self: Task[Any, Any], ref: str, attempt: int) -> str:
+            try:
+                return task_result(app.runtime.run_attempt(ref, int(attempt), delivery(self)))
+            except LedgerAway as exc:
+                raise Requeue(str(exc)) from exc
+
+        @celery.task(name=VERIFY_TASK, **options)
         def verify(self: Task[Any, Any], ref: str, attempt: int, vcheck: int) -> str:
-            return task_result(
-                app.runtime.run_check(ref, int(attempt), int(vcheck), delivery(self))
-            )
+            try:
+                return task_result(
+                    app.runtime.run_check(ref, int(attempt), int(vcheck), delivery(self))
+                )
+            except LedgerAway as exc:
+                raise Requeue(str(exc)) from exc
 
         return celery
 

@@ -7,6 +7,12 @@ Real processes: a relay, a worker and a scheduler on RabbitMQ (outbox mode). The
 relay must still be alive, say in its beat that it waits for the broker (what
 ``toolq status`` shows), log the outage once rather than once per try, and every
 call must run exactly once after the broker is back.
+
+And the other way round, in the same deployment shape: the ledger's server away
+while RabbitMQ is up. A message delivered meanwhile cannot be claimed; it must go
+back to RabbitMQ (it used to be acknowledged unrun, its call left to the
+scheduler's republish after ``recovery.unclaimed_after``) and run once the
+ledger's server answers again.
 """
 
 from __future__ import annotations
@@ -20,11 +26,20 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process, wait_until
-from tests.integration.apps import outbox_app
+from tests.helpers import (
+    free_port,
+    start_scheduler,
+    start_toolq,
+    start_worker,
+    stop_process,
+    wait_until,
+)
+from tests.integration.apps import outbox_app, requeue_app
 from tests.integration.conftest import effects
 from tests.rabbit import RabbitServer, start_rabbit
 from toolq import ToolQueue
+from toolq.broker.depth import Depths
+from toolq.embedded import EmbeddedServer, url_for_db
 from toolq.monitor import status_snapshot
 
 APP = outbox_app.APP
@@ -128,4 +143,82 @@ def test_the_relay_and_the_worker_outlive_rabbitmq_down_longer_than_before(
     # One line when the wait started and one when it ended, not one per try.
     assert said.count("the broker unavailable") == 1, said[-3000:]
     assert said.count("the broker back after") == 1, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+
+
+#: Longer than the claim's patience (10 s): at least one delivery gives up meanwhile.
+LEDGER_DOWN_S = 15.0
+
+
+@pytest.fixture
+def ledger_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    """A Valkey of this test's own (the session's is shared), kept on its port and data."""
+    s = EmbeddedServer(tmp_path / "valkey", port=free_port(), appendonly=True)
+    yield s
+    s.stop()
+
+
+def test_a_delivery_the_ledger_cannot_claim_goes_back_to_rabbitmq_and_runs_once_it_is_back(
+    rabbit: RabbitServer, ledger_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    ledger_server.start()
+    url = url_for_db(ledger_server.url, 0)
+    env = {"TOOLQ_REDIS_URL": url, "TOOLQ_BROKER_URL": rabbit.url}
+    app = requeue_app.APP
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        worker = start_toolq(
+            ["worker", "--app", app, "--pool", "threads", "-c", "1", "--loglevel", "INFO"],
+            env=env,
+            stderr=log.fileno(),
+        )
+    relay = start_toolq(["relay", "--app", app, "--loglevel", "WARNING"], env=env)
+    scheduler = start_scheduler(app, url, env=env)
+    tq: ToolQueue = requeue_app.tq
+    tq.configure(redis_url=url)
+    tq.app.configure_broker(rabbit.url)
+    calls = tq.settings.queues.calls
+    probe = Depths(rabbit.url)
+    try:
+        # Given a deployment that serves calls, whose worker then stops taking messages
+        # from the calls queue (Celery's remote control, over RabbitMQ)
+        assert tq.wait(tq.submit("pay", {}, operation_ref="requeue/warm").operation_ref, 60).ok
+        control = tq.app.celery.control
+        assert control.cancel_consumer(calls, reply=True, limit=1, timeout=10)
+
+        def consuming() -> set[str] | None:
+            found = control.inspect(timeout=2, limit=1).active_queues()
+            return {q["name"] for qs in found.values() for q in qs} if found else None
+
+        # (the reply comes before the worker's loop cancels: wait until it has)
+        assert wait_until(lambda: (c := consuming()) is not None and calls not in c, 20)
+
+        # When a call is published to RabbitMQ, the ledger's server is SIGKILLed, and
+        # the worker takes the message: its claim cannot reach the ledger
+        ref = tq.submit("pay", {}, operation_ref="requeue/1").operation_ref
+        outbox = tq.app.ledger.keys.outbox
+        assert wait_until(
+            lambda: probe.read([calls])[calls] == 1 and tq.redis.xlen(outbox) == 0, 20
+        )
+        ledger_server.kill()
+        assert control.add_consumer(calls, reply=True, limit=1, timeout=10)
+        time.sleep(LEDGER_DOWN_S)  # keep it down past the claim's patience
+        assert worker.poll() is None
+        ledger_server.start()
+
+        # Then the call runs, once: its message went back to RabbitMQ and came again
+        # (before, it was acknowledged unrun, and nothing published it for an hour)
+        done = tq.wait(ref, timeout=60)
+        assert done.ok, done
+        assert effects(tq.redis, ref) == 1
+        assert worker.poll() is None
+    finally:
+        probe.close()
+        tq.close()
+        for p in (worker, relay, scheduler):
+            stop_process(p, timeout=5)
+    said = log_path.read_text(errors="replace")
+    # One warning line a delivery given back, without a traceback
+    requeued = [line for line in said.splitlines() if "requeued: requeue/1 attempt 1" in line]
+    assert requeued and all("WARNING" in line for line in requeued), said[-3000:]
     assert "Traceback" not in said, said[-3000:]

@@ -20,7 +20,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from toolq.broker.messages import RUN_TASK, VERIFY_TASK
+from toolq.broker.messages import RUN_TASK, VERIFY_TASK, quiet_requeues
 from toolq.broker.transport import SENTINEL_TRANSPORT, TRANSPORT
 from toolq.logs import redact_worker_logs
 from toolq.settings import SENTINEL_SCHEME, ToolqSettings
@@ -153,6 +153,7 @@ def broker_config(url: str | None) -> dict[str, Any]:
 def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = None) -> Celery:
     # A worker started as plain `celery -A module worker` redacts its logs too.
     redact_worker_logs()
+    quiet_requeues()
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_config(settings, url))
     return app

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import socket
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import Reject
 from kombu.serialization import dumps
 
 RUN_TASK = "toolq.run"
@@ -123,6 +125,45 @@ class OperationNotSucceeded(Exception):
     Raised by the task body after the ledger recorded it, only so that Celery's
     events (Flower) report a failure: the task is declared to throw it.
     """
+
+
+class Requeue(Reject):
+    """Raised by a task body to give its delivery back to its queue, the tool not
+    called: the ledger's server did not take the claim (``reason`` says which call).
+
+    Celery's tracer rejects the message with requeue, even with late acks, and the
+    broker delivers it again; each delivery waits out the claim's patience first,
+    so this is not a hot loop. Celery logs it at WARNING with a traceback: the
+    filter :func:`quiet_requeues` installs leaves its one line. On a RabbitMQ quorum
+    queue with a ``delivery-limit`` (RabbitMQ 4 defaults to 20; 3.x sets none) a
+    message requeued that often is dropped: its operation stays ``queued`` in the
+    ledger, and the scheduler publishes it again after ``recovery.unclaimed_after``.
+    """
+
+    def __init__(self, reason: str | None = None, requeue: bool = True) -> None:
+        # The same arguments as Reject's: a prefork child pickles it to its parent.
+        super().__init__(reason, requeue)
+
+    def __repr__(self) -> str:  # what Celery's line shows after the task's name and id
+        return f"requeued: {self.args[0]}"
+
+
+class _RequeueLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], Requeue):
+            record.exc_info = None  # a routine event: its line, not a traceback
+            record.exc_text = None
+        return True
+
+
+_requeue_line = _RequeueLine()
+
+
+def quiet_requeues() -> None:
+    """Celery's log line of a :class:`Requeue` without its traceback. Idempotent."""
+    trace = logging.getLogger("celery.app.trace")
+    if _requeue_line not in trace.filters:
+        trace.addFilter(_requeue_line)
 
 
 class Outcome(str):

@@ -7,8 +7,10 @@ that call acknowledges it in the same script. A body that started and then
 returned, or raised :class:`toolq.broker.messages.OperationNotSucceeded`
 (raised only after the ledger recorded the outcome), ended that way; a body
 that never started (revoked, expired), failed otherwise, or timed out may not
-have, and Celery's own ack goes to Redis as usual. In a prefork worker this
-runs in the parent process, which acknowledges for its children.
+have, and Celery's own ack goes to Redis as usual. A body that gives its
+delivery back (:class:`toolq.broker.messages.Requeue`: its claim never reached
+the ledger) is rejected with requeue by Celery, not acknowledged here. In a
+prefork worker this runs in the parent process, which acknowledges for its children.
 
 Celery builds a subclass per task (``create_request_cls``) that replaces
 ``on_success``; ``acknowledge``, ``on_accepted``, ``on_failure`` and

@@ -4,7 +4,9 @@ A body claims its attempt in the ledger before it calls the tool, holds a
 lease while the tool runs, and records the envelope after. A delivery whose
 attempt is already claimed does not call the tool: if the holder is alive it
 is dropped; if the holder died or its lease expired, a write goes to
-verification and a read runs again.
+verification and a read runs again. A claim that cannot reach the ledger's server
+raises :class:`LedgerAway`: the tool was not called, and the task body gives the
+delivery back to its queue (:mod:`toolq.app`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,36 @@ T = TypeVar("T")
 #: How long a worker keeps trying to record an outcome while Redis is away.
 #: Past it the lease sweep and verification settle the attempt.
 RECORD_PATIENCE_S = 60.0
+#: How long a delivery keeps trying to claim its attempt while Redis is away. Past
+#: it the delivery goes back to its queue (:class:`LedgerAway`), so each copy of a
+#: message waits this long first: a redelivery is not a hot loop.
+CLAIM_PATIENCE_S = 10.0
+
+#: What a ledger call raises while the ledger's server is away (or a Cluster's node
+#: is, before its failover): retried with backoff by :func:`_patient`.
+AWAY = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.BusyLoadingError,  # a ConnectionError; named for the reader
+    redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException,
+)
+
+
+class LedgerAway(Exception):
+    """A delivery could not claim its attempt: the ledger's server did not answer
+    within :data:`CLAIM_PATIENCE_S`. The tool was not called. Raised from the
+    redis error; the task body turns it into a requeue of the delivery.
+
+    (The claim may have been written and its reply lost: the copy then finds the
+    attempt held by this process, and the lease sweep settles it, as before.)
+    """
+
+    def __init__(self, ref: str, attempt: int, cause: BaseException) -> None:
+        super().__init__(
+            f"{ref} attempt {attempt}: the ledger's server did not take the claim within "
+            f"{CLAIM_PATIENCE_S:g} s ({type(cause).__name__}); the tool was not called"
+        )
 
 
 class Runtime:
@@ -82,11 +114,12 @@ class Runtime:
         """
         holder = self.leases.new_holder()
         try:
-            claim = _patient(
+            claim = _claimed(
+                ref,
+                attempt,
                 lambda: self.ledger.claim(
                     ref, attempt, holder, self.now_ms(), self.lease_ms, "run", ack=delivery
                 ),
-                10.0,
             )
         except NotDurable:
             # The server took the claim but did not confirm it on disk (or, on a Cluster,
@@ -149,7 +182,10 @@ class Runtime:
         tool = self.registry.get(claim.tool) if claim.tool in self.registry else None
         # A "held" claim does not carry the deadline; a read that runs again needs it
         # (rare: only when the holder died), and it never changes, so a plain read will do.
-        deadline = _patient(lambda: self.ledger.fields(ref, "deadline"), 10.0).get("deadline")
+        # Nothing is recorded yet: a server away here sends the delivery back too.
+        deadline = _claimed(ref, attempt, lambda: self.ledger.fields(ref, "deadline")).get(
+            "deadline"
+        )
         lost = outcome.Lost(
             ref=ref,
             tool=tool,
@@ -215,11 +251,12 @@ class Runtime:
         """Serve one delivery of ``toolq.verify``: look the operation up, record the
         verdict (``delivery``: as in :meth:`run_attempt`)."""
         holder = self.leases.new_holder()
-        claim = _patient(
+        claim = _claimed(
+            ref,
+            attempt,
             lambda: self.ledger.claim(
                 ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck, delivery
             ),
-            10.0,
         )
         if claim.outcome != "claimed":
             return claim.outcome
@@ -288,6 +325,15 @@ def _log_failure(tool: str, ref: str, attempt: int, exc: Exception) -> None:
         )
 
 
+def _claimed(ref: str, attempt: int, fn: Callable[[], T]) -> T:
+    """:func:`_patient` for what a delivery does before it calls anything (its claim):
+    the server still away after :data:`CLAIM_PATIENCE_S` raises :class:`LedgerAway`."""
+    try:
+        return _patient(fn, CLAIM_PATIENCE_S)
+    except AWAY as exc:
+        raise LedgerAway(ref, attempt, exc) from exc
+
+
 def _patient(fn: Callable[[], T], patience_s: float) -> T:
     """Call ``fn``, retrying connection errors with backoff for up to ``patience_s``.
 
@@ -298,13 +344,7 @@ def _patient(fn: Callable[[], T], patience_s: float) -> T:
     while True:
         try:
             return fn()
-        except (
-            redis.ConnectionError,
-            redis.TimeoutError,
-            redis.BusyLoadingError,  # a ConnectionError; named for the reader
-            redis.exceptions.ClusterError,  # a Cluster's node down, before its failover
-            redis.exceptions.RedisClusterException,
-        ):
+        except AWAY:
             if time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)

@@ -1,0 +1,140 @@
+"""A delivery whose claim the ledger's server does not take goes back to its queue.
+
+The task bodies on fakeredis, the ledger's calls made to fail as a server away
+fails (``redis.ConnectionError``): a claim that fails past its patience raises
+``LedgerAway`` (the tool not called), which the Celery task turns into a requeue
+(``Requeue``, a ``Reject``) that Celery logs on one line; a record that fails
+after the tool ran stays what it was (the lease sweep and verification settle it).
+The integration test with real processes: tests/integration/test_broker_outage.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from celery.exceptions import Reject
+from pydantic import BaseModel
+
+from toolq import CallContext, State, ToolQueue
+from toolq.broker.messages import RUN_TASK, VERIFY_TASK, Requeue
+from toolq.tasks import run as run_module
+from toolq.tasks.run import LedgerAway
+
+
+class Args(BaseModel):
+    to: str = "x"
+
+
+@pytest.fixture
+def tq(fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolQueue]:
+    q = ToolQueue(redis_url="redis://fake:6379/0")
+    q.app._redis = fake_redis
+    called: list[str] = []
+
+    @q.tool(writes=True)
+    def send(args: Args, ctx: CallContext) -> dict[str, Any]:
+        called.append(f"send {ctx.operation_ref}")
+        return {"sent": args.to}
+
+    @send.verifier
+    def find(ctx: CallContext) -> None:
+        called.append(f"find {ctx.operation_ref}")
+
+    q.called = called  # type: ignore[attr-defined]
+    # a short patience: what is tested is what happens after it
+    monkeypatch.setattr(run_module, "CLAIM_PATIENCE_S", 0.2)
+    monkeypatch.setattr(run_module, "RECORD_PATIENCE_S", 0.2)
+    yield q
+    q.close()
+
+
+def away(*_: Any, **__: Any) -> Any:
+    raise redis.ConnectionError("Error 111 connecting to 10.0.0.7:6379. Connection refused.")
+
+
+def test_a_claim_the_server_does_not_take_raises_ledger_away_and_calls_nothing(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = tq.submit("send", {}, operation_ref="away/run").operation_ref
+    monkeypatch.setattr(tq.app.ledger, "claim", away)
+
+    with pytest.raises(LedgerAway) as raised:
+        tq.runtime.run_attempt(ref, 1)
+
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    assert str(raised.value) == (
+        "away/run attempt 1: the ledger's server did not take the claim within 0.2 s "
+        "(ConnectionError); the tool was not called"
+    )  # the error's type, not its text (it names the server)
+    assert tq.called == []  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    assert tq.app.ledger.fields(ref, "state")["state"] == State.QUEUED
+
+
+def test_a_check_whose_claim_fails_raises_ledger_away_and_looks_nothing_up(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = tq.submit("send", {}, operation_ref="away/verify").operation_ref
+    monkeypatch.setattr(tq.app.ledger, "claim", away)
+
+    with pytest.raises(LedgerAway) as raised:
+        tq.runtime.run_check(ref, 1, 1)
+
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    assert tq.called == []  # type: ignore[attr-defined]
+
+
+def test_a_record_that_fails_after_the_tool_ran_is_not_a_requeue(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim that succeeds, and the server gone before the outcome is recorded
+    ref = tq.submit("send", {}, operation_ref="away/record").operation_ref
+    monkeypatch.setattr(tq.app.ledger, "apply_one", away)
+
+    # Then the redis error escapes as before (acked: the lease sweep and verification
+    # settle the attempt), never LedgerAway, which would run the tool again
+    with pytest.raises(redis.ConnectionError) as raised:
+        tq.runtime.run_attempt(ref, 1)
+    assert not isinstance(raised.value, LedgerAway)
+    assert tq.called == ["send away/record"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("task", "args"), [(RUN_TASK, (1,)), (VERIFY_TASK, (1, 1))])
+def test_the_task_gives_the_delivery_back_and_celery_says_it_in_one_line(
+    tq: ToolQueue,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    task: str,
+    args: tuple[int, ...],
+) -> None:
+    ref = tq.submit("send", {}, operation_ref=f"away/{task}").operation_ref
+    monkeypatch.setattr(tq.app.ledger, "claim", away)
+    body = tq.app.celery.tasks[task]
+
+    # The body raises a Reject with requeue: Celery's tracer rejects the message with
+    # requeue (late acks or not) instead of acknowledging it
+    with pytest.raises(Reject) as raised:
+        body(ref, *args)
+    assert isinstance(raised.value, Requeue)
+    assert raised.value.args[1] is True  # Reject(reason, requeue)
+    # as a prefork child sends it to its parent, which rejects the message
+    back = pickle.loads(pickle.dumps(raised.value))
+    assert isinstance(back, Requeue) and back.args == raised.value.args
+
+    # Celery's tracer (eager here, as in a worker's pool) logs it at WARNING, no traceback
+    with caplog.at_level(logging.DEBUG, logger="celery"):
+        result = body.apply(args=(ref, *args))
+    assert str(result.state) == "REJECTED"
+    lines = [r for r in caplog.records if r.name == "celery.app.trace"]
+    assert len(lines) == 1, lines
+    assert lines[0].levelno == logging.WARNING
+    assert lines[0].exc_info is None and lines[0].exc_text is None
+    said = lines[0].getMessage()
+    assert f"[{result.id}] requeued: {ref} attempt 1: the ledger's server did not take" in said
+    assert "Traceback" not in caplog.text and "10.0.0.7" not in caplog.text
