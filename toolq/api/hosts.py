@@ -26,10 +26,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from toolq.api.asgi import send_json
+from toolq.api.asgi import Guard, Refusal
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import ASGIApp, Scope
 
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})
@@ -131,13 +131,13 @@ def wildcard_note(bind_host: str, names: Iterable[str], what: str = "api") -> st
     )
 
 
-class HostGuard:
+class HostGuard(Guard):
     """Refuses a foreign ``Host`` (421) and a foreign ``Origin`` (403) before ``app`` sees them."""
 
     def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
         self.app, self.allowed = app, allowed
 
-    def refusal(self, scope: Scope) -> tuple[int, dict[str, str]] | None:
+    def refusal(self, scope: Scope) -> Refusal | None:
         host: str | None = None
         origin: str | None = None
         for key, value in scope.get("headers", ()):
@@ -150,16 +150,3 @@ class HostGuard:
         if origin is not None and origin_host(origin) not in self.allowed:
             return 403, ORIGIN_REFUSED
         return None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            refused = self.refusal(scope)
-            if refused is not None:
-                if scope["type"] == "websocket":
-                    await receive()  # websocket.connect
-                    await send({"type": "websocket.close", "code": 1008})
-                    return
-                status, body = refused
-                await send_json(send, status, body)
-                return
-        await self.app(scope, receive, send)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from toolq.api.asgi import send_json
+from toolq.api.asgi import Guard, Refusal
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import ASGIApp, Scope
 
     from toolq.api.auth import ApiSettings
 
@@ -34,13 +34,17 @@ def parser_buffer(settings: ApiSettings) -> int:
     return settings.max_url_bytes + settings.max_header_bytes + _HEAD_SLACK
 
 
-class SizeGuard:
+class SizeGuard(Guard):
     """414 for a path and query over ``max_url``, 431 for headers over ``max_headers``."""
+
+    ws_close_code = 1009  # message too big
+    #: Whatever else the client sends on this connection is not read.
+    refused_headers = ((b"connection", b"close"),)
 
     def __init__(self, app: ASGIApp, *, max_url: int, max_headers: int) -> None:
         self.app, self.max_url, self.max_headers = app, max_url, max_headers
 
-    def refusal(self, scope: Scope) -> tuple[int, dict[str, str]] | None:
+    def refusal(self, scope: Scope) -> Refusal | None:
         path = scope.get("raw_path") or scope.get("path", "").encode()
         if len(path) + len(scope.get("query_string", b"")) > self.max_url:
             return 414, {
@@ -55,19 +59,6 @@ class SizeGuard:
                 "message": f"the headers are larger than {self.max_headers} bytes",
             }
         return None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            refused = self.refusal(scope)
-            if refused is not None:
-                if scope["type"] == "websocket":
-                    await receive()  # websocket.connect
-                    await send({"type": "websocket.close", "code": 1009})
-                    return
-                status, body = refused
-                await send_json(send, status, body, ((b"connection", b"close"),))
-                return
-        await self.app(scope, receive, send)
 
 
 def guarded(app: ASGIApp, settings: ApiSettings) -> SizeGuard:

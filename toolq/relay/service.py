@@ -47,13 +47,13 @@ import redis.sentinel
 from amqp.exceptions import MessageNacked
 from kombu import Connection, Producer, Queue
 from kombu.exceptions import KombuError
-from redis.exceptions import ClusterError, RedisClusterException
 
 from toolq import errors
 from toolq.broker.app import is_amqp, is_redis, queue_for
 from toolq.keys import OUTBOX_GROUP, Keys
 from toolq.ledger import Ledger
 from toolq.notify import Subscription
+from toolq.outage import UNREACHABLE
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
 from toolq.waiting import Outage, Waiter
@@ -62,14 +62,8 @@ log = logging.getLogger("toolq.relay")
 
 #: How often a relay records its heartbeat and numbers (toolq status reads them).
 BEAT_EVERY_S = 2.0
-#: What a relay round fails with when the ledger's server is away.
-LEDGER_DOWN: tuple[type[BaseException], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.BusyLoadingError,
-    ClusterError,  # a Cluster's node down, before its replica took over
-    RedisClusterException,  # no seed answers, a slot without a primary mid-failover
-)
+#: What a relay round fails with when the ledger's server (a Cluster's node) is away.
+LEDGER_DOWN: tuple[type[BaseException], ...] = UNREACHABLE
 #: Beats older than this (relays killed without a goodbye) are removed, now and then.
 FORGET_BEAT_MS = 3_600_000
 FORGET_EVERY_S = 60.0

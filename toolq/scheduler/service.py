@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
-from redis.exceptions import ClusterError, NoScriptError, RedisClusterException, TryAgainError
+from redis.exceptions import NoScriptError, TryAgainError
 
 from toolq import errors
 from toolq.broker.app import transport_options
@@ -35,6 +35,7 @@ from toolq.broker.depth import Depths
 from toolq.broker.messages import message_head
 from toolq.ledger import Ledger, outbox
 from toolq.notify import Subscription
+from toolq.outage import UNREACHABLE
 from toolq.recovery import outcome
 from toolq.recovery.actions import for_decision
 from toolq.recovery.policy import (
@@ -84,11 +85,7 @@ log = logging.getLogger("toolq.scheduler")
 
 #: What a round fails with while the server is away (or a Cluster's slots move).
 LEDGER_DOWN: tuple[type[BaseException], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.BusyLoadingError,
-    ClusterError,  # a Cluster's node down, before its replica took over
-    RedisClusterException,  # no seed answers, a slot without a primary mid-failover
+    *UNREACHABLE,  # the server away, a Cluster's node down before its replica took over
     TryAgainError,  # keys of a cell in the middle of a slot migration
     NoScriptError,  # a drain's raw script call after SCRIPT FLUSH: loaded again
 )
