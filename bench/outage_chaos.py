@@ -557,24 +557,6 @@ class ClusterOutageChaos(OutageChaos, ClusterChaos):
         super().__init__(cfg, ocfg)
         self.victim: Any = None
 
-    def prime_rabbit(self) -> None:
-        """Declare toolq's queues, then restart the node gracefully. RabbitMQ keeps its
-        quorum queues' registry in a DETS table saved every 3 minutes: a node SIGKILLed
-        sooner after a queue's declaration comes back without the queue's member, which
-        then never gets a leader (publishes nacked after ~60 s, consumers closed with 541
-        INTERNAL_ERROR; seen here with 3.10.8). A broker up for minutes has saved it."""
-        from kombu import Connection
-
-        from toolq.broker.app import queue_for
-
-        assert self.rabbit is not None
-        url = self.rabbit.url
-        with Connection(url, connect_timeout=5) as conn:
-            for name in ("toolq.calls", "toolq.verify"):
-                queue_for(name, url)(conn.default_channel).declare()
-        self.rabbit.stop_node()
-        self.rabbit.start()
-
     def start_servers(self) -> None:
         self.start_rabbit()
         try:

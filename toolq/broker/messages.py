@@ -141,7 +141,7 @@ class Requeue(Reject):
     """
 
     def __init__(self, reason: str | None = None, requeue: bool = True) -> None:
-        # The same arguments as Reject's: a prefork child pickles it to its parent.
+        # The same arguments as Reject's: a prefork child sends a copy to its parent.
         super().__init__(reason, requeue)
 
     def __repr__(self) -> str:  # what Celery's line shows after the task's name and id
