@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisClusterException
 
-from toolq.notify.placement import Placement, owners
+from toolq.notify.placement import Placement
 
 
 class AsyncSubscription:
@@ -146,8 +146,7 @@ class AsyncShardedSubscription(AsyncSubscription):
             await cluster.initialize()  # a new client's first map (then: nothing)
             if self.placement.stale:
                 await cluster.nodes_manager.initialize()
-                self.placement.stale = False
-            by_node = owners(cluster, self.placement.homeless)
+            by_node = self.placement.by_owner(cluster)
         except (RedisClusterException, redis.RedisError, OSError) as exc:
             raise self.placement.unmapped(exc, time.monotonic()) from exc
         for name, channels in by_node.items():

@@ -92,6 +92,11 @@ class Placement:
         self.stale = True
         self.retry_at = now + PLACE_RETRY_S
 
+    def by_owner(self, cluster: Any) -> dict[str, list[str]]:
+        """The homeless channels by owner, as the map ``cluster`` just read says."""
+        self.stale = False
+        return owners(cluster, self.homeless)
+
     def unmapped(self, exc: BaseException, now: float) -> redis.ConnectionError:
         """The map of the cluster could not be read: the error to raise (tried later)."""
         self.stale = True

@@ -27,7 +27,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisClusterException
 
-from toolq.notify.placement import Placement, owners
+from toolq.notify.placement import Placement
 
 
 class Subscription:
@@ -152,8 +152,7 @@ class ShardedSubscription(Subscription):
         try:
             if self.placement.stale:
                 cluster.nodes_manager.initialize()
-                self.placement.stale = False
-            by_node = owners(cluster, self.placement.homeless)
+            by_node = self.placement.by_owner(cluster)
         except (RedisClusterException, redis.RedisError, OSError) as exc:
             raise self.placement.unmapped(exc, time.monotonic()) from exc
         for node, channels in by_node.items():
