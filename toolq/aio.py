@@ -56,12 +56,13 @@ from toolq.envelope import ToolError, ToolSuccess
 from toolq.ledger import lists
 from toolq.ledger.aio import AsyncLedger
 from toolq.ledger.cluster import AsyncLedgerCluster, InFlight
-from toolq.notify import AsyncNotifier, Event, Progress, Waiter
+from toolq.notify import Event, Progress, Waiter
 from toolq.outage import MISUSE, UNREACHABLE, server_errors, translated, unavailable
 from toolq.record import HistoryEntry, OperationPage, OperationRecord
 from toolq.recovery import operator
 from toolq.recovery.transition import Transition
 from toolq.states import SETTLED, State
+from toolq.topology.notices import notices_for
 
 OnProgress = Callable[[Progress], Awaitable[None] | None]
 
@@ -147,7 +148,7 @@ class _Bound:
         self.ledger = AsyncLedger(
             self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells, in_flight=in_flight
         )
-        self.notifier = AsyncNotifier(
+        self.notifier = notices_for(s).async_notifier(
             self.redis, app.notify_channels(), app.notify_channels(steps=True)
         )
         #: The number of cells (none: the single tag) is checked against the ledger's

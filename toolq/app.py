@@ -44,6 +44,7 @@ from toolq.state import discover_redis_url, recorded_mode, with_mode
 from toolq.states import State
 from toolq.tasks.run import LedgerAway, Runtime
 from toolq.tools import Registry, fingerprint
+from toolq.topology.notices import notices_for
 
 #: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
 MAX_BOUND_TOOLS = 1024
@@ -251,7 +252,9 @@ class App:
     def notifier(self) -> Notifier:
         with self._lock:
             if self._notifier is None:
-                self._notifier = Notifier(self.redis, *self.notify_channels())
+                self._notifier = notices_for(self.settings).notifier(
+                    self.redis, self.notify_channels()
+                )
             return self._notifier
 
     def cell_keys(self) -> list[Keys] | None:

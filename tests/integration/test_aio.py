@@ -113,7 +113,7 @@ def test_a_wait_cancelled_by_its_caller_ends_and_the_operation_completes(
         # Given a call whose tool is running, and a second waiter on the same ref
         call = asyncio.create_task(tq.aio.call("gated", {"gate": str(gate)}, timeout=60))
         await until_async(lambda: tq.aio.watching() == 1)
-        ref = next(iter(tq.aio._bound_to[asyncio.get_running_loop()].notifier._watch))
+        ref = next(iter(tq.aio._bound_to[asyncio.get_running_loop()].notifier.watched()))
         await until_async(lambda: (r := tq.get(ref)) is not None and r.state is State.RUNNING)
         other = asyncio.create_task(tq.aio.wait(ref, timeout=60))
         await until_async(lambda: tq.aio.watching() == 2)

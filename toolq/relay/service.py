@@ -52,7 +52,7 @@ from toolq import errors
 from toolq.broker.app import is_amqp, is_redis, queue_for
 from toolq.keys import OUTBOX_GROUP, Keys
 from toolq.ledger import Ledger
-from toolq.notify import Subscription
+from toolq.notify import ShardedSubscription
 from toolq.outage import UNREACHABLE
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
@@ -130,7 +130,7 @@ class Relay:
                 keys = Keys(settings.prefix, cell)
                 self._channels[keys.notify] = self._channels[keys.notify_steps] = stream
         self._heard: set[str] = set()
-        self._hints: Subscription | None = None
+        self._hints: ShardedSubscription | None = None
         self._full_read = -math.inf
         self.broker_url = settings.broker_url.get_secret_value()
         r = settings.relay
@@ -293,7 +293,7 @@ class Relay:
     def _collect(self, timeout: float) -> None:
         """Note the cells whose notices arrived (waiting up to ``timeout`` for one)."""
         if self._hints is None:
-            self._hints = Subscription(self.app.redis, list(self._channels))  # per node
+            self._hints = ShardedSubscription(self.app.redis, list(self._channels))
             self._full_read = -math.inf  # what was announced before is read in full
         msg = self._hints.get_message(timeout=timeout)
         while msg is not None:

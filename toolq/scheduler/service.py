@@ -34,7 +34,7 @@ from toolq.broker.app import transport_options
 from toolq.broker.depth import Depths
 from toolq.broker.messages import message_head
 from toolq.ledger import Ledger, outbox
-from toolq.notify import Subscription
+from toolq.notify import ShardedSubscription
 from toolq.outage import UNREACHABLE
 from toolq.recovery import outcome
 from toolq.recovery.actions import for_decision
@@ -164,7 +164,7 @@ class Scheduler:
         self.held: list[int] = []
         self._leased = -math.inf
         #: Cluster: the subscription to the held cells' notices, and its channels.
-        self._notices: Subscription | None = None
+        self._notices: ShardedSubscription | None = None
         self._listening: list[str] = []
         self._beat = 0.0
         self._last_maintenance = 0.0
@@ -496,7 +496,7 @@ class Scheduler:
             if not channels:
                 self._stop.wait(seconds)
                 return
-            self._notices = Subscription(self.app.redis, channels)  # SSUBSCRIBE per node
+            self._notices = ShardedSubscription(self.app.redis, channels)
             self._listening = channels
         end = began + seconds
         while not self._stop.is_set() and (left := end - time.monotonic()) > 0:

@@ -29,10 +29,10 @@ from toolq.ledger import Ledger
 from toolq.ledger.cluster import LedgerCluster
 from toolq.notify import (
     AsyncNotifier,
-    AsyncSubscription,
+    AsyncShardedSubscription,
     Notifier,
     ProgressPublisher,
-    Subscription,
+    ShardedSubscription,
     Waiter,
     Wake,
 )
@@ -61,7 +61,7 @@ def ledger(client: RedisCluster) -> Iterator[Ledger]:
 
 @pytest.fixture
 def notifier(client: RedisCluster) -> Iterator[Notifier]:
-    n = Notifier(client, *CHANNELS)  # type: ignore[arg-type]
+    n = Notifier(client, *CHANNELS, subscription=ShardedSubscription)  # type: ignore[arg-type]
     yield n
     n.close()
 
@@ -184,7 +184,7 @@ def test_the_async_notifier_on_redis_asyncio_cluster(cluster: Cluster, ledger: L
 
     async def body() -> list[list[str]]:
         client = AsyncRedisCluster(host=HOST, port=cluster.primaries()[0].port)
-        notifier = AsyncNotifier(client, CHANNELS, STEPS)
+        notifier = AsyncNotifier(client, CHANNELS, STEPS, subscription=AsyncShardedSubscription)
         try:
             waiters = [await notifier.watch(ref, progress=True) for ref in refs]
             heard: list[list[str]] = []
@@ -230,7 +230,7 @@ def test_the_async_notifier_follows_a_migrated_slot_and_a_failover(
 
     async def body() -> None:
         client = AsyncRedisCluster(host=HOST, port=target.port)
-        notifier = AsyncNotifier(client, CHANNELS, STEPS)
+        notifier = AsyncNotifier(client, CHANNELS, STEPS, subscription=AsyncShardedSubscription)
         try:
             w = await notifier.watch(moved)
             await asyncio.to_thread(cluster.migrate_slot, _slot(moved), target)
@@ -268,7 +268,7 @@ def test_a_node_whose_last_channel_moved_away_is_let_go(
     source, target = cluster.primaries()[0], cluster.primaries()[1]
     slot = _slot(_ref_on(cluster, source, "last"))
     channel = next(c for c in CHANNELS if key_slot(c.encode()) == slot)
-    sub = Subscription(client, [channel])  # type: ignore[arg-type]
+    sub = ShardedSubscription(client, [channel])  # type: ignore[arg-type]
     try:
         assert _until_subscribed(lambda: sub.get_message(0.1)) == ["subscribe"]
         assert sub.nodes() == {f"{HOST}:{source.port}"}
@@ -286,7 +286,7 @@ def test_the_async_subscription_lets_go_of_a_node_and_its_reader(cluster: Cluste
     slot = _slot(_ref_on(cluster, source, "aio-last"))
     channel = next(c for c in CHANNELS if key_slot(c.encode()) == slot)
 
-    async def until_subscribed(sub: AsyncSubscription) -> list[str]:
+    async def until_subscribed(sub: AsyncShardedSubscription) -> list[str]:
         kinds: list[str] = []
         for _ in range(100):
             msg = await sub.get_message(0.1)
@@ -298,7 +298,7 @@ def test_the_async_subscription_lets_go_of_a_node_and_its_reader(cluster: Cluste
 
     async def body() -> None:
         client = AsyncRedisCluster(host=HOST, port=target.port)
-        sub = AsyncSubscription(client, [channel])
+        sub = AsyncShardedSubscription(client, [channel])
         try:
             assert await until_subscribed(sub) == ["subscribe"]
             assert sub.nodes() == {f"{HOST}:{source.port}"}

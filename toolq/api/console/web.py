@@ -160,6 +160,29 @@ class Web:
             return session, None
         return self.signer.issue("", now, self.settings.session_hours)
 
+    # ------------------------------------------------------------------ forms
+
+    def check_csrf(self, session: Session | None, form: Any) -> None:
+        given = form.get(CSRF_FIELD)
+        if not self.signer.csrf_ok(session, given if isinstance(given, str) else None):
+            raise Refusal(
+                403,
+                "Refused",
+                "Refused: the form is out of date or did not come from this console "
+                "(reload the page and try again).",
+            )
+
+    async def form_visitor(
+        self, request: Request, scope: str | None, max_fields: int
+    ) -> tuple[Visitor, Any]:
+        """The visitor of a state-changing request and its form, CSRF checked."""
+        visitor = self.visitor(request, None)
+        form = await request.form(max_files=0, max_fields=max_fields)
+        self.check_csrf(visitor.session, form)
+        if scope is not None and not visitor.may(scope):
+            raise Refusal(403, "Not allowed", f"Your token does not have the {scope} scope.")
+        return visitor, form
+
     # ------------------------------------------------------------------ responses
 
     def page(
@@ -228,6 +251,11 @@ class Web:
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
+
+
+def form_text(value: Any) -> str:
+    """A form field's value as text ("" for a file or nothing)."""
+    return value if isinstance(value, str) else ""
 
 
 def wants_json(request: Request) -> bool:
