@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolq.layout import Layout
 from toolq.topology.nodes import Nodes
+from toolq.topology.notices import Notices
 from toolq.topology.publish import Publish
 
 if TYPE_CHECKING:
@@ -34,6 +35,11 @@ class Topology:
 
     def close_redis(self, client: redis.Redis) -> None:
         self.nodes.close(client)
+
+    @property
+    def notices(self) -> Notices:
+        """How this deployment hears notices (sync and async subscriptions)."""
+        return self.nodes.notices
 
     @property
     def on_cluster(self) -> bool:

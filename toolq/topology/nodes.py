@@ -6,13 +6,15 @@ One class per mode behind :class:`Nodes`; the topology picks one
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
-from toolq.ledger.cluster import AsyncLedgerCluster, LedgerCluster
+from toolq.ledger.cluster import AsyncLedgerCluster, InFlight, LedgerCluster
+from toolq.topology.notices import CLUSTER, ONE_SERVER, Notices
 
 
 class Nodes(ABC):
@@ -20,6 +22,8 @@ class Nodes(ABC):
 
     #: A Cluster: what error messages and the recorded mode name (no behaviour hangs on it).
     on_cluster: bool = False
+    #: How this mode hears notices (:mod:`toolq.topology.notices`).
+    notices: Notices = ONE_SERVER
 
     @abstractmethod
     def client(self, url: str, options: dict[str, Any]) -> redis.Redis:
@@ -32,6 +36,16 @@ class Nodes(ABC):
     def close(self, client: redis.Redis) -> None:
         """Close ``client`` and its pool's sockets."""
         client.close()
+
+    async def aclose(self, client: aioredis.Redis) -> None:
+        """Close an async client and its pool's sockets (a server away: closed anyway)."""
+        with contextlib.suppress(Exception):
+            await client.aclose()
+
+    def bound(self, client: aioredis.Redis, in_flight: int) -> InFlight | None:
+        """What bounds the commands in flight on ``client`` (``in_flight`` at most), where
+        its pool does not wait for a free connection; None: its pool waits."""
+        return None
 
 
 class OneServer(Nodes):
@@ -51,6 +65,10 @@ class OneServer(Nodes):
         client.close()
         client.connection_pool.disconnect()
 
+    async def aclose(self, client: aioredis.Redis) -> None:
+        await super().aclose(client)
+        await client.connection_pool.disconnect()
+
 
 class ClusterNodes(Nodes):
     """A Cluster, reached from the URL of any of its nodes, or of several
@@ -63,6 +81,7 @@ class ClusterNodes(Nodes):
     pool does not block): ``tq.aio`` bounds its commands in flight below it."""
 
     on_cluster = True
+    notices = CLUSTER
 
     def client(self, url: str, options: dict[str, Any]) -> redis.Redis:
         client: Any = LedgerCluster.from_seeds(url, **_no_pool_timeout(options))
@@ -72,7 +91,14 @@ class ClusterNodes(Nodes):
         client: Any = AsyncLedgerCluster.from_seeds(url, **_no_pool_timeout(options))
         return client  # type: ignore[no-any-return]
 
-    # close(): a cluster client closes its nodes' pools itself.
+    # close(), aclose(): a cluster client closes its nodes' pools itself.
+
+    def bound(self, client: aioredis.Redis, in_flight: int) -> InFlight:
+        # A node out of connections raises: every command of the client, the ledger's
+        # and the reads outside it (liveness, lists, views), waits for a turn of this.
+        bound = InFlight(in_flight)
+        client.in_flight = bound  # type: ignore[attr-defined]
+        return bound
 
 
 def _no_pool_timeout(options: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from toolq.notify import (
     ShardedSubscription,
     Subscription,
 )
-from toolq.settings import ToolqSettings
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,3 @@ class Notices:
 
 ONE_SERVER = Notices(Subscription, AsyncSubscription)
 CLUSTER = Notices(ShardedSubscription, AsyncShardedSubscription)
-
-
-def notices_for(settings: ToolqSettings) -> Notices:
-    """The notices of the deployment ``settings`` describe."""
-    return CLUSTER if settings.cluster else ONE_SERVER
