@@ -8,7 +8,7 @@ from toolq.fixed import escalation_envelope
 from toolq.recovery.budget import wake_by
 from toolq.recovery.outcome import Lost, Messages, Policy, escalate, lease_lost
 from toolq.recovery.policy import Action, Decision, Snapshot, republish_delay_ms
-from toolq.recovery.transition import Transition
+from toolq.recovery.transition import Guard, Transition
 from toolq.states import State
 from toolq.tools import Tool
 
@@ -41,7 +41,7 @@ def for_decision(
     if d.action is Action.ESCALATE:
         assert d.code is not None
         env = escalation_envelope(d.code, s.ref, s.tool, call_id)
-        base = {"ref": s.ref, "states": (s.state,), "by": by, "code": d.code, "expect": guard}
+        base = Guard(ref=s.ref, states=(s.state,), by=by, code=d.code, expect=guard)
         return escalate(base, env, policy)
     if d.action is Action.DISPATCH:
         return Transition(

@@ -30,7 +30,7 @@ from toolq import errors
 from toolq.fixed import cancelled_envelope
 from toolq.recovery.budget import Budget, Path, check, wake_by
 from toolq.recovery.outcome import Messages, Policy, escalate, refused, terminal
-from toolq.recovery.transition import Transition
+from toolq.recovery.transition import Guard, Transition
 from toolq.states import State
 
 #: The record fields an operator action reads.
@@ -218,9 +218,8 @@ def _requeue(v: View, r: _Requeue, now_ms: int, policy: Policy, messages: Messag
     guard = {"*": {"rev": v.rev, **dict([r.guard] if r.guard else [])}}
     verdict = check(v.budget(), r.path, now_ms)
     if not verdict.ok:
-        base = {"ref": v.ref, "states": (v.state,), "by": r.by, "code": verdict.value}
-        env = refused(verdict, v.ref, v.tool, v.call_id)
-        return escalate(base | {"expect": guard}, env, policy)
+        base = Guard(ref=v.ref, states=(v.state,), by=r.by, code=verdict.value, expect=guard)
+        return escalate(base, refused(verdict, v.ref, v.tool, v.call_id), policy)
     return Transition(
         ref=v.ref,
         states=(v.state,),

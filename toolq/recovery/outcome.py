@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toolq import errors
@@ -41,12 +41,13 @@ from toolq.recovery.budget import (
     wake_by,
 )
 from toolq.recovery.policy import jittered_due, verify_backoff_ms
-from toolq.recovery.transition import Transition
+from toolq.recovery.transition import Guard, Transition
 from toolq.states import State
 from toolq.tools import Tool
 
-#: (queue, raw message) for a run or a verification check.
-MessageFor = Callable[..., tuple[str, str]]
+#: The fields of a worker's lease on a run, and on a verification check.
+_LEASE = ("lease_holder", "lease_until")
+_VLEASE = ("vholder", "vlease_until")
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def terminal(t: Transition, policy: Policy) -> Transition:
 
 
 def escalate(
-    base: dict[str, Any],
+    base: Guard,
     env: ToolError,
     policy: Policy,
     stats: tuple[str, ...] = ("escalated",),
@@ -83,7 +84,7 @@ def escalate(
     then on, so it must say that a person has to act, not that toolq still will."""
     if env.next_action is not NextAction.ESCALATE:
         raise ValueError(f"an escalated operation's envelope says {env.next_action}, not escalate")
-    return terminal(Transition(**base, to=State.ESCALATED, envelope=env, stats=stats), policy)
+    return terminal(base.to(State.ESCALATED, envelope=env, stats=stats), policy)
 
 
 def refused(verdict: Verdict, ref: str, tool: str, call_id: str) -> ToolError:
@@ -111,16 +112,16 @@ class Attempt:
     def budget(self) -> Budget:
         return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
-    def base(self, code: str | None) -> dict[str, Any]:
+    def base(self, code: str | None) -> Guard:
         """The guard of every transition out of this claim: still ours, still running."""
-        return {
-            "ref": self.ref,
-            "states": (State.RUNNING,),
-            "expect": {"running": {"attempt": str(self.attempt), "lease_holder": self.holder}},
-            "by": self.holder,
-            "code": code,
-            "delete": ("lease_holder", "lease_until"),
-        }
+        return Guard(
+            ref=self.ref,
+            states=(State.RUNNING,),
+            expect={"running": {"attempt": str(self.attempt), "lease_holder": self.holder}},
+            by=self.holder,
+            code=code,
+            delete=_LEASE,
+        )
 
 
 def before_call(a: Attempt, now_ms: int, policy: Policy) -> Transition | None:
@@ -151,7 +152,7 @@ def after_success(a: Attempt, result: Any, now_ms: int, policy: Policy) -> Trans
             by=a.holder,
             envelope=env,
             stats=("succeeded",),
-            delete=("lease_holder", "lease_until", "vholder", "vlease_until"),
+            delete=(*_LEASE, *_VLEASE),
         ),
         policy,
     )
@@ -186,23 +187,19 @@ def after_failure(
     if errors.rule_for(exc, writes=tool.writes).directive is Directive.AFTER_DELAY:
         return _delayed_retry(a, env, now_ms, policy, rng)
     if env.retry.directive is Directive.AFTER_INPUT_FIX:
-        return Transition(
-            **base,
-            to=State.NEEDS_INPUT,
+        return base.to(
+            State.NEEDS_INPUT,
             envelope=env,
             set={"blocked_fp": a.fp},
             due_ms=now_ms + policy.input_timeout_ms,
         )
     if env.next_action is NextAction.REQUEST_APPROVAL:
-        return Transition(
-            **base,
-            to=State.AWAITING_APPROVAL,
-            envelope=env,
-            due_ms=now_ms + policy.approval_timeout_ms,
+        return base.to(
+            State.AWAITING_APPROVAL, envelope=env, due_ms=now_ms + policy.approval_timeout_ms
         )
     if env.next_action is NextAction.ESCALATE:
         return escalate(base, env, policy)
-    return terminal(Transition(**base, to=State.FAILED, envelope=env, stats=("failed",)), policy)
+    return terminal(base.to(State.FAILED, envelope=env, stats=("failed",)), policy)
 
 
 def _delayed_retry(
@@ -220,12 +217,8 @@ def _delayed_retry(
         esc = refused(verdict, a.ref, a.tool.name, a.call_id)
         return escalate(a.base(verdict.value), esc, policy)
     due = cap_retry(b, jittered_due(nb_ms, now_ms, a.tool.options.jitter, rng), nb_ms)
-    return Transition(
-        **a.base(env.code),
-        to=State.WAITING_RETRY,
-        envelope=env,
-        due_ms=due,
-        set={"retry_due": str(due)},
+    return a.base(env.code).to(
+        State.WAITING_RETRY, envelope=env, due_ms=due, set={"retry_due": str(due)}
     )
 
 
@@ -246,7 +239,7 @@ def enter_verifying(
     policy: Policy,
     messages: Messages,
     *,
-    base: dict[str, Any],
+    base: Guard,
     env: ToolError | None = None,
 ) -> Transition:
     """An attempt's outcome is unknown: verify it before anything else (invariant 2).
@@ -256,13 +249,12 @@ def enter_verifying(
     """
     tool = u.tool
     if tool.verify_fn is None:
-        esc = unverifiable_envelope(u.ref, tool.name, u.call_id, reason=base.get("code"))
+        esc = unverifiable_envelope(u.ref, tool.name, u.call_id, reason=base.code)
         return escalate(base, esc, policy, ("unknown", "escalated", "no_verifier"))
     env = env or unknown_envelope(u.ref, tool.name, u.call_id, tool.verification_tool)
     nxt = u.vcheck + 1
-    return Transition(
-        **base,
-        to=State.VERIFYING,
+    return base.to(
+        State.VERIFYING,
         envelope=env,
         set={"uncertain_at": str(now_ms), "vcheck": str(nxt), "vfail": "0"},
         due_ms=now_ms + policy.unclaimed_after_ms,
@@ -292,13 +284,16 @@ class Check:
     def budget(self) -> Budget:
         return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
-    def base(self) -> dict[str, Any]:
-        return {
-            "ref": self.ref,
-            "states": (State.VERIFYING,),
-            "expect": {"verifying": {"vcheck": str(self.vcheck), "vholder": self.holder}},
-            "by": self.holder,
-        }
+    def base(self, code: str | None = None, delete: tuple[str, ...] = _VLEASE) -> Guard:
+        """The guard of every verdict on this check: still ours, still verifying."""
+        return Guard(
+            ref=self.ref,
+            states=(State.VERIFYING,),
+            expect={"verifying": {"vcheck": str(self.vcheck), "vholder": self.holder}},
+            by=self.holder,
+            code=code,
+            delete=delete,
+        )
 
 
 def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transition:
@@ -310,16 +305,9 @@ def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transi
         ms_to_dt(now_ms),
         evidence_ref=f"verification:{c.tool.verification_tool}",
     )
+    guard = c.base("VERIFIED_COMMITTED", delete=(*_VLEASE, *_LEASE))
     return terminal(
-        Transition(
-            **c.base(),
-            to=State.SUCCEEDED,
-            envelope=env,
-            code="VERIFIED_COMMITTED",
-            stats=("succeeded", "verify_found"),
-            delete=("vholder", "vlease_until", "lease_holder", "lease_until"),
-        ),
-        policy,
+        guard.to(State.SUCCEEDED, envelope=env, stats=("succeeded", "verify_found")), policy
     )
 
 
@@ -327,32 +315,24 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
     window_end = c.uncertain_at_ms + int(c.tool.options.consistency_window * 1000)
     if now_ms < window_end:
         # Too early to believe "not found": look again when the window has passed.
-        return Transition(
-            **c.base(),
-            to=State.VERIFYING,
-            quiet=True,
-            due_ms=window_end,
-            delete=("vholder", "vlease_until"),
-            stats=("verify_recheck",),
+        return c.base().to(
+            State.VERIFYING, quiet=True, due_ms=window_end, stats=("verify_recheck",)
         )
     verdict = check(c.budget(), Path.NOT_FOUND, now_ms)
     if not verdict.ok:
         return escalate(
-            c.base() | {"code": verdict.value, "delete": ("vholder", "vlease_until")},
+            c.base(verdict.value),
             refused(verdict, c.ref, c.tool.name, c.call_id),
             policy,
             ("verify_not_found", "escalated"),
         )
     nxt = c.attempt + 1
-    return Transition(
-        **c.base(),
-        to=State.QUEUED,
-        code="VERIFIED_NOT_COMMITTED",
+    return c.base("VERIFIED_NOT_COMMITTED").to(
+        State.QUEUED,
         attempt_incr=1,
         push=messages.run(c.ref, nxt),
         due_ms=wake_by(c.budget(), now_ms + policy.unclaimed_after_ms),
         stats=("verify_not_found",),
-        delete=("vholder", "vlease_until"),
         set={"repubs": "0"},
     )
 
@@ -362,18 +342,16 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
     if failures >= c.tool.options.verify_checks:
         code = "VERIFICATION_UNAVAILABLE"
         return escalate(
-            c.base() | {"code": code, "delete": ("vholder", "vlease_until")},
+            c.base(code),
             escalation_envelope(code, c.ref, c.tool.name, c.call_id),
             policy,
             ("verify_escalated", "escalated"),
         )
-    return Transition(
-        **c.base(),
-        to=State.VERIFYING,
+    return c.base().to(
+        State.VERIFYING,
         quiet=True,
         due_ms=now_ms + verify_backoff_ms(c.tool.options.verify_backoff, failures),
         set={"vfail": str(failures)},
-        delete=("vholder", "vlease_until"),
         stats=("verify_failed",),
     )
 
@@ -404,14 +382,14 @@ class Lost:
 
 def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> Transition:
     """A running attempt lost its worker: a write's outcome is unknown, a read runs again."""
-    base: dict[str, Any] = {
-        "ref": lost.ref,
-        "states": (State.RUNNING,),
-        "expect": lost.expect,
-        "by": lost.by,
-        "code": "LEASE_EXPIRED",
-        "delete": ("lease_holder", "lease_until"),
-    }
+    base = Guard(
+        ref=lost.ref,
+        states=(State.RUNNING,),
+        expect=lost.expect,
+        by=lost.by,
+        code="LEASE_EXPIRED",
+        delete=_LEASE,
+    )
     stats = ("lease_lost", "escalated")
     tool = lost.tool
     if tool is None:
@@ -426,10 +404,9 @@ def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> T
     verdict = check(lost.budget(), Path.LEASE_LOST, now_ms)
     if not verdict.ok:
         env = refused(verdict, lost.ref, lost.tool_name, lost.call_id)
-        return escalate(base | {"code": verdict.value}, env, policy, stats)
-    return Transition(
-        **base,
-        to=State.QUEUED,
+        return escalate(replace(base, code=verdict.value), env, policy, stats)
+    return base.to(
+        State.QUEUED,
         attempt_incr=1,
         stats=("lease_lost",),
         push=messages.run(lost.ref, lost.attempt + 1),
