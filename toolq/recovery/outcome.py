@@ -32,7 +32,7 @@ from toolq.fixed import (
 )
 from toolq.record import ms_to_dt
 from toolq.recovery.budget import (
-    Budget,
+    Budgeted,
     Path,
     Verdict,
     attempts_remaining,
@@ -92,12 +92,59 @@ def refused(verdict: Verdict, ref: str, tool: str, call_id: str) -> ToolError:
     return escalation_envelope(verdict.value, ref, tool, call_id)
 
 
+def next_attempt(
+    base: Guard,
+    of: Budgeted,
+    now_ms: int,
+    policy: Policy,
+    messages: Messages,
+    *,
+    set: dict[str, str] | None = None,
+    stats: tuple[str, ...] = (),
+) -> Transition:
+    """Queue attempt ``of.attempt + 1``, its message published with the move; the
+    scheduler looks again once it should have been claimed (or at the deadline)."""
+    return base.to(
+        State.QUEUED,
+        attempt_incr=1,
+        push=messages.run(base.ref, of.attempt + 1),
+        due_ms=wake_by(of.budget(), now_ms + policy.unclaimed_after_ms),
+        set=set,
+        stats=stats,
+    )
+
+
+def check_again(
+    base: Guard,
+    attempt: int,
+    vcheck: int,
+    now_ms: int,
+    policy: Policy,
+    messages: Messages,
+    *,
+    quiet: bool,
+    stats: tuple[str, ...],
+) -> Transition:
+    """Publish verification check ``vcheck + 1`` now, with the move; the last check's
+    lease goes, and the scheduler looks again once the new one should have been claimed."""
+    nxt = vcheck + 1
+    return replace(base, delete=_VLEASE).to(
+        State.VERIFYING,
+        quiet=quiet,
+        push=messages.verify(base.ref, attempt, nxt),
+        set={"vcheck": str(nxt)},
+        due_ms=now_ms + policy.unclaimed_after_ms,
+        stats=stats,
+    )
+
+
 # ---------------------------------------------------------------- the worker's outcome
 
 
 @dataclass(frozen=True)
-class Attempt:
-    """The attempt a worker claimed (from the ledger's claim)."""
+class Claimed(Budgeted):
+    """What a worker's claim (of an attempt or of a check) hands it: the operation,
+    its tool, its budget."""
 
     ref: str
     tool: Tool[Any]
@@ -105,12 +152,15 @@ class Attempt:
     attempt: int
     max_attempts: int
     deadline_ms: int
+
+
+@dataclass(frozen=True)
+class Attempt(Claimed):
+    """The attempt a worker claimed (from the ledger's claim)."""
+
     fp: str
     vcheck: int
     holder: str
-
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
     def base(self, code: str | None) -> Guard:
         """The guard of every transition out of this claim: still ours, still running."""
@@ -267,22 +317,13 @@ def enter_verifying(
 
 
 @dataclass(frozen=True)
-class Check:
+class Check(Claimed):
     """A verification check a worker claimed."""
 
-    ref: str
-    tool: Tool[Any]
-    call_id: str
-    attempt: int
-    max_attempts: int
-    deadline_ms: int
     vcheck: int
     vfail: int
     uncertain_at_ms: int
     holder: str
-
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
     def base(self, code: str | None = None, delete: tuple[str, ...] = _VLEASE) -> Guard:
         """The guard of every verdict on this check: still ours, still verifying."""
@@ -326,14 +367,14 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
             policy,
             ("verify_not_found", "escalated"),
         )
-    nxt = c.attempt + 1
-    return c.base("VERIFIED_NOT_COMMITTED").to(
-        State.QUEUED,
-        attempt_incr=1,
-        push=messages.run(c.ref, nxt),
-        due_ms=wake_by(c.budget(), now_ms + policy.unclaimed_after_ms),
-        stats=("verify_not_found",),
+    return next_attempt(
+        c.base("VERIFIED_NOT_COMMITTED"),
+        c,
+        now_ms,
+        policy,
+        messages,
         set={"repubs": "0"},
+        stats=("verify_not_found",),
     )
 
 
@@ -360,7 +401,7 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
 
 
 @dataclass(frozen=True)
-class Lost:
+class Lost(Budgeted):
     """A running attempt whose worker is gone: its lease expired (the scheduler's
     sweep) or its holder died (a redelivery). ``expect``/``by`` guard the transition."""
 
@@ -375,9 +416,6 @@ class Lost:
     vcheck: int
     expect: dict[str, dict[str, str]]
     by: str
-
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
 
 def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> Transition:
@@ -405,10 +443,4 @@ def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> T
     if not verdict.ok:
         env = refused(verdict, lost.ref, lost.tool_name, lost.call_id)
         return escalate(replace(base, code=verdict.value), env, policy, stats)
-    return base.to(
-        State.QUEUED,
-        attempt_incr=1,
-        stats=("lease_lost",),
-        push=messages.run(lost.ref, lost.attempt + 1),
-        due_ms=wake_by(lost.budget(), now_ms + policy.unclaimed_after_ms),
-    )
+    return next_attempt(base, lost, now_ms, policy, messages, stats=("lease_lost",))
