@@ -7,15 +7,8 @@ from typing import Any
 
 from toolq.fixed import escalation_envelope
 from toolq.recovery.budget import wake_by
-from toolq.recovery.outcome import (
-    Lost,
-    Messages,
-    Policy,
-    check_again,
-    escalate,
-    lease_lost,
-    next_attempt,
-)
+from toolq.recovery.moves import Messages, Policy, check_again, escalate, next_attempt
+from toolq.recovery.outcome import Lost, lease_lost
 from toolq.recovery.policy import Action, Decision, Snapshot, republish_delay_ms
 from toolq.recovery.transition import Guard, Transition
 from toolq.states import State

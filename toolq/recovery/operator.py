@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from toolq import errors
 from toolq.fixed import cancelled_envelope
 from toolq.recovery.budget import Budgeted, Path, check
-from toolq.recovery.outcome import (
+from toolq.recovery.moves import (
     Messages,
     Policy,
     check_again,

@@ -7,13 +7,14 @@ the ledger as one compare-and-set each.
 
 Every path that would start another attempt asks the budget first
 (:func:`toolq.recovery.budget.check`); every path that ends ``escalated`` goes
-through :func:`escalate`, whose envelope must say ``next_action: escalate``.
+through :func:`~toolq.recovery.moves.escalate`, whose envelope must say
+``next_action: escalate``. :class:`Policy`, :class:`Messages`, :func:`escalate`,
+:func:`refused` and :func:`terminal` are :mod:`toolq.recovery.moves`' (imported here too).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,105 +39,17 @@ from toolq.recovery.budget import (
     attempts_remaining,
     cap_retry,
     check,
-    wake_by,
 )
+from toolq.recovery.moves import LEASE, VLEASE, next_attempt
+from toolq.recovery.moves import Messages as Messages
+from toolq.recovery.moves import Policy as Policy
+from toolq.recovery.moves import escalate as escalate
+from toolq.recovery.moves import refused as refused
+from toolq.recovery.moves import terminal as terminal
 from toolq.recovery.policy import jittered_due, verify_backoff_ms
 from toolq.recovery.transition import Guard, Transition
 from toolq.states import State
 from toolq.tools import Tool
-
-#: The fields of a worker's lease on a run, and on a verification check.
-_LEASE = ("lease_holder", "lease_until")
-_VLEASE = ("vholder", "vlease_until")
-
-
-@dataclass(frozen=True)
-class Messages:
-    """Builds the broker messages a transition publishes atomically with itself."""
-
-    run: Callable[[str, int], tuple[str, str]]
-    verify: Callable[[str, int, int], tuple[str, str]]
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Runtime settings the decisions need, in ms."""
-
-    unclaimed_after_ms: int
-    approval_timeout_ms: int
-    input_timeout_ms: int
-    retention_s: int
-
-
-def terminal(t: Transition, policy: Policy) -> Transition:
-    t.remove_due = True
-    t.ttl = policy.retention_s
-    return t
-
-
-def escalate(
-    base: Guard,
-    env: ToolError,
-    policy: Policy,
-    stats: tuple[str, ...] = ("escalated",),
-) -> Transition:
-    """End an operation ``escalated``. Its envelope is what the caller reads from
-    then on, so it must say that a person has to act, not that toolq still will."""
-    if env.next_action is not NextAction.ESCALATE:
-        raise ValueError(f"an escalated operation's envelope says {env.next_action}, not escalate")
-    return terminal(base.to(State.ESCALATED, envelope=env, stats=stats), policy)
-
-
-def refused(verdict: Verdict, ref: str, tool: str, call_id: str) -> ToolError:
-    """The envelope of an operation its budget stopped (``verdict`` is not GO)."""
-    return escalation_envelope(verdict.value, ref, tool, call_id)
-
-
-def next_attempt(
-    base: Guard,
-    of: Budgeted,
-    now_ms: int,
-    policy: Policy,
-    messages: Messages,
-    *,
-    set: dict[str, str] | None = None,
-    stats: tuple[str, ...] = (),
-) -> Transition:
-    """Queue attempt ``of.attempt + 1``, its message published with the move; the
-    scheduler looks again once it should have been claimed (or at the deadline)."""
-    return base.to(
-        State.QUEUED,
-        attempt_incr=1,
-        push=messages.run(base.ref, of.attempt + 1),
-        due_ms=wake_by(of.budget(), now_ms + policy.unclaimed_after_ms),
-        set=set,
-        stats=stats,
-    )
-
-
-def check_again(
-    base: Guard,
-    attempt: int,
-    vcheck: int,
-    now_ms: int,
-    policy: Policy,
-    messages: Messages,
-    *,
-    quiet: bool,
-    stats: tuple[str, ...],
-) -> Transition:
-    """Publish verification check ``vcheck + 1`` now, with the move; the last check's
-    lease goes, and the scheduler looks again once the new one should have been claimed."""
-    nxt = vcheck + 1
-    return replace(base, delete=_VLEASE).to(
-        State.VERIFYING,
-        quiet=quiet,
-        push=messages.verify(base.ref, attempt, nxt),
-        set={"vcheck": str(nxt)},
-        due_ms=now_ms + policy.unclaimed_after_ms,
-        stats=stats,
-    )
-
 
 # ---------------------------------------------------------------- the worker's outcome
 
@@ -170,7 +83,7 @@ class Attempt(Claimed):
             expect={"running": {"attempt": str(self.attempt), "lease_holder": self.holder}},
             by=self.holder,
             code=code,
-            delete=_LEASE,
+            delete=LEASE,
         )
 
 
@@ -202,7 +115,7 @@ def after_success(a: Attempt, result: Any, now_ms: int, policy: Policy) -> Trans
             by=a.holder,
             envelope=env,
             stats=("succeeded",),
-            delete=(*_LEASE, *_VLEASE),
+            delete=(*LEASE, *VLEASE),
         ),
         policy,
     )
@@ -325,7 +238,7 @@ class Check(Claimed):
     uncertain_at_ms: int
     holder: str
 
-    def base(self, code: str | None = None, delete: tuple[str, ...] = _VLEASE) -> Guard:
+    def base(self, code: str | None = None, delete: tuple[str, ...] = VLEASE) -> Guard:
         """The guard of every verdict on this check: still ours, still verifying."""
         return Guard(
             ref=self.ref,
@@ -346,7 +259,7 @@ def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transi
         ms_to_dt(now_ms),
         evidence_ref=f"verification:{c.tool.verification_tool}",
     )
-    guard = c.base("VERIFIED_COMMITTED", delete=(*_VLEASE, *_LEASE))
+    guard = c.base("VERIFIED_COMMITTED", delete=(*VLEASE, *LEASE))
     return terminal(
         guard.to(State.SUCCEEDED, envelope=env, stats=("succeeded", "verify_found")), policy
     )
@@ -426,7 +339,7 @@ def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> T
         expect=lost.expect,
         by=lost.by,
         code="LEASE_EXPIRED",
-        delete=_LEASE,
+        delete=LEASE,
     )
     stats = ("lease_lost", "escalated")
     tool = lost.tool
