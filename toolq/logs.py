@@ -62,10 +62,7 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
 
 def _bound_message(record: logging.LogRecord) -> None:
     """Cut the record's arguments, then its message, before anything scans them."""
-    if isinstance(record.args, tuple):
-        record.args = tuple(_cut_arg(a) for a in record.args)
-    elif isinstance(record.args, dict):
-        record.args = {k: _cut_arg(v) for k, v in record.args.items()}
+    _map_text_args(record, lambda text: cut(text, LOG_ARG_MAX))
     try:
         message = record.getMessage()
     except Exception:  # a format/args mismatch: left for logging to report
@@ -75,8 +72,12 @@ def _bound_message(record: logging.LogRecord) -> None:
         record.msg, record.args = bounded, None
 
 
-def _cut_arg(value: Any) -> Any:
-    return cut(value, LOG_ARG_MAX) if isinstance(value, str) else value
+def _map_text_args(record: logging.LogRecord, fn: Callable[[str], str]) -> None:
+    """``fn`` applied to each string argument of the record (positional or named)."""
+    if isinstance(record.args, tuple):
+        record.args = tuple(fn(a) if isinstance(a, str) else a for a in record.args)
+    elif isinstance(record.args, dict):
+        record.args = {k: fn(v) if isinstance(v, str) else v for k, v in record.args.items()}
 
 
 def _redact_message(record: logging.LogRecord) -> None:
@@ -89,10 +90,7 @@ def _redact_message(record: logging.LogRecord) -> None:
         if clean == message:
             return
     record.msg = redact_text(str(record.msg))
-    if isinstance(record.args, tuple):
-        record.args = tuple(_redact_arg(a) for a in record.args)
-    elif isinstance(record.args, dict):
-        record.args = {k: _redact_arg(v) for k, v in record.args.items()}
+    _map_text_args(record, redact_text)
     try:
         still = record.getMessage()
     except Exception:
@@ -101,10 +99,6 @@ def _redact_message(record: logging.LogRecord) -> None:
         # An argument's own str() or repr() carries the secret: keep the redacted text only.
         record.msg = redact_text(message) if message is not None else record.msg
         record.args = None
-
-
-def _redact_arg(value: Any) -> Any:
-    return redact_text(value) if isinstance(value, str) else value
 
 
 def _redact_exception(record: logging.LogRecord) -> None:

@@ -12,6 +12,8 @@ import pytest
 from celery import Celery
 
 from toolq.broker.messages import (
+    NOTHING_TO_DO,
+    Delivery,
     MessageFactory,
     OperationNotSucceeded,
     Outcome,
@@ -81,3 +83,15 @@ def test_an_outcome_is_the_plain_string_to_everyone_else() -> None:
     o = Outcome("succeeded", "VERIFIED_COMMITTED")
     assert o == "succeeded" and isinstance(o, str) and o.code == "VERIFIED_COMMITTED"
     assert json.dumps(o) == '"succeeded"'
+
+
+@pytest.mark.parametrize("outcome", list(Delivery))
+def test_a_delivery_outcome_is_its_plain_string_everywhere(outcome: Delivery) -> None:
+    assert outcome == outcome.value and str(outcome) == f"{outcome}" == outcome.value
+    assert json.dumps(outcome) == json.dumps(outcome.value)
+    # what the task returns (Flower's result) is the plain string, or the failure names it
+    if outcome in NOTHING_TO_DO:
+        assert type(task_result(outcome)) is str and task_result(outcome) == outcome.value
+    else:
+        with pytest.raises(OperationNotSucceeded, match=f"^{outcome.value}$"):
+            task_result(outcome)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import fakeredis
 import pytest
 
 from toolq.keys import Keys
 from toolq.ledger import scripts
-from toolq.recovery.transition import Transition
+from toolq.recovery.transition import Guard, Transition
 from toolq.states import ALLOWED, INITIAL, SETTLED, TERMINAL, State, allowed, sources
 
 S = State
@@ -82,6 +83,76 @@ def test_a_quiet_update_stays_in_the_state_it_names() -> None:
         Transition(ref="r", states=(S.QUEUED,), to=S.RUNNING, by="t", quiet=True)
     with pytest.raises(ValueError, match="quiet"):
         Transition(ref="r", states=(S.QUEUED, S.VERIFYING), to=S.QUEUED, by="t", quiet=True)
+
+
+RUNNING_GUARD = Guard(
+    ref="r",
+    states=(S.RUNNING,),
+    by="w1",
+    expect={"running": {"attempt": "1", "lease_holder": "w1"}},
+    code="RATE_LIMITED",
+    delete=("lease_holder", "lease_until"),
+)
+GUARD_CASES = [
+    # guard, where it goes, what the decision adds -> the transition built by hand
+    (
+        RUNNING_GUARD,
+        S.WAITING_RETRY,
+        {"due_ms": 5, "set": {"retry_due": "5"}},
+        Transition(
+            ref="r",
+            states=(S.RUNNING,),
+            to=S.WAITING_RETRY,
+            by="w1",
+            code="RATE_LIMITED",
+            expect={"running": {"attempt": "1", "lease_holder": "w1"}},
+            delete=("lease_holder", "lease_until"),
+            due_ms=5,
+            set={"retry_due": "5"},
+        ),
+    ),
+    (
+        Guard(ref="r", states=(S.VERIFYING,), by="v1", delete=("vholder", "vlease_until")),
+        S.QUEUED,
+        {"attempt_incr": 1, "push": ("calls", "m"), "stats": ("verify_not_found",)},
+        Transition(
+            ref="r",
+            states=(S.VERIFYING,),
+            to=S.QUEUED,
+            by="v1",
+            delete=("vholder", "vlease_until"),
+            attempt_incr=1,
+            push=("calls", "m"),
+            stats=("verify_not_found",),
+        ),
+    ),
+    (
+        Guard(ref="r", states=(S.QUEUED,), by="scheduler", expect={"*": {"rev": "3"}}),
+        S.QUEUED,
+        {"quiet": True, "due_ms": 9},
+        Transition(
+            ref="r",
+            states=(S.QUEUED,),
+            to=S.QUEUED,
+            by="scheduler",
+            expect={"*": {"rev": "3"}},
+            quiet=True,
+            due_ms=9,
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("guard", "to", "adds", "expected"), GUARD_CASES)
+def test_a_guard_carries_its_fields_into_each_transition(
+    guard: Guard, to: State, adds: dict[str, Any], expected: Transition
+) -> None:
+    assert guard.to(to, **adds) == expected
+
+
+def test_a_guard_checks_the_table_as_a_transition_does() -> None:
+    with pytest.raises(ValueError, match="not allowed"):
+        RUNNING_GUARD.to(S.CANCELLED)
 
 
 def test_the_scripts_state_tables_are_the_python_ones(fake_redis: fakeredis.FakeRedis) -> None:

@@ -25,12 +25,15 @@ import json
 import logging
 import os
 import socket
+from enum import StrEnum
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import Celery
 from celery.exceptions import Reject
 from kombu.serialization import dumps
+
+from toolq.states import State
 
 RUN_TASK = "toolq.run"
 VERIFY_TASK = "toolq.verify"
@@ -178,14 +181,34 @@ class Outcome(str):
         return out
 
 
+class Delivery(StrEnum):
+    """What a task body did with a delivery when it recorded no transition (equal to
+    the plain string: the task's result and its log line read the same)."""
+
+    #: A copy of a delivery a live worker holds: dropped.
+    DUPLICATE = "duplicate"
+    #: The operation moved on (another attempt or check): nothing to do.
+    STALE = "stale"
+    #: No such operation (expired): nothing to do.
+    MISSING = "missing"
+    #: Claimed by another process.
+    HELD = "held"
+    #: The claim was not confirmed on disk or by a replica: the tool was not called.
+    NOT_DURABLE = "not_durable"
+    #: This worker does not have the tool: the operation was left for another.
+    UNKNOWN_TOOL = "unknown_tool"
+
+
 #: Outcomes of a delivery that found nothing to do (a copy, an operation that moved
 #: on): the task did its job, and the operation is none of its business.
-NOTHING_TO_DO = frozenset({"duplicate", "stale", "missing", "held"})
+NOTHING_TO_DO = frozenset({Delivery.DUPLICATE, Delivery.STALE, Delivery.MISSING, Delivery.HELD})
+#: What a task body returns when the ledger refused its transition: this, then the reason.
+REFUSED = "refused:"
 
 
 def task_result(outcome: str) -> str:
     """The task's return value, or :class:`OperationNotSucceeded` (see the module docstring)."""
-    if outcome == "succeeded" or outcome in NOTHING_TO_DO or outcome.startswith("refused:"):
+    if outcome == State.SUCCEEDED or outcome in NOTHING_TO_DO or outcome.startswith(REFUSED):
         return str(outcome)
     code = getattr(outcome, "code", None)
     raise OperationNotSucceeded(f"{outcome} {code}" if code else str(outcome))

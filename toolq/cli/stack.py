@@ -1,15 +1,13 @@
-"""``toolq up`` (the whole local stack, in the foreground) and ``toolq demo``."""
+"""``toolq up``: the whole local stack, in the foreground (``toolq demo`` is
+:mod:`toolq.cli.demo`, registered here)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,36 +21,10 @@ from toolq.cli.common import (
     redis_option,
     state_dir_option,
 )
-from toolq.errors import ToolqError
+from toolq.cli.demo import demo
+from toolq.cli.foreground import Interrupts, Supervisor
 from toolq.redact import redact_url
 from toolq.state import clear_state, mode_of, owner, read_state, write_state
-from toolq.supervise import Action, ChildRecord, RestartPolicy
-
-
-class _Interrupts:
-    """The first SIGINT or SIGTERM raises KeyboardInterrupt (so ``finally`` stops the stack);
-    a later one, while stopping, calls ``hurry`` instead of cutting the stop short."""
-
-    def __init__(self, hurry: Callable[[], None] | None = None) -> None:
-        self.hurry = hurry
-        self.fired = False
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if not self.fired:
-            self.fired = True
-            raise KeyboardInterrupt
-        if self.hurry is not None:
-            self.hurry()
-
-    def __enter__(self) -> _Interrupts:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def _port(value: int | None, what: str, host: str = "127.0.0.1") -> int | None:
@@ -246,7 +218,7 @@ def up(
     stack = Stack(config)
     provider = InvoiceProvider() if example_provider else None
     exit_code = 0
-    with _Interrupts(hurry=stack.kill_all):
+    with Interrupts(hurry=stack.kill_all):
         try:
             if provider is not None:
                 provider.start()
@@ -288,85 +260,6 @@ def up(
     click.echo("toolq up: stopped", err=True)
 
 
-class Supervisor:
-    """Restart each child of ``stack`` that exits, as :class:`RestartPolicy` decides, and
-    give up on one in a crash loop while the rest keeps serving. ``save`` is handed each
-    child's record (:class:`ChildRecord`) after every change: ``toolq status`` reads them
-    from the state file."""
-
-    def __init__(
-        self,
-        stack: Any,
-        save: Callable[[dict[str, Any]], object],
-        policy: RestartPolicy | None = None,
-        poll: float = 0.2,
-    ) -> None:
-        self.stack = stack
-        self.policy = policy or RestartPolicy()
-        self.poll = poll
-        self._save = save
-        self.records = {c.name: ChildRecord(c.name, c.pid) for c in stack.supervised()}
-        self._due: dict[str, float] = {}  # child name -> when to start it again
-
-    def save(self) -> None:
-        self._save({name: r.as_json() for name, r in self.records.items()})
-
-    def run(self) -> int:
-        """Until interrupted (KeyboardInterrupt); 1 when every child has failed."""
-        while True:
-            if self.step(time.monotonic()):
-                self.save()
-            if all(r.state == "failed" for r in self.records.values()):
-                click.echo("toolq up: every process has failed; stopping", err=True)
-                return 1
-            time.sleep(self.poll)
-
-    def step(self, now: float) -> bool:
-        """Look at every child once; whether a record changed."""
-        changed = False
-        for child in self.stack.supervised():
-            rec = self.records[child.name]
-            if rec.state == "running" and child.popen is not None and not child.running:
-                self._exited(child, rec, now)
-                changed = True
-            elif rec.state == "restarting" and now >= self._due[child.name]:
-                rec.restarts += 1
-                rec.state = "running"
-                changed = True
-                try:
-                    rec.pid = self.stack.restart(child)
-                except (OSError, ToolqError) as exc:  # no fork, no log file, no PING:
-                    why = getattr(exc, "strerror", None) or exc  # an exit like any other
-                    click.echo(
-                        f"toolq up: cannot start {child.name} again ({type(exc).__name__}: {why})",
-                        err=True,
-                    )
-                    self._exited(child, rec, now)
-        return changed
-
-    def _exited(self, child: Any, rec: ChildRecord, now: float) -> None:
-        code = child.popen.returncode
-        rec.exited(code, now, time.time())
-        decision = self.policy.decide(rec.exits, now)
-        if decision.action is Action.GIVE_UP:
-            rec.state = "failed"
-            self.stack.reap(child)  # what is left of its process group
-            click.echo(
-                f"toolq up: {child.name} exited (code {code}), {decision.recent} times in "
-                f"{self.policy.window:g} s; not restarting it again (see its errors above); "
-                "the rest keeps serving",
-                err=True,
-            )
-            return
-        rec.state = "restarting"
-        self._due[child.name] = now + decision.delay
-        click.echo(
-            f"toolq up: {child.name} exited (code {code}); restarting in "
-            f"{decision.delay:g} s (restart {rec.restarts + 1})",
-            err=True,
-        )
-
-
 def _print_banner(
     stack: Any, app: str, state_dir: Path, provider_url: str | None, notes: list[str]
 ) -> None:
@@ -393,135 +286,6 @@ def _print_banner(
         "Ctrl-C to stop.",
     ]
     click.echo("\n".join(lines))
-
-
-@click.command()
-@click.option(
-    "--ops",
-    type=click.IntRange(10, 5000),
-    default=60,
-    show_default=True,
-    help="Workload size (operations the agent starts).",
-)
-@click.option("--seed", type=int, default=7, show_default=True)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(10, 3600),
-    default=180.0,
-    show_default=True,
-    help="Give up (and fail) after this many seconds.",
-)
-@click.option("--calls-workers", type=click.IntRange(1, 16), default=2, show_default=True)
-@click.option(
-    "--provider-dedup/--no-provider-dedup",
-    default=True,
-    show_default=True,
-    help="Whether the provider deduplicates by Idempotency-Key. Off, only toolq "
-    "stands between a retry and a duplicate write.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
-def demo(
-    ops: int,
-    seed: int,
-    timeout: float,
-    calls_workers: int,
-    provider_dedup: bool,
-    as_json: bool,
-    quiet: bool,
-) -> None:
-    """Run the real stack against a provider that misbehaves on purpose, and report.
-
-    Embedded Valkey, the scheduler, calls workers and a verify worker; validation errors,
-    rate limits, conflicts, approvals, lost replies, timeouts before commit, and a worker
-    SIGKILLed mid-write. Exits non-zero unless every succeeded write has exactly one side
-    effect at the provider and every operation finished.
-    """
-    from toolq.demo import DemoOptions, run_demo
-
-    opts = DemoOptions(
-        ops=ops,
-        seed=seed,
-        timeout=timeout,
-        calls_workers=calls_workers,
-        provider_dedup=provider_dedup,
-        progress=not quiet,
-    )
-    with _Interrupts():
-        try:
-            report = run_demo(opts)
-        except KeyboardInterrupt:
-            click.echo("toolq demo: interrupted; everything it started is stopped", err=True)
-            sys.exit(130)
-        except Exception as exc:
-            raise CliError(f"demo failed: {type(exc).__name__}: {exc}", exit_code=1) from None
-    click.echo(json.dumps(report, indent=2) if as_json else render_report(report))
-    if not report["ok"]:
-        sys.exit(1)
-
-
-def render_report(r: dict[str, Any]) -> str:
-    """The demo's report as text (``--json`` prints the dict itself)."""
-    u, d, s, p = (
-        r["unknowns"],
-        r["duplicates_prevented"],
-        r["side_effects"],
-        r["pending_recovery_s"],
-    )
-    lines = [
-        f"toolq demo: {r['operations']} operations in {r.get('duration_s', 0):.1f} s",
-        "",
-        "Operations by final state",
-    ]
-    for state, n in r["by_state"].items():
-        tools = ", ".join(
-            f"{k.split('|')[0]} {v}"
-            for k, v in r["by_tool_state"].items()
-            if k.endswith(f"|{state}")
-        )
-        lines.append(f"  {state:<18} {n:>4}   ({tools})")
-    causes = ", ".join(f"{k} {v}" for k, v in sorted(u["causes"].items())) or "none"
-    lines += [
-        "",
-        "Unknown outcomes resolved by verification",
-        f"  operations verified      {u['operations_verified']:>4}   (why: {causes})",
-        f"  found committed          {u['found_committed']:>4}   -> succeeded, nothing re-sent",
-        f"  not found after window   {u['not_found_redispatched']:>4}   "
-        "-> re-dispatched with the same operation_ref",
-        f"  escalated                {u['escalated']:>4}",
-        "",
-        "Duplicate writes prevented",
-        f"  deliveries refused by the ledger claim    {d['ledger_refused_deliveries']:>4}   "
-        f"({r['agent_actions'].get('redeliveries_injected', 0)} redelivered on purpose)",
-        f"  repeats the provider had to deduplicate   {d['provider_replays']:>4}",
-        "",
-        "Side effects per operation_ref (the provider's own records)",
-        f"  succeeded writes {s['succeeded_writes']}, with exactly one side effect "
-        f"{s['exactly_one']}; side effects in all {s['total']}",
-    ]
-    lines += [
-        f"  VIOLATION {v['operation_ref']}: {v['state']} with {v['side_effects']} side effect(s)"
-        for v in s["violations"]
-    ]
-    lines += [
-        "",
-        f"Time in pending recovery ({p['operations']} operations)",
-        f"  p50 {p['p50']:.2f} s   p95 {p['p95']:.2f} s   max {p['max']:.2f} s",
-        "",
-        "Escalations per tool",
-    ]
-    lines += [f"  {t:<18} {n:>4}" for t, n in sorted(r["escalations"].items())] or ["  none"]
-    k = r.get("worker_killed") or {}
-    if k:
-        lines += [
-            "",
-            f"Worker killed mid-write: {k['worker']} (pid {k['pid']}) at {k['at_s']} s "
-            f"during {k['ref']}: {k.get('final_state', '?')} via lease sweep and verification",
-        ]
-    if r["unfinished"]:
-        lines += ["", f"UNFINISHED operations: {', '.join(r['unfinished'][:10])}"]
-    lines += ["", "RESULT: " + ("OK" if r["ok"] else "FAILED")]
-    return "\n".join(lines)
 
 
 COMMANDS = [up, demo]

@@ -94,6 +94,17 @@ class Budget:
         return bool(self.deadline_ms) and now_ms > self.deadline_ms
 
 
+class Budgeted:
+    """A record that carries an operation's budget fields: its :meth:`budget`."""
+
+    attempt: int
+    max_attempts: int
+    deadline_ms: int
+
+    def budget(self) -> Budget:
+        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
+
+
 def attempts_remaining(attempt: int, max_attempts: int) -> int:
     """Attempts left in the budget after ``attempt`` dispatches."""
     return max(0, max_attempts - attempt)

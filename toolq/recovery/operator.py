@@ -24,13 +24,21 @@ the scheduler would at the retry's time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from toolq import errors
 from toolq.fixed import cancelled_envelope
-from toolq.recovery.budget import Budget, Path, check, wake_by
-from toolq.recovery.outcome import Messages, Policy, escalate, refused, terminal
-from toolq.recovery.transition import Transition
+from toolq.recovery.budget import Budgeted, Path, check
+from toolq.recovery.moves import (
+    Messages,
+    Policy,
+    check_again,
+    escalate,
+    next_attempt,
+    refused,
+    terminal,
+)
+from toolq.recovery.transition import Guard, Transition
 from toolq.states import State
 
 #: The record fields an operator action reads.
@@ -54,7 +62,7 @@ CANCELLABLE = (State.QUEUED, State.WAITING_RETRY, State.NEEDS_INPUT, State.AWAIT
 
 
 @dataclass(frozen=True)
-class View:
+class View(Budgeted):
     """An operation as an operator action reads it."""
 
     ref: str
@@ -91,9 +99,6 @@ class View:
             vholder=f.get("vholder", ""),
             vlease_until_ms=int(float(f.get("vlease_until") or 0)),
         )
-
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
     def require(self, state: State) -> None:
         if self.state is not state:
@@ -183,20 +188,17 @@ def verify_now(
         raise errors.InvalidState(
             "a verification check of this operation is running now", state=str(v.state)
         )
-    nxt = v.vcheck + 1
-    return Transition(
+    guard = Guard(
         ref=v.ref,
         states=(State.VERIFYING,),
-        to=State.VERIFYING,
         by=by,
         code="VERIFY_NOW",
         # vholder: a check claimed since the read (a claim does not move rev) refuses this
         expect={"*": {"rev": v.rev, "vcheck": str(v.vcheck), "vholder": v.vholder}},
-        push=messages.verify(v.ref, v.attempt, nxt),
-        set={"vcheck": str(nxt)},
-        delete=("vholder", "vlease_until"),
-        due_ms=now_ms + policy.unclaimed_after_ms,
-        stats=("verify_published", "verified_now"),
+    )
+    stats = ("verify_published", "verified_now")
+    return check_again(
+        guard, v.attempt, v.vcheck, now_ms, policy, messages, quiet=False, stats=stats
     )
 
 
@@ -216,21 +218,11 @@ class _Requeue:
 def _requeue(v: View, r: _Requeue, now_ms: int, policy: Policy, messages: Messages) -> Transition:
     """Queue a new attempt, if the budget allows one now; escalate if it does not."""
     guard = {"*": {"rev": v.rev, **dict([r.guard] if r.guard else [])}}
+    base = Guard(ref=v.ref, states=(v.state,), by=r.by, code=r.code, expect=guard)
     verdict = check(v.budget(), r.path, now_ms)
     if not verdict.ok:
-        base = {"ref": v.ref, "states": (v.state,), "by": r.by, "code": verdict.value}
         env = refused(verdict, v.ref, v.tool, v.call_id)
-        return escalate(base | {"expect": guard}, env, policy)
-    return Transition(
-        ref=v.ref,
-        states=(v.state,),
-        to=State.QUEUED,
-        by=r.by,
-        code=r.code,
-        expect=guard,
-        attempt_incr=1,
-        set={**r.set, "repubs": "0"},
-        push=messages.run(v.ref, v.attempt + 1),
-        due_ms=wake_by(v.budget(), now_ms + policy.unclaimed_after_ms),
-        stats=r.stats,
+        return escalate(replace(base, code=verdict.value), env, policy)
+    return next_attempt(
+        base, v, now_ms, policy, messages, set={**r.set, "repubs": "0"}, stats=r.stats
     )

@@ -7,14 +7,15 @@ the ledger as one compare-and-set each.
 
 Every path that would start another attempt asks the budget first
 (:func:`toolq.recovery.budget.check`); every path that ends ``escalated`` goes
-through :func:`escalate`, whose envelope must say ``next_action: escalate``.
+through :func:`~toolq.recovery.moves.escalate`, whose envelope must say
+``next_action: escalate``. :class:`Policy`, :class:`Messages`, :func:`escalate`,
+:func:`refused` and :func:`terminal` are :mod:`toolq.recovery.moves`' (imported here too).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toolq import errors
@@ -32,71 +33,31 @@ from toolq.fixed import (
 )
 from toolq.record import ms_to_dt
 from toolq.recovery.budget import (
-    Budget,
+    Budgeted,
     Path,
     Verdict,
     attempts_remaining,
     cap_retry,
     check,
-    wake_by,
 )
+from toolq.recovery.moves import LEASE, VLEASE, next_attempt
+from toolq.recovery.moves import Messages as Messages
+from toolq.recovery.moves import Policy as Policy
+from toolq.recovery.moves import escalate as escalate
+from toolq.recovery.moves import refused as refused
+from toolq.recovery.moves import terminal as terminal
 from toolq.recovery.policy import jittered_due, verify_backoff_ms
-from toolq.recovery.transition import Transition
+from toolq.recovery.transition import Guard, Transition
 from toolq.states import State
 from toolq.tools import Tool
-
-#: (queue, raw message) for a run or a verification check.
-MessageFor = Callable[..., tuple[str, str]]
-
-
-@dataclass(frozen=True)
-class Messages:
-    """Builds the broker messages a transition publishes atomically with itself."""
-
-    run: Callable[[str, int], tuple[str, str]]
-    verify: Callable[[str, int, int], tuple[str, str]]
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Runtime settings the decisions need, in ms."""
-
-    unclaimed_after_ms: int
-    approval_timeout_ms: int
-    input_timeout_ms: int
-    retention_s: int
-
-
-def terminal(t: Transition, policy: Policy) -> Transition:
-    t.remove_due = True
-    t.ttl = policy.retention_s
-    return t
-
-
-def escalate(
-    base: dict[str, Any],
-    env: ToolError,
-    policy: Policy,
-    stats: tuple[str, ...] = ("escalated",),
-) -> Transition:
-    """End an operation ``escalated``. Its envelope is what the caller reads from
-    then on, so it must say that a person has to act, not that toolq still will."""
-    if env.next_action is not NextAction.ESCALATE:
-        raise ValueError(f"an escalated operation's envelope says {env.next_action}, not escalate")
-    return terminal(Transition(**base, to=State.ESCALATED, envelope=env, stats=stats), policy)
-
-
-def refused(verdict: Verdict, ref: str, tool: str, call_id: str) -> ToolError:
-    """The envelope of an operation its budget stopped (``verdict`` is not GO)."""
-    return escalation_envelope(verdict.value, ref, tool, call_id)
-
 
 # ---------------------------------------------------------------- the worker's outcome
 
 
 @dataclass(frozen=True)
-class Attempt:
-    """The attempt a worker claimed (from the ledger's claim)."""
+class Claimed(Budgeted):
+    """What a worker's claim (of an attempt or of a check) hands it: the operation,
+    its tool, its budget."""
 
     ref: str
     tool: Tool[Any]
@@ -104,23 +65,26 @@ class Attempt:
     attempt: int
     max_attempts: int
     deadline_ms: int
+
+
+@dataclass(frozen=True)
+class Attempt(Claimed):
+    """The attempt a worker claimed (from the ledger's claim)."""
+
     fp: str
     vcheck: int
     holder: str
 
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
-
-    def base(self, code: str | None) -> dict[str, Any]:
+    def base(self, code: str | None) -> Guard:
         """The guard of every transition out of this claim: still ours, still running."""
-        return {
-            "ref": self.ref,
-            "states": (State.RUNNING,),
-            "expect": {"running": {"attempt": str(self.attempt), "lease_holder": self.holder}},
-            "by": self.holder,
-            "code": code,
-            "delete": ("lease_holder", "lease_until"),
-        }
+        return Guard(
+            ref=self.ref,
+            states=(State.RUNNING,),
+            expect={"running": {"attempt": str(self.attempt), "lease_holder": self.holder}},
+            by=self.holder,
+            code=code,
+            delete=LEASE,
+        )
 
 
 def before_call(a: Attempt, now_ms: int, policy: Policy) -> Transition | None:
@@ -151,7 +115,7 @@ def after_success(a: Attempt, result: Any, now_ms: int, policy: Policy) -> Trans
             by=a.holder,
             envelope=env,
             stats=("succeeded",),
-            delete=("lease_holder", "lease_until", "vholder", "vlease_until"),
+            delete=(*LEASE, *VLEASE),
         ),
         policy,
     )
@@ -186,23 +150,19 @@ def after_failure(
     if errors.rule_for(exc, writes=tool.writes).directive is Directive.AFTER_DELAY:
         return _delayed_retry(a, env, now_ms, policy, rng)
     if env.retry.directive is Directive.AFTER_INPUT_FIX:
-        return Transition(
-            **base,
-            to=State.NEEDS_INPUT,
+        return base.to(
+            State.NEEDS_INPUT,
             envelope=env,
             set={"blocked_fp": a.fp},
             due_ms=now_ms + policy.input_timeout_ms,
         )
     if env.next_action is NextAction.REQUEST_APPROVAL:
-        return Transition(
-            **base,
-            to=State.AWAITING_APPROVAL,
-            envelope=env,
-            due_ms=now_ms + policy.approval_timeout_ms,
+        return base.to(
+            State.AWAITING_APPROVAL, envelope=env, due_ms=now_ms + policy.approval_timeout_ms
         )
     if env.next_action is NextAction.ESCALATE:
         return escalate(base, env, policy)
-    return terminal(Transition(**base, to=State.FAILED, envelope=env, stats=("failed",)), policy)
+    return terminal(base.to(State.FAILED, envelope=env, stats=("failed",)), policy)
 
 
 def _delayed_retry(
@@ -220,12 +180,8 @@ def _delayed_retry(
         esc = refused(verdict, a.ref, a.tool.name, a.call_id)
         return escalate(a.base(verdict.value), esc, policy)
     due = cap_retry(b, jittered_due(nb_ms, now_ms, a.tool.options.jitter, rng), nb_ms)
-    return Transition(
-        **a.base(env.code),
-        to=State.WAITING_RETRY,
-        envelope=env,
-        due_ms=due,
-        set={"retry_due": str(due)},
+    return a.base(env.code).to(
+        State.WAITING_RETRY, envelope=env, due_ms=due, set={"retry_due": str(due)}
     )
 
 
@@ -246,7 +202,7 @@ def enter_verifying(
     policy: Policy,
     messages: Messages,
     *,
-    base: dict[str, Any],
+    base: Guard,
     env: ToolError | None = None,
 ) -> Transition:
     """An attempt's outcome is unknown: verify it before anything else (invariant 2).
@@ -256,13 +212,12 @@ def enter_verifying(
     """
     tool = u.tool
     if tool.verify_fn is None:
-        esc = unverifiable_envelope(u.ref, tool.name, u.call_id, reason=base.get("code"))
+        esc = unverifiable_envelope(u.ref, tool.name, u.call_id, reason=base.code)
         return escalate(base, esc, policy, ("unknown", "escalated", "no_verifier"))
     env = env or unknown_envelope(u.ref, tool.name, u.call_id, tool.verification_tool)
     nxt = u.vcheck + 1
-    return Transition(
-        **base,
-        to=State.VERIFYING,
+    return base.to(
+        State.VERIFYING,
         envelope=env,
         set={"uncertain_at": str(now_ms), "vcheck": str(nxt), "vfail": "0"},
         due_ms=now_ms + policy.unclaimed_after_ms,
@@ -275,30 +230,24 @@ def enter_verifying(
 
 
 @dataclass(frozen=True)
-class Check:
+class Check(Claimed):
     """A verification check a worker claimed."""
 
-    ref: str
-    tool: Tool[Any]
-    call_id: str
-    attempt: int
-    max_attempts: int
-    deadline_ms: int
     vcheck: int
     vfail: int
     uncertain_at_ms: int
     holder: str
 
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
-
-    def base(self) -> dict[str, Any]:
-        return {
-            "ref": self.ref,
-            "states": (State.VERIFYING,),
-            "expect": {"verifying": {"vcheck": str(self.vcheck), "vholder": self.holder}},
-            "by": self.holder,
-        }
+    def base(self, code: str | None = None, delete: tuple[str, ...] = VLEASE) -> Guard:
+        """The guard of every verdict on this check: still ours, still verifying."""
+        return Guard(
+            ref=self.ref,
+            states=(State.VERIFYING,),
+            expect={"verifying": {"vcheck": str(self.vcheck), "vholder": self.holder}},
+            by=self.holder,
+            code=code,
+            delete=delete,
+        )
 
 
 def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transition:
@@ -310,16 +259,9 @@ def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transi
         ms_to_dt(now_ms),
         evidence_ref=f"verification:{c.tool.verification_tool}",
     )
+    guard = c.base("VERIFIED_COMMITTED", delete=(*VLEASE, *LEASE))
     return terminal(
-        Transition(
-            **c.base(),
-            to=State.SUCCEEDED,
-            envelope=env,
-            code="VERIFIED_COMMITTED",
-            stats=("succeeded", "verify_found"),
-            delete=("vholder", "vlease_until", "lease_holder", "lease_until"),
-        ),
-        policy,
+        guard.to(State.SUCCEEDED, envelope=env, stats=("succeeded", "verify_found")), policy
     )
 
 
@@ -327,33 +269,25 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
     window_end = c.uncertain_at_ms + int(c.tool.options.consistency_window * 1000)
     if now_ms < window_end:
         # Too early to believe "not found": look again when the window has passed.
-        return Transition(
-            **c.base(),
-            to=State.VERIFYING,
-            quiet=True,
-            due_ms=window_end,
-            delete=("vholder", "vlease_until"),
-            stats=("verify_recheck",),
+        return c.base().to(
+            State.VERIFYING, quiet=True, due_ms=window_end, stats=("verify_recheck",)
         )
     verdict = check(c.budget(), Path.NOT_FOUND, now_ms)
     if not verdict.ok:
         return escalate(
-            c.base() | {"code": verdict.value, "delete": ("vholder", "vlease_until")},
+            c.base(verdict.value),
             refused(verdict, c.ref, c.tool.name, c.call_id),
             policy,
             ("verify_not_found", "escalated"),
         )
-    nxt = c.attempt + 1
-    return Transition(
-        **c.base(),
-        to=State.QUEUED,
-        code="VERIFIED_NOT_COMMITTED",
-        attempt_incr=1,
-        push=messages.run(c.ref, nxt),
-        due_ms=wake_by(c.budget(), now_ms + policy.unclaimed_after_ms),
-        stats=("verify_not_found",),
-        delete=("vholder", "vlease_until"),
+    return next_attempt(
+        c.base("VERIFIED_NOT_COMMITTED"),
+        c,
+        now_ms,
+        policy,
+        messages,
         set={"repubs": "0"},
+        stats=("verify_not_found",),
     )
 
 
@@ -362,18 +296,16 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
     if failures >= c.tool.options.verify_checks:
         code = "VERIFICATION_UNAVAILABLE"
         return escalate(
-            c.base() | {"code": code, "delete": ("vholder", "vlease_until")},
+            c.base(code),
             escalation_envelope(code, c.ref, c.tool.name, c.call_id),
             policy,
             ("verify_escalated", "escalated"),
         )
-    return Transition(
-        **c.base(),
-        to=State.VERIFYING,
+    return c.base().to(
+        State.VERIFYING,
         quiet=True,
         due_ms=now_ms + verify_backoff_ms(c.tool.options.verify_backoff, failures),
         set={"vfail": str(failures)},
-        delete=("vholder", "vlease_until"),
         stats=("verify_failed",),
     )
 
@@ -382,7 +314,7 @@ def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
 
 
 @dataclass(frozen=True)
-class Lost:
+class Lost(Budgeted):
     """A running attempt whose worker is gone: its lease expired (the scheduler's
     sweep) or its holder died (a redelivery). ``expect``/``by`` guard the transition."""
 
@@ -398,20 +330,17 @@ class Lost:
     expect: dict[str, dict[str, str]]
     by: str
 
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
-
 
 def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> Transition:
     """A running attempt lost its worker: a write's outcome is unknown, a read runs again."""
-    base: dict[str, Any] = {
-        "ref": lost.ref,
-        "states": (State.RUNNING,),
-        "expect": lost.expect,
-        "by": lost.by,
-        "code": "LEASE_EXPIRED",
-        "delete": ("lease_holder", "lease_until"),
-    }
+    base = Guard(
+        ref=lost.ref,
+        states=(State.RUNNING,),
+        expect=lost.expect,
+        by=lost.by,
+        code="LEASE_EXPIRED",
+        delete=LEASE,
+    )
     stats = ("lease_lost", "escalated")
     tool = lost.tool
     if tool is None:
@@ -426,12 +355,5 @@ def lease_lost(lost: Lost, now_ms: int, policy: Policy, messages: Messages) -> T
     verdict = check(lost.budget(), Path.LEASE_LOST, now_ms)
     if not verdict.ok:
         env = refused(verdict, lost.ref, lost.tool_name, lost.call_id)
-        return escalate(base | {"code": verdict.value}, env, policy, stats)
-    return Transition(
-        **base,
-        to=State.QUEUED,
-        attempt_incr=1,
-        stats=("lease_lost",),
-        push=messages.run(lost.ref, lost.attempt + 1),
-        due_ms=wake_by(lost.budget(), now_ms + policy.unclaimed_after_ms),
-    )
+        return escalate(replace(base, code=verdict.value), env, policy, stats)
+    return next_attempt(base, lost, now_ms, policy, messages, stats=("lease_lost",))

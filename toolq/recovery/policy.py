@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from toolq.recovery.budget import Budget, Path, check, wake_by
+from toolq.recovery.budget import Budgeted, Path, check, wake_by
 from toolq.states import State
 from toolq.tools import Jitter
 
@@ -46,7 +46,7 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Budgeted):
     """The fields of an operation the scheduler reads (``ledger.scripts.DUE_FIELDS``)."""
 
     ref: str
@@ -96,9 +96,6 @@ class Snapshot:
             published_ms=n("published"),
             vclaimed_ms=n("vclaimed"),
         )
-
-    def budget(self) -> Budget:
-        return Budget(self.attempt, self.max_attempts, self.deadline_ms)
 
 
 @dataclass(frozen=True)

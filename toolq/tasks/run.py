@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from toolq.broker.messages import Outcome
+from toolq.broker.messages import REFUSED, Delivery, Outcome
 from toolq.errors import NotDurable, ToolFailure
 from toolq.ledger.store import Claim, Ledger
 from toolq.notify import ProgressPublisher
@@ -132,8 +132,8 @@ class Runtime:
                 attempt,
             )
             self._give_back(ref, attempt, holder, delivery)
-            return "not_durable"
-        if claim.outcome == "held":
+            return Delivery.NOT_DURABLE
+        if claim.outcome == Delivery.HELD:
             return self._held(ref, attempt, claim, holder, delivery)
         if claim.outcome != "claimed":
             log.info(
@@ -142,7 +142,7 @@ class Runtime:
             return claim.outcome
         tool = self._tool_or_release(ref, attempt, claim, holder, delivery)
         if tool is None:
-            return "unknown_tool"
+            return Delivery.UNKNOWN_TOOL
         a = outcome.Attempt(
             ref=ref,
             tool=tool,
@@ -177,7 +177,7 @@ class Runtime:
             log.info(
                 "duplicate delivery of %s attempt %d dropped (held by a live worker)", ref, attempt
             )
-            return "duplicate"
+            return Delivery.DUPLICATE
         tool = self.registry.get(claim.tool) if claim.tool in self.registry else None
         # A "held" claim does not carry the deadline; a read that runs again needs it
         # (rare: only when the holder died), and it never changes, so a plain read will do.
@@ -265,7 +265,7 @@ class Runtime:
             )
             if delivery:  # nothing recorded: acknowledged on its own (its lease runs out)
                 _patient(lambda: self.ledger.ack(delivery), 10.0)
-            return "unknown_tool"
+            return Delivery.UNKNOWN_TOOL
         tool = self.registry.get(claim.tool)
         c = outcome.Check(
             ref=ref,
@@ -309,7 +309,7 @@ class Runtime:
         res = _patient(lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S)
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
-            return f"refused:{res}"
+            return f"{REFUSED}{res}"
         return Outcome(t.to, t.code)  # with its code, for what Flower shows
 
 

