@@ -23,6 +23,7 @@ from celery import Celery, Task
 from pydantic import SecretStr, ValidationError
 
 from toolq import calls, errors, liveness
+from toolq.broker.ack import delivery_of
 from toolq.broker.app import REQUEST, broker_config, make_celery
 from toolq.broker.messages import (
     RUN_TASK,
@@ -391,14 +392,6 @@ class App:
         # so that Flower shows a failure; declared in `throws`: one log line, acked.
         throws = (OperationNotSucceeded,)
 
-        # The ledger call that ends a delivery acknowledges it, when the ledger's server
-        # is the broker (toolq.broker.request: Celery's ack then sends nothing).
-        def delivery(task: Task[Any, Any]) -> str | None:
-            if not task.app.conf.get("toolq_acks_in_ledger"):
-                return None
-            tag = (task.request.delivery_info or {}).get("delivery_tag")
-            return str(tag) if tag else None
-
         # A delivery whose claim the ledger's server did not take goes back to its queue
         # (Requeue: Celery rejects it with requeue, late acks or not), where an ack would
         # have left its operation to the scheduler's republish after
@@ -420,7 +413,7 @@ class App:
         @celery.task(name=RUN_TASK, **options)
         def run(self: Task[Any, Any], ref: str, attempt: int) -> str:
             try:
-                return task_result(app.runtime.run_attempt(ref, int(attempt), delivery(self)))
+                return task_result(app.runtime.run_attempt(ref, int(attempt), delivery_of(self)))
             except LedgerAway as exc:
                 raise Requeue(str(exc)) from exc
 
@@ -428,7 +421,7 @@ class App:
         def verify(self: Task[Any, Any], ref: str, attempt: int, vcheck: int) -> str:
             try:
                 return task_result(
-                    app.runtime.run_check(ref, int(attempt), int(vcheck), delivery(self))
+                    app.runtime.run_check(ref, int(attempt), int(vcheck), delivery_of(self))
                 )
             except LedgerAway as exc:
                 raise Requeue(str(exc)) from exc
