@@ -21,7 +21,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from toolq import errors
 from toolq.keys import Keys
 from toolq.layout import Layout
 from toolq.ledger.cluster import InFlight
@@ -35,16 +34,16 @@ from toolq.ledger.replies import (
     strs,
     submit_result,
 )
+from toolq.ledger.routes import Routes, strategies
 from toolq.ledger.runner import AsyncScripts
-from toolq.ledger.store import strategies
-from toolq.ledger.wire import Calls, Push
+from toolq.ledger.wire import Push
 from toolq.record import HistoryEntry, OperationRecord
 from toolq.recovery.transition import Transition
 
 __all__ = ["AsyncLedger", "AsyncScripts"]
 
 
-class AsyncLedger:
+class AsyncLedger(Routes):
     def __init__(
         self,
         client: aioredis.Redis,
@@ -66,36 +65,18 @@ class AsyncLedger:
         #: A submit is on disk before it is acknowledged, as the sync ledger's is
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = AsyncDurability(client, durability, nodes=nodes)
-        flagged = strategies(prefix, outbox, None, cells)
         #: Where every call by ref goes (as the sync Ledger's).
-        self.layout = layout or flagged[0]
-        self._push = push or flagged[1]
-        self._calls: dict[Keys, Calls] = {}
-        self.calls = self.calls_at(Keys(prefix))
-        self.keys = self.calls.keys
+        flagged = strategies(prefix, outbox, None, cells)
+        self.route(layout or flagged[0], push or flagged[1], Keys(prefix))
         self.scripts = AsyncScripts(client, replace=self.durable.nodes.replace_library)
-
-    def calls_at(self, keys: Keys) -> Calls:
-        found = self._calls.get(keys)
-        if found is None:
-            found = self._calls[keys] = Calls(keys, self._push)
-        return found
-
-    def calls_of(self, ref: str) -> Calls:
-        return self.calls_at(self.layout.keys_of(ref))
 
     async def record_cells(self) -> None:
         """:meth:`toolq.ledger.store.Ledger.record_cells` (errors.RequestRefused)."""
-        meta = Keys(self.keys.prefix).meta
         pipe = self.redis.pipeline(transaction=False)
-        if self.layout.cells is not None:  # recorded at first use; a single tag records none
-            pipe.hsetnx(meta, "cells", self.layout.cells)
-        pipe.hget(meta, "cells")
+        self.ask_cells(pipe)
         async with self._command():
-            recorded = (await pipe.execute())[-1]
-        why = self.layout.conflict(recorded)
-        if why is not None:
-            raise errors.RequestRefused(why)
+            answers = await pipe.execute()
+        self.cells_refused(answers)
 
     @contextlib.asynccontextmanager
     async def _command(self) -> AsyncIterator[None]:

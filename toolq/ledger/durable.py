@@ -1,11 +1,8 @@
 """Carrying out the durability plan (:mod:`toolq.ledger.durability`): one core, two shells.
 
-The core (:func:`one_server_call`, :func:`cluster_call`) is a generator that
-decides every step of a durable call and yields what to do (an :data:`Effect`:
-run the script plainly, build its command, send commands, load the scripts, read
-the Cluster's map again, pause, probe) and reads the answers sent back in. It
-does no I/O. :class:`Durability` (threads, ``redis``) and :class:`AsyncDurability`
-(``redis.asyncio``, ``tq.aio``) only carry the effects out.
+The core (:mod:`toolq.ledger.steps`) decides every step of a durable call and
+yields what to do; :class:`Durability` (threads, ``redis``) and
+:class:`AsyncDurability` (``redis.asyncio``, ``tq.aio``) only carry the effects out.
 
 How a client reaches its server is a strategy the caller passes (the topology
 picks it: :mod:`toolq.topology.ledger`): :class:`OneServer` or :class:`ClusterNodes`
@@ -17,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import redis
@@ -27,110 +23,20 @@ from redis.asyncio.cluster import PipelineCommand
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from toolq import errors
 from toolq.ledger.durability import Persistence, Plan, Plans
-from toolq.ledger.route import ROUTE_ATTEMPTS, Route
-from toolq.ledger.runner import lost_scripts
-
-# ----------------------------------------------------------------------------- the core
-
-
-@dataclass(frozen=True)
-class Direct:
-    """Run the script as the runner does, no waits; its answer is the call's."""
-
-
-@dataclass(frozen=True)
-class Command:
-    """The raw command that runs the script (the runner loads the scripts first if needed)."""
-
-
-@dataclass(frozen=True)
-class Send:
-    """Pipeline ``commands`` on one connection: the client's own (``node`` None; errors
-    raised) or the Cluster ``node``'s (a lost connection answered as the exception)."""
-
-    commands: list[tuple[Any, ...]]
-    node: Any = None
-
-
-@dataclass(frozen=True)
-class Load:
-    """Load the scripts again (the server lost them)."""
-
-
-@dataclass(frozen=True)
-class Remap:
-    """Read the Cluster's map again (a slot moved, a failover, a replica dropped)."""
-
-
-@dataclass(frozen=True)
-class Pause:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Read the server's settings when due (:meth:`Plans.begin`)."""
-
-
-Effect = Direct | Command | Send | Load | Remap | Pause | Probe
-#: A durable call's steps: yields effects, is sent their answers, returns the call's.
-Steps = Generator[Effect, Any, Any]
-
-
-def one_server_call(plans: Plans) -> Steps:
-    """One server: the call, then WAITAOF, pipelined on one connection; once more
-    after NOSCRIPT (a restarted server lost its scripts)."""
-    yield Probe()
-    p = plans.current()
-    if not p.wait:
-        return (yield Direct())
-    for _ in range(2):
-        command = yield Command()
-        reply, ack = yield Send([tuple(command), *p.waits()])
-        if not lost_scripts(reply):
-            break
-        yield Load()
-    if isinstance(reply, Exception):
-        raise reply
-    plans.learned(ack)
-    return reply
-
-
-def cluster_call(plans: Plans, cluster: Any, keys: Sequence[Any]) -> Steps:
-    """The call, WAITAOF and WAIT pipelined on one connection of the primary that
-    serves the call's slot (they count that connection's writes), sent again after
-    an answer that says it did not run there (:func:`toolq.ledger.route.resend`)."""
-    if plans.mode == "none":
-        return (yield Direct())
-    yield Probe()  # before the map is read: a probe reads it again
-    route = Route(cluster, cluster.keyslot(keys[0]))
-    for attempt in range(ROUTE_ATTEMPTS):
-        p = plans.current(replicas=len(route.shard()) - 1)
-        if not (p.wait or p.replica):
-            return (yield Direct())
-        command = yield Command()
-        answers = yield Send(route.commands(command, p), route.node)
-        replies = [answers] if isinstance(answers, Exception) else route.replies(answers)
-        again = route.after(replies[0], last=attempt == ROUTE_ATTEMPTS - 1)
-        if again is None:
-            break
-        if again.remap:
-            yield Remap()
-        if again.load:
-            yield Load()
-        yield Pause(again.pause)
-    if isinstance(replies[0], Exception):
-        raise replies[0]
-    try:
-        plans.settle(p, replies[1:])
-    except errors.NotDurable:
-        if p.replica:  # the cluster may have marked the replica failed: drop it
-            yield Remap()
-        raise
-    return replies[0]
-
+from toolq.ledger.steps import (
+    Command,
+    Direct,
+    Effect,
+    Load,
+    Pause,
+    Probe,
+    Remap,
+    Send,
+    Steps,
+    cluster_call,
+    one_server_call,
+)
 
 # ----------------------------------------------------------------------------- runners
 

@@ -15,7 +15,6 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
-from redis.commands.core import AsyncScript, Script
 
 from toolq.ledger import scripts
 
@@ -44,10 +43,13 @@ class ScriptWay:
     its primary loaded (functions replicate): a failover loses nothing.
     """
 
+    client: Any
+
     def __init__(self, replace: bool) -> None:
         #: None until the first load says whether the server has functions.
         self.functions: bool | None = None
         self.replace = replace
+        self._evals: dict[str, Any] = {}
 
     def raw(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         """The command that runs script ``name``, once loaded (:attr:`functions` known)."""
@@ -60,7 +62,14 @@ class ScriptWay:
         return (scripts.function_name(name), len(keys), *keys, *args)
 
     def sha(self, name: str) -> str:
-        raise NotImplementedError
+        return str(self._eval(name).sha)
+
+    def _eval(self, name: str) -> Any:
+        """The script object of ``name`` (EVALSHA's way): the client's, sync or async."""
+        script = self._evals.get(name)
+        if script is None:
+            script = self._evals[name] = self.client.register_script(scripts.script(name))
+        return script
 
     def refused(self, exc: redis.ResponseError) -> None:
         """What a FUNCTION LOAD that failed says: the library is there already (another
@@ -85,8 +94,7 @@ class Scripts(ScriptWay):
 
     def __init__(self, client: redis.Redis, *, replace: bool | None = None) -> None:
         super().__init__(isinstance(client, RedisCluster) if replace is None else replace)
-        self.client = client
-        self._evals: dict[str, Script] = {}
+        self.client: redis.Redis = client
 
     def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         if self.functions is None:
@@ -121,23 +129,13 @@ class Scripts(ScriptWay):
                 script = self._eval(name)
                 script.sha = self.client.script_load(script.script)
 
-    def sha(self, name: str) -> str:
-        return str(self._eval(name).sha)
-
-    def _eval(self, name: str) -> Script:
-        script = self._evals.get(name)
-        if script is None:
-            script = self._evals[name] = self.client.register_script(scripts.script(name))
-        return script
-
 
 class AsyncScripts(ScriptWay):
     """:class:`Scripts` on ``redis.asyncio``."""
 
     def __init__(self, client: aioredis.Redis, *, replace: bool | None = None) -> None:
         super().__init__(isinstance(client, AsyncRedisCluster) if replace is None else replace)
-        self.client = client
-        self._evals: dict[str, AsyncScript] = {}
+        self.client: aioredis.Redis = client
 
     async def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         if self.functions is None:
@@ -167,12 +165,3 @@ class AsyncScripts(ScriptWay):
             for name in scripts.NAMES:
                 script = self._eval(name)
                 script.sha = await self.client.script_load(script.script)
-
-    def sha(self, name: str) -> str:
-        return str(self._eval(name).sha)
-
-    def _eval(self, name: str) -> AsyncScript:
-        script = self._evals.get(name)
-        if script is None:
-            script = self._evals[name] = self.client.register_script(scripts.script(name))
-        return script

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from toolq import errors
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.keys import Keys
-from toolq.layout import Layout, layout_of
+from toolq.layout import Layout
 from toolq.ledger import ack as acks
 from toolq.ledger.ack import UNACKED_KEYS
 from toolq.ledger.durable import Durability, Nodes
@@ -42,9 +40,10 @@ from toolq.ledger.replies import (
     strs,
     submit_result,
 )
+from toolq.ledger.routes import Pinned, Routes, strategies
 from toolq.ledger.runner import Scripts
 from toolq.ledger.schedule import SchedulerCalls
-from toolq.ledger.wire import Calls, InlinePush, OutboxPush, Push
+from toolq.ledger.wire import Push
 from toolq.record import HistoryEntry, OperationRecord, load_envelope
 from toolq.recovery.transition import Transition
 
@@ -61,38 +60,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Pinned(Layout):
-    """Every ref on one cell's keys: a ledger built for one cell (``cell``), or a
-    single-tag ledger's :meth:`Ledger.in_cell` (a tool working on one cell)."""
-
-    home: Keys
-
-    @property
-    def prefix(self) -> str:  # type: ignore[override]
-        return self.home.prefix
-
-    @property
-    def cells(self) -> None:
-        return None
-
-    def keys_of(self, ref: str) -> Keys:
-        return self.home
-
-    def every_cell(self) -> list[Keys]:
-        return [self.home]
-
-
-def strategies(
-    prefix: str, outbox: bool, cell: int | None, cells: int | None
-) -> tuple[Layout, Push]:
-    """The layout and push that a ledger built from flags has (tests, tools); a
-    process's ledger gets them from its topology (:mod:`toolq.topology.ledger`)."""
-    layout = layout_of(prefix, cells) if cell is None else Pinned(Keys(prefix, cell))
-    return layout, OutboxPush() if outbox else InlinePush()
-
-
-class Ledger(SchedulerCalls):
+class Ledger(Routes, SchedulerCalls):
     """Operation records in Redis. One instance per process; thread-safe."""
 
     def __init__(
@@ -112,34 +80,13 @@ class Ledger(SchedulerCalls):
         #: Submits and claims of runs are on disk before they are answered
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
         self.durable = Durability(client, durability, nodes=nodes)
+        #: Where every call by ref goes; the per-cell keys (due, wake, stats, tools,
+        #: indexes, outbox) are each cell's (:meth:`in_cell`).
         flagged = strategies(prefix, outbox, cell, cells)
-        #: Where every call by ref goes. The ledger's own :attr:`keys` are then the
-        #: deployment-wide ones (schedulers, workers, meta: no cell), and the per-cell
-        #: keys (due, wake, stats, tools, indexes, outbox) each cell's (:meth:`in_cell`).
-        self.layout = layout or flagged[0]
-        self._calls: dict[Keys, Calls] = {}
-        self._push = push or flagged[1]
-        self.calls = self.calls_at(Keys(prefix, cell))
-        self.keys = self.calls.keys
+        self.route(layout or flagged[0], push or flagged[1], Keys(prefix, cell))
         self.scripts = Scripts(client, replace=self.durable.nodes.replace_library)
         #: :meth:`record_cells` ran: the number of cells (or none) is the ledger's.
         self.cells_checked = False
-
-    @property
-    def cells(self) -> int | None:
-        """The number of cells (None: the single tag), as :attr:`layout` says."""
-        return self.layout.cells
-
-    def calls_at(self, keys: Keys) -> Calls:
-        """The calls on ``keys`` (made once, shared by every :meth:`in_cell` copy)."""
-        found = self._calls.get(keys)
-        if found is None:
-            found = self._calls[keys] = Calls(keys, self._push)
-        return found
-
-    def calls_of(self, ref: str) -> Calls:
-        """The calls on ``ref``'s keys (its cell's in cells mode)."""
-        return self.calls_at(self.layout.keys_of(ref))
 
     def in_cell(self, cell: int) -> Ledger:
         """This ledger's calls on the keys of ``cell`` (:mod:`toolq.cells`): the same
@@ -159,22 +106,13 @@ class Ledger(SchedulerCalls):
             return [self]
         return [self.in_cell(cell) for cell in range(self.layout.cells)]
 
-    def keys_of(self, ref: str) -> Keys:
-        """The keys of ``ref``'s cell (this ledger's own without cells)."""
-        return self.calls_of(ref).keys
-
     def record_cells(self) -> None:
         """Cells mode: record the number of cells in the deployment's meta at first use,
         and refuse (errors.RequestRefused) a ledger recorded with another number. On the
         single tag: refuse a ledger that was moved into cells (``toolq cells migrate``)."""
-        meta = Keys(self.keys.prefix).meta
         pipe = self.redis.pipeline(transaction=False)
-        if self.layout.cells is not None:  # recorded at first use; a single tag records none
-            pipe.hsetnx(meta, "cells", self.layout.cells)
-        pipe.hget(meta, "cells")
-        why = self.layout.conflict(pipe.execute()[-1])
-        if why is not None:
-            raise errors.RequestRefused(why)
+        self.ask_cells(pipe)
+        self.cells_refused(pipe.execute())
         self.cells_checked = True
 
     # ------------------------------------------------------------------ writes
