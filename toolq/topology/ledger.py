@@ -10,65 +10,60 @@ The layout (:mod:`toolq.layout`) is the topology's own and passed as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
-from toolq.layout import Layout
 from toolq.ledger import durable
 from toolq.ledger.aio import AsyncLedger
 from toolq.ledger.cluster import InFlight
 from toolq.ledger.store import Ledger
 from toolq.ledger.wire import InlinePush, OutboxPush, Push
+from toolq.topology import nodes, publish
+from toolq.topology.model import Topology
 
-#: Where a Celery message goes, by ``via_outbox``.
-_PUSH: dict[bool, type[Push]] = {False: InlinePush, True: OutboxPush}
-#: How a client reaches the server, by ``on_cluster``: (sync, async).
-_NODES: dict[bool, tuple[Any, Any]] = {
-    False: (durable.OneServer, durable.AsyncOneServer),
-    True: (durable.ClusterNodes, durable.AsyncClusterNodes),
+#: Where a Celery message goes, by the topology's publishing (a new mode: a row).
+PUSH: dict[type[publish.Publish], type[Push]] = {
+    publish.Inline: InlinePush,
+    publish.Outbox: OutboxPush,
+}
+#: How the ledger reaches its server, by the topology's nodes: (sync, async).
+NODES: dict[
+    type[nodes.Nodes], tuple[Callable[[Any], durable.Nodes], Callable[[Any], durable.AsyncNodes]]
+] = {
+    nodes.OneServer: (durable.OneServer, durable.AsyncOneServer),
+    nodes.ClusterNodes: (durable.ClusterNodes, durable.AsyncClusterNodes),
 }
 
 
-def ledger_for(
-    client: redis.Redis,
-    durability: str,
-    layout: Layout,
-    *,
-    on_cluster: bool,
-    via_outbox: bool,
-) -> Ledger:
+def ledger_for(topology: Topology, client: redis.Redis, durability: str) -> Ledger:
     """The sync ledger of a deployment: its layout, its push and its nodes."""
-    nodes: durable.Nodes = _NODES[on_cluster][0](client)
     return Ledger(
         client,
-        layout.prefix,
+        topology.layout.prefix,
         durability,
-        layout=layout,
-        push=_PUSH[via_outbox](),
-        nodes=nodes,
+        layout=topology.layout,
+        push=PUSH[type(topology.publish)](),
+        nodes=NODES[type(topology.nodes)][0](client),
     )
 
 
 def async_ledger_for(
+    topology: Topology,
     client: aioredis.Redis,
     durability: str,
-    layout: Layout,
-    *,
-    on_cluster: bool,
-    via_outbox: bool,
     in_flight: InFlight | None = None,
 ) -> AsyncLedger:
     """The same on ``redis.asyncio`` (``tq.aio``); ``in_flight``: see
     :class:`toolq.ledger.cluster.InFlight`."""
-    nodes: durable.AsyncNodes = _NODES[on_cluster][1](client)
     return AsyncLedger(
         client,
-        layout.prefix,
+        topology.layout.prefix,
         durability,
         in_flight=in_flight,
-        layout=layout,
-        push=_PUSH[via_outbox](),
-        nodes=nodes,
+        layout=topology.layout,
+        push=PUSH[type(topology.publish)](),
+        nodes=NODES[type(topology.nodes)][1](client),
     )
