@@ -54,13 +54,13 @@ from toolq.app import App
 from toolq.calls import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.ledger import lists
-from toolq.ledger.aio import AsyncLedger
 from toolq.notify import Event, Progress, Waiter
 from toolq.outage import MISUSE, UNREACHABLE, server_errors, translated, unavailable
 from toolq.record import HistoryEntry, OperationPage, OperationRecord
 from toolq.recovery import operator
 from toolq.recovery.transition import Transition
 from toolq.states import SETTLED, State
+from toolq.topology.ledger import async_ledger_for
 
 OnProgress = Callable[[Progress], Awaitable[None] | None]
 
@@ -139,14 +139,7 @@ class _Bound:
         # command on the loop's client, the ledger's and the reads outside it (a
         # submit's liveness read, lists, views), waits for a turn below that.
         in_flight = t.nodes.bound(self.redis, CONNECTIONS_PER_LOOP - CLUSTER_SPARE_CONNECTIONS)
-        self.ledger = AsyncLedger(
-            self.redis,
-            t.layout.prefix,
-            app.settings.durability,
-            outbox=t.publishes_via_outbox,
-            cells=t.layout.cells,
-            in_flight=in_flight,
-        )
+        self.ledger = async_ledger_for(t, self.redis, app.settings.durability, in_flight)
         self.notifier = t.notices.async_notifier(
             self.redis, t.layout.channels(), t.layout.channels(steps=True)
         )

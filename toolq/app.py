@@ -38,6 +38,7 @@ from toolq.tasks.celery import register_tasks
 from toolq.tasks.run import Runtime
 from toolq.tools import Registry, fingerprint
 from toolq.topology import Topology, topology_for
+from toolq.topology.ledger import ledger_for
 
 #: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
 MAX_BOUND_TOOLS = 1024
@@ -155,13 +156,7 @@ class App:
             if self._ledger is None:
                 client = self.redis  # first: it may bring the mode (redis_url)
                 t = self.topology
-                ledger = Ledger(
-                    client,
-                    t.layout.prefix,
-                    self.settings.durability,
-                    outbox=t.publishes_via_outbox,
-                    cells=t.layout.cells,
-                )
+                ledger = ledger_for(t, client, self.settings.durability)
                 if t.layout.check_meta_first:  # else at the first submit: no round trip here
                     ledger.record_cells()
                 self._ledger = ledger

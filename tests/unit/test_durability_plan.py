@@ -30,23 +30,20 @@ from toolq.ledger.durability import (
     PROBE_EVERY_S,
     WAIT_REPLICA,
     WAITAOF,
-    AsyncDurability,
-    Durability,
     Persistence,
     Plan,
-    Resend,
-    _Route,
     check_ack,
     check_replica,
     plan,
-    resend,
 )
+from toolq.ledger.durable import AsyncClusterNodes, AsyncDurability, ClusterNodes, Durability
+from toolq.ledger.route import Resend, Route, resend
 
 SET = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
 
 
 class OneScript:
-    """What Durability runs scripts through (toolq.ledger.store.Scripts), with one script."""
+    """What Durability runs scripts through (toolq.ledger.runner.Scripts), with one script."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -63,7 +60,7 @@ class OneScript:
 
 
 class AsyncOneScript:
-    """The same on redis.asyncio (toolq.ledger.aio.AsyncScripts)."""
+    """The same on redis.asyncio (toolq.ledger.runner.AsyncScripts)."""
 
     def __init__(self, client: fakeredis.aioredis.FakeRedis) -> None:
         self.client = client
@@ -207,7 +204,7 @@ def test_when_a_cluster_call_is_sent_again(reply: object, expected: Resend | Non
 
 
 def test_a_route_follows_an_ask_once_and_remaps_when_its_node_is_unknown() -> None:
-    """The bookkeeping the sync and async Cluster calls share (:class:`_Route`)."""
+    """The bookkeeping the sync and async Cluster calls share (:class:`Route`)."""
     importing = object()
     nodes = {("127.0.0.1", 7002): importing}
     cluster = types.SimpleNamespace(
@@ -215,7 +212,7 @@ def test_a_route_follows_an_ask_once_and_remaps_when_its_node_is_unknown() -> No
             slots_cache={9: ["primary", "replica"]}, get_node=lambda h, p: nodes.get((h, p))
         )
     )
-    route = _Route(cluster, 9)
+    route = Route(cluster, 9)
     assert route.shard() == ["primary", "replica"] and route.node == "primary"
     call, p = ("FCALL", "f", 1, "k"), Plan(wait=True)
     assert route.commands(call, p) == [call, WAITAOF]
@@ -324,8 +321,9 @@ def test_one_thread_probes_at_the_minute_while_the_others_go_on() -> None:
     # Given a Cluster ledger's Durability whose settings were read once
     now = [0.0]
     cluster = CountingCluster()
-    d = Durability(fakeredis.FakeRedis(), "fsync", clock=lambda: now[0])
-    d.client, d.cluster = cluster, True  # type: ignore[assignment]
+    d = Durability(
+        fakeredis.FakeRedis(), "fsync", clock=lambda: now[0], nodes=ClusterNodes(cluster)
+    )
     d.probe()
     assert cluster.refreshes == 0  # the first probe reads the settings; the map is new
     # When the probe is due and one thread is refreshing the map
@@ -351,8 +349,9 @@ def test_a_probe_that_failed_is_taken_up_by_the_next_caller() -> None:
     now = [0.0]
     cluster = CountingCluster()
     cluster.release.set()
-    d = Durability(fakeredis.FakeRedis(), "fsync", clock=lambda: now[0])
-    d.client, d.cluster = cluster, True  # type: ignore[assignment]
+    d = Durability(
+        fakeredis.FakeRedis(), "fsync", clock=lambda: now[0], nodes=ClusterNodes(cluster)
+    )
     d.probe()
     now[0] = PROBE_EVERY_S
     lost = redis.ConnectionError("the node went away")
@@ -393,8 +392,12 @@ def test_one_task_probes_at_the_minute_while_the_others_go_on() -> None:
     async def scenario() -> int:
         now = [0.0]
         cluster = AsyncCountingCluster()
-        d = AsyncDurability(fakeredis.aioredis.FakeRedis(), "fsync", clock=lambda: now[0])
-        d.client, d.cluster = cluster, True  # type: ignore[assignment]
+        d = AsyncDurability(
+            fakeredis.aioredis.FakeRedis(),
+            "fsync",
+            clock=lambda: now[0],
+            nodes=AsyncClusterNodes(cluster),
+        )
         await d.probe()
         now[0] = PROBE_EVERY_S
         first = asyncio.ensure_future(d.probe())

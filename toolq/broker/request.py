@@ -24,8 +24,8 @@ from typing import Any
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from celery.worker.request import Request as CeleryRequest
 
+from toolq.broker.ack import acked_by_ledger, ended_in_ledger
 from toolq.broker.messages import OperationNotSucceeded
-from toolq.broker.transport import acked_by_ledger
 
 
 class Request(CeleryRequest):
@@ -58,11 +58,7 @@ class Request(CeleryRequest):
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def acknowledge(self) -> None:
-        if (
-            not self.acknowledged
-            and self._toolq_started
-            and not self._toolq_unsettled
-            and self.task.app.conf.get("toolq_acks_in_ledger")
-        ):
+        ended = ended_in_ledger(self._toolq_started, self._toolq_unsettled, self.task.app.conf)
+        if not self.acknowledged and ended:
             acked_by_ledger(self.message.delivery_tag)
         super().acknowledge()

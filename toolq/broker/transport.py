@@ -20,14 +20,13 @@ outcome) acknowledges it in the same script: it removes the delivery tag from
 kombu's unacked hash and index, as kombu's ack would
 (:mod:`toolq.ledger.scripts`). Celery then acknowledges as always; its
 :class:`toolq.broker.request.Request` marks the tag first
-(:func:`acked_by_ledger`), and :class:`QoS` does only the local bookkeeping
+(:mod:`toolq.broker.ack`), and :class:`QoS` does only the local bookkeeping
 for a marked tag: no round trip, the task's thread (or the prefork parent)
 free at once. Measured in bench/RESULTS.md (issue 14).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,33 +35,19 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
+from toolq.broker.ack import acked_by_ledger, take
+
+__all__ = ["SENTINEL_TRANSPORT", "TRANSPORT", "Channel", "QoS", "Transport", "acked_by_ledger"]
+
 #: What ``broker_transport`` names.
 TRANSPORT = "toolq.broker.transport:Transport"
 #: ... for a broker behind Sentinel (``sentinel://``).
 SENTINEL_TRANSPORT = "toolq.broker.transport:SentinelTransport"
 
 
-_ledger_acked: set[str] = set()
-_ledger_acked_lock = threading.Lock()
-
-
-def acked_by_ledger(delivery_tag: str) -> None:
-    """The ledger acknowledged this delivery: Celery's coming ack sends nothing."""
-    with _ledger_acked_lock:
-        _ledger_acked.add(delivery_tag)
-
-
-def _take(delivery_tag: str) -> bool:
-    with _ledger_acked_lock:
-        if delivery_tag in _ledger_acked:
-            _ledger_acked.discard(delivery_tag)
-            return True
-        return False
-
-
 class QoS(kombu_redis.QoS):
     def ack(self, delivery_tag: str) -> None:
-        if _take(delivery_tag):
+        if take(delivery_tag):
             virtual.QoS.ack(self, delivery_tag)  # forget it here; Redis has it already
             return
         super().ack(delivery_tag)

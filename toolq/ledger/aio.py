@@ -1,7 +1,7 @@
 """The ledger on ``redis.asyncio``: what ``tq.aio`` reads and writes.
 
 The same scripts, KEYS and ARGV as the sync :class:`~toolq.ledger.store.Ledger`
-(built by the one :class:`~toolq.ledger.store.Calls`), and the same reading
+(built by the one :class:`~toolq.ledger.wire.Calls`), and the same reading
 of their replies; only the sending awaits. Clients write (submit, operator
 actions) and read: claiming, renewing and the scheduler's calls stay with the
 sync ledger that workers and the scheduler use.
@@ -19,20 +19,13 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import redis
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.commands.core import AsyncScript
 
-from toolq import errors
-from toolq.cells import cells_conflict
 from toolq.keys import Keys
-from toolq.ledger import scripts
+from toolq.layout import Layout
 from toolq.ledger.cluster import InFlight
-from toolq.ledger.durability import AsyncDurability, lost_scripts
-from toolq.ledger.store import (
-    Calls,
-    ScriptWay,
+from toolq.ledger.durable import AsyncDurability, AsyncNodes
+from toolq.ledger.replies import (
     SubmitResult,
     fields_of,
     history_of,
@@ -41,62 +34,16 @@ from toolq.ledger.store import (
     strs,
     submit_result,
 )
+from toolq.ledger.routes import Routes, strategies
+from toolq.ledger.runner import AsyncScripts
+from toolq.ledger.wire import Push
 from toolq.record import HistoryEntry, OperationRecord
 from toolq.recovery.transition import Transition
 
-
-class AsyncScripts(ScriptWay):
-    """:class:`toolq.ledger.store.Scripts` on ``redis.asyncio``."""
-
-    def __init__(self, client: aioredis.Redis) -> None:
-        super().__init__()
-        self.client = client
-        self.cluster = isinstance(client, AsyncRedisCluster)
-        self._evals: dict[str, AsyncScript] = {}
-
-    async def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        if self.functions is None:
-            await self.load()
-        if not self.functions:
-            return await self._eval(name)(keys=keys, args=args)
-        fn = scripts.function_name(name)
-        try:
-            return await self.client.fcall(fn, len(keys), *keys, *args)
-        except redis.ResponseError as exc:
-            if not lost_scripts(exc):
-                raise
-        await self.load()
-        return await self.client.fcall(fn, len(keys), *keys, *args)
-
-    async def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-        if self.functions is None:
-            await self.load()
-        return self.raw(name, keys, args)
-
-    async def load(self) -> None:
-        if self.functions is not False:
-            try:
-                # REPLACE on a Cluster: see toolq.ledger.store.Scripts.load
-                await self.client.function_load(scripts.library(), replace=self.cluster)
-                self.functions = True
-            except redis.ResponseError as exc:
-                self.refused(exc)
-        if not self.functions:
-            for name in scripts.NAMES:
-                script = self._eval(name)
-                script.sha = await self.client.script_load(script.script)
-
-    def sha(self, name: str) -> str:
-        return str(self._eval(name).sha)
-
-    def _eval(self, name: str) -> AsyncScript:
-        script = self._evals.get(name)
-        if script is None:
-            script = self._evals[name] = self.client.register_script(scripts.script(name))
-        return script
+__all__ = ["AsyncLedger", "AsyncScripts"]
 
 
-class AsyncLedger:
+class AsyncLedger(Routes):
     def __init__(
         self,
         client: aioredis.Redis,
@@ -106,6 +53,9 @@ class AsyncLedger:
         outbox: bool = False,
         cells: int | None = None,
         in_flight: InFlight | None = None,
+        layout: Layout | None = None,
+        push: Push | None = None,
+        nodes: AsyncNodes | None = None,
     ) -> None:
         self.redis = client
         #: Turns of at most so many commands out at once (None: no bound): a Cluster
@@ -114,27 +64,19 @@ class AsyncLedger:
         self._in_flight = in_flight
         #: A submit is on disk before it is acknowledged, as the sync ledger's is
         #: (``ToolqSettings.durability``, :mod:`toolq.ledger.durability`).
-        self.durable = AsyncDurability(client, durability)
-        #: Cells mode: every call by ref goes to its cell (as the sync Ledger's).
-        self.calls = Calls(prefix, outbox, cells=cells)
-        self.keys = self.calls.keys
-        self.cells = cells
-        self.scripts = AsyncScripts(client)
+        self.durable = AsyncDurability(client, durability, nodes=nodes)
+        #: Where every call by ref goes (as the sync Ledger's).
+        flagged = strategies(prefix, outbox, None, cells)
+        self.route(layout or flagged[0], push or flagged[1], Keys(prefix))
+        self.scripts = AsyncScripts(client, replace=self.durable.nodes.replace_library)
 
     async def record_cells(self) -> None:
         """:meth:`toolq.ledger.store.Ledger.record_cells` (errors.RequestRefused)."""
-        meta = Keys(self.keys.prefix).meta
+        pipe = self.redis.pipeline(transaction=False)
+        self.ask_cells(pipe)
         async with self._command():
-            if self.cells is None:
-                recorded = await self.redis.hget(meta, "cells")
-            else:
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.hsetnx(meta, "cells", self.cells)
-                pipe.hget(meta, "cells")
-                recorded = (await pipe.execute())[1]
-        why = cells_conflict(recorded, self.cells)
-        if why is not None:
-            raise errors.RequestRefused(why)
+            answers = await pipe.execute()
+        self.cells_refused(answers)
 
     @contextlib.asynccontextmanager
     async def _command(self) -> AsyncIterator[None]:
@@ -155,21 +97,15 @@ class AsyncLedger:
 
     async def submit(self, **operation: Any) -> SubmitResult:
         """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
-        keys, args = self.calls.of(operation["ref"]).submit(**operation)
+        keys, args = self.calls_of(operation["ref"]).submit(**operation)
         async with self._command():
             return submit_result(await self.durable.call(self.scripts, "submit", keys, args))
 
     async def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
         """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
-        if not transitions:
-            return []
-        if self.cells is None:
-            keys, args = self.calls.apply(transitions, now_ms)
-            async with self._command():
-                return strs(await self.scripts("apply", keys, args))
         results = [""] * len(transitions)
-        for calls, where in self.calls.by_cell([t.ref for t in transitions]).items():
-            keys, args = calls.apply([transitions[i] for i in where], now_ms)
+        for cell, where in self.layout.group([t.ref for t in transitions]).items():
+            keys, args = self.calls_at(cell).apply([transitions[i] for i in where], now_ms)
             async with self._command():
                 answers = strs(await self.scripts("apply", keys, args))
             for i, res in zip(where, answers, strict=True):
@@ -181,26 +117,26 @@ class AsyncLedger:
 
     async def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
         async with self._command():
-            raw = await self.redis.hgetall(self.calls.of(ref).keys.op(ref))
+            raw = await self.redis.hgetall(self.calls_of(ref).keys.op(ref))
         return record_of(raw, with_history)
 
     async def fields(self, ref: str, *names: str) -> dict[str, str]:
         async with self._command():
-            values = await self.redis.hmget(self.calls.of(ref).keys.op(ref), list(names))
+            values = await self.redis.hmget(self.calls_of(ref).keys.op(ref), list(names))
         return fields_of(names, values)
 
     async def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
         """The history entries after the first ``after``; OperationNotFound for no operation."""
         start = history_start(after)
         async with self._command():
-            raw = await self.redis.hgetall(self.calls.of(ref).keys.op(ref))
+            raw = await self.redis.hgetall(self.calls_of(ref).keys.op(ref))
         return history_of(ref, raw, start)
 
     async def state_of(self, ref: str) -> tuple[dict[str, str], int]:
         """The record's state, rev and envelope, and how many history entries it has."""
         names = ("state", "rev", "envelope", "hn")
         async with self._command():
-            values = await self.redis.hmget(self.calls.of(ref).keys.op(ref), list(names))
+            values = await self.redis.hmget(self.calls_of(ref).keys.op(ref), list(names))
         fields = fields_of(names, values)
         return fields, int(fields.pop("hn", None) or 0)
 

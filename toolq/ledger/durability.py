@@ -67,28 +67,22 @@ over to a replica that never got the claim. So there:
   WRITE`` on it, a saturated link) is not marked failed: refused until it
   catches up, the safe side.
 
-:func:`plan` decides from what the server said (pure, tested as a table);
-:class:`Durability` (and :class:`AsyncDurability`, for ``tq.aio``) reads the
-server's setting (one ``CONFIG GET`` per process a minute) and carries the
-plan out (on a Cluster, per call, with the replicas of the call's shard).
+This module decides, without I/O: :func:`plan` from what the server said (tested
+as a table), and :class:`Plans`, what a process has learned and warned. Where a
+Cluster call goes: :mod:`toolq.ledger.route`. Carried out (one ``CONFIG GET`` per
+process a minute; on a Cluster per call, with the replicas of the call's shard)
+by :mod:`toolq.ledger.durable`'s sync and async shells around one core.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import redis
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import PipelineCommand
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
 
 from toolq import errors
 
@@ -102,9 +96,6 @@ WAITAOF: tuple[str, int, int, int] = ("WAITAOF", 1, 0, WAITAOF_TIMEOUT_MS)
 #: The command sent after a write on a Cluster shard that has a replica: one of
 #: them has this connection's writes (a failover to it keeps them).
 WAIT_REPLICA: tuple[str, int, int] = ("WAIT", 1, WAITAOF_TIMEOUT_MS)
-#: How many times a Cluster call is sent before its error is raised: once, then
-#: after a MOVED, ASK, failover or NOSCRIPT (redis-py's cluster client tries 3 too).
-ROUTE_ATTEMPTS = 3
 #: How often a process reads the server's persistence settings again (a restart
 #: with another configuration shows within this).
 PROBE_EVERY_S = 60.0
@@ -220,7 +211,7 @@ def check_replica(ack: Any) -> None:
     )
 
 
-class _Plans:
+class Plans:
     """What the server said, read again every :data:`PROBE_EVERY_S`; the warnings, once."""
 
     def __init__(self, mode: str, where: str, clock: Callable[[], float]) -> None:
@@ -295,333 +286,6 @@ class _Plans:
             if fresh:
                 log.warning("%s", text)
         return p
-
-
-class Runner(Protocol):
-    """Runs the ledger's scripts (:class:`toolq.ledger.store.Scripts`)."""
-
-    def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any: ...
-
-    def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]: ...
-
-    def load(self) -> None: ...
-
-
-class AsyncRunner(Protocol):
-    """The same on ``redis.asyncio`` (:class:`toolq.ledger.aio.AsyncScripts`)."""
-
-    def __call__(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Awaitable[Any]: ...
-
-    async def command(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> list[Any]: ...
-
-    async def load(self) -> None: ...
-
-
-def lost_scripts(reply: object) -> bool:
-    """A reply that says the server lost the scripts (a restart, a flush): load them again."""
-    if isinstance(reply, redis.exceptions.NoScriptError):
-        return True
-    return isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower()
-
-
-@dataclass(frozen=True)
-class Resend:
-    """What a Cluster node's answer asks before the call is sent again (:func:`resend`)."""
-
-    #: The client's map of the cluster is stale (a slot moved, a failover): read it again.
-    remap: bool = False
-    #: The slot is being imported by this node (host, port): ask it, with ASKING first.
-    ask: tuple[str, int] | None = None
-    #: The node lost the scripts (a restart without persistence): load them again.
-    load: bool = False
-    #: Seconds to wait first (the slot is busy being moved).
-    pause: float = 0.0
-
-
-def resend(reply: object) -> Resend | None:
-    """Whether a call's answer says it did not run, and where to send it again; None
-    when it ran (or failed for good). Pure. A lost connection may or may not have run
-    it: every ledger call is a compare-and-set, so sending it again is safe (redis-py's
-    cluster client sends it again too)."""
-    if isinstance(reply, (redis.exceptions.MovedError, redis.exceptions.ReadOnlyError)):
-        return Resend(remap=True)  # MovedError first: it is an AskError too
-    if isinstance(reply, redis.exceptions.AskError):
-        return Resend(ask=(reply.host, reply.port))
-    if isinstance(reply, redis.exceptions.TryAgainError):
-        return Resend(pause=0.05)
-    if isinstance(reply, redis.exceptions.ClusterDownError):
-        return Resend(remap=True, pause=0.25)
-    if isinstance(reply, redis.exceptions.MaxConnectionsError):
-        return None  # the client's pool is full, the node is fine: raised as is
-    if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
-        return Resend(remap=True)
-    if lost_scripts(reply):
-        return Resend(load=True)
-    return None
-
-
-def _shard(cluster: Any, slot: int) -> list[Any]:
-    """The nodes serving ``slot`` in the client's map: its primary, then its replicas
-    (CLUSTER SLOTS leaves out a replica the cluster marked failed)."""
-    shard: list[Any] = cluster.nodes_manager.slots_cache.get(slot) or []
-    if not shard:
-        raise redis.exceptions.SlotNotCoveredError(f"slot {slot} is not covered by the cluster")
-    return shard
-
-
-class _Route:
-    """Where a Cluster call goes, attempt after attempt: the bookkeeping the sync and
-    async :meth:`_cluster_call` share (they differ only in how they send and wait).
-
-    Per attempt: :meth:`shard` (the slot's nodes, for the plan), :meth:`commands` to
-    pipeline on :attr:`node`, :meth:`replies` of them, then :meth:`after`: None when
-    the call ran (or failed for good, or this was the last attempt), else what to do
-    before sending it again (:class:`Resend`, with ``remap`` also when the node an
-    ASK named is not in the map).
-    """
-
-    def __init__(self, cluster: Any, slot: int) -> None:
-        self.cluster = cluster
-        self.slot = slot
-        self.ask: Any = None
-        self.node: Any = None
-
-    def shard(self) -> list[Any]:
-        shard = _shard(self.cluster, self.slot)
-        self.node = self.ask or shard[0]
-        return shard
-
-    def commands(self, call: Sequence[Any], plan: Plan) -> list[tuple[Any, ...]]:
-        asking = [("ASKING",)] if self.ask is not None else []
-        return [*asking, tuple(call), *plan.waits()]
-
-    def replies(self, answers: Sequence[Any]) -> list[Any]:
-        """The call's answer, then the waits' (ASKING's own answer left out)."""
-        return list(answers[1 if self.ask is not None else 0 :])
-
-    def after(self, reply: object, last: bool) -> Resend | None:
-        again = resend(reply)
-        if again is None or last:
-            return None
-        self.ask = None
-        if again.ask is not None:
-            self.ask = self.cluster.nodes_manager.get_node(*again.ask)
-            if self.ask is None:
-                again = replace(again, remap=True)
-        return again
-
-
-class Durability:
-    """Carries out :func:`plan` for one client. Thread-safe; one per ledger."""
-
-    def __init__(
-        self, client: redis.Redis, mode: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.client = client
-        #: A Cluster client: the call and its waits go to the call's node itself.
-        self.cluster = isinstance(client, RedisCluster)
-        self.plans = _Plans(mode, where(client), clock)
-
-    def current(self, replicas: int = 0) -> Plan:
-        """The plan for the next write on a shard with ``replicas`` replicas."""
-        self.probe()
-        return self.plans.current(replicas)
-
-    def probe(self) -> None:
-        """Read the server's settings when due: on a Cluster, one node's, taken to speak
-        for all (they are deployed alike), and the map again (a replica back or added
-        is waited for within a probe)."""
-        if not self.plans.begin():
-            return
-        try:
-            config_get: Callable[[str], Any] = self.client.config_get
-            if self.cluster:
-                cluster: Any = self.client
-                if self.plans.known():
-                    cluster.nodes_manager.initialize()
-                node = cluster.get_default_node()
-                config_get = functools.partial(cluster.config_get, target_nodes=node)
-            self.plans.probed(_persistence(config_get, "append*"))
-        finally:
-            self.plans.ended()
-
-    def call(self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run script ``name``; with a waiting plan, WAITAOF (and on a Cluster shard
-        with a replica, WAIT) in the same round trip, on the same connection."""
-        if self.cluster:
-            return self._cluster_call(run, name, keys, args)
-        if not self.current().wait:
-            return run(name, keys, args)
-        for _ in range(2):  # once more after NOSCRIPT (a restarted server lost its scripts)
-            pipe = self.client.pipeline(transaction=False)
-            pipe.execute_command(*run.command(name, keys, args))  # type: ignore[no-untyped-call]
-            pipe.execute_command(*WAITAOF)  # type: ignore[no-untyped-call]
-            reply, ack = pipe.execute(raise_on_error=False)
-            if not lost_scripts(reply):
-                break
-            run.load()
-        if isinstance(reply, Exception):
-            raise reply
-        self.plans.learned(ack)
-        return reply
-
-    def _cluster_call(
-        self, run: Runner, name: str, keys: Sequence[Any], args: Sequence[Any]
-    ) -> Any:
-        """The call, WAITAOF and WAIT pipelined on one connection of the primary that
-        serves the call's slot (they count that connection's writes), sent again after
-        an answer that says it did not run there (:func:`resend`)."""
-        if self.plans.mode == "none":
-            return run(name, keys, args)
-        self.probe()  # before the map is read: a probe reads it again
-        cluster: Any = self.client
-        route = _Route(cluster, cluster.keyslot(keys[0]))
-        for attempt in range(ROUTE_ATTEMPTS):
-            p = self.plans.current(replicas=len(route.shard()) - 1)
-            if not (p.wait or p.replica):
-                return run(name, keys, args)
-            pipe = cluster.get_redis_connection(route.node).pipeline(transaction=False)
-            for command in route.commands(run.command(name, keys, args), p):
-                pipe.execute_command(*command)
-            try:
-                replies = route.replies(pipe.execute(raise_on_error=False))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                replies = [exc]
-            again = route.after(replies[0], last=attempt == ROUTE_ATTEMPTS - 1)
-            if again is None:
-                break
-            if again.remap:
-                cluster.nodes_manager.initialize()
-            if again.load:
-                run.load()
-            time.sleep(again.pause)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        try:
-            self.plans.settle(p, replies[1:])
-        except errors.NotDurable:
-            if p.replica:  # the cluster may have marked the replica failed: drop it
-                cluster.nodes_manager.initialize()
-            raise
-        return replies[0]
-
-
-class AsyncDurability:
-    """The same for a ``redis.asyncio`` client (``tq.aio``'s submits), a Cluster's too."""
-
-    def __init__(
-        self, client: aioredis.Redis, mode: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.client = client
-        self.cluster = isinstance(client, AsyncRedisCluster)
-        self.plans = _Plans(mode, where(client), clock)
-
-    async def current(self, replicas: int = 0) -> Plan:
-        await self.probe()
-        return self.plans.current(replicas)
-
-    async def probe(self) -> None:
-        """As :meth:`Durability.probe`."""
-        if not self.plans.begin():
-            return
-        try:
-            if self.cluster and self.plans.known():
-                cluster: Any = self.client
-                await cluster.nodes_manager.initialize()
-            try:
-                reply = await self._config_get("append*")
-            except redis.ResponseError:
-                self.plans.probed(Persistence())
-            else:
-                self.plans.probed(Persistence.from_config(reply))
-        finally:
-            self.plans.ended()
-
-    async def _config_get(self, pattern: str) -> Any:
-        """On a Cluster, one node's settings, as :meth:`Durability.current` reads them."""
-        if not self.cluster:
-            return await self.client.config_get(pattern)
-        cluster: Any = self.client
-        await cluster.initialize()  # the default node is known once it ran (then a no-op)
-        return await cluster.config_get(pattern, target_nodes=cluster.get_default_node())
-
-    async def call(
-        self, run: AsyncRunner, name: str, keys: Sequence[Any], args: Sequence[Any]
-    ) -> Any:
-        if self.cluster:
-            return await self._cluster_call(run, name, keys, args)
-        if not (await self.current()).wait:
-            return await run(name, keys, args)
-        for _ in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.execute_command(*(await run.command(name, keys, args)))
-            pipe.execute_command(*WAITAOF)
-            reply, ack = await pipe.execute(raise_on_error=False)
-            if not lost_scripts(reply):
-                break
-            await run.load()
-        if isinstance(reply, Exception):
-            raise reply
-        self.plans.learned(ack)
-        return reply
-
-    async def _cluster_call(
-        self, run: AsyncRunner, name: str, keys: Sequence[Any], args: Sequence[Any]
-    ) -> Any:
-        """As :meth:`Durability._cluster_call`, on the node's own connections."""
-        if self.plans.mode == "none":
-            return await run(name, keys, args)
-        cluster: Any = self.client
-        await cluster.initialize()  # the map is there once it ran (then a no-op)
-        await self.probe()
-        route = _Route(cluster, cluster.keyslot(keys[0]))
-        for attempt in range(ROUTE_ATTEMPTS):
-            p = self.plans.current(replicas=len(route.shard()) - 1)
-            if not (p.wait or p.replica):
-                return await run(name, keys, args)
-            sent = route.commands(await run.command(name, keys, args), p)
-            commands = [PipelineCommand(i, *command) for i, command in enumerate(sent)]
-            try:
-                await route.node.execute_pipeline(commands)
-                replies = route.replies([c.result for c in commands])
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                replies = [exc]
-            again = route.after(replies[0], last=attempt == ROUTE_ATTEMPTS - 1)
-            if again is None:
-                break
-            if again.remap:
-                await cluster.nodes_manager.initialize()
-            if again.load:
-                await run.load()
-            await asyncio.sleep(again.pause)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        try:
-            self.plans.settle(p, replies[1:])
-        except errors.NotDurable:
-            if p.replica:
-                await cluster.nodes_manager.initialize()
-            raise
-        return replies[0]
-
-
-def _persistence(config_get: Callable[[str], Any], pattern: str) -> Persistence:
-    try:
-        return Persistence.from_config(config_get(pattern))
-    except redis.ResponseError:  # CONFIG renamed or refused: the server will not say
-        return Persistence()
-
-
-def where(client: redis.Redis | aioredis.Redis) -> str:
-    """The server a client talks to, for messages: host:port/db or the socket (no password);
-    ``cluster`` for a Cluster client (it has a pool per node, none of its own)."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        return "cluster"
-    kw = pool.connection_kwargs
-    if kw.get("path"):
-        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
-    return f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
 def _s(value: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from celery import Celery, Task
 
+from toolq.broker.ack import delivery_of
 from toolq.broker.app import REQUEST
 from toolq.broker.messages import (
     RUN_TASK,
@@ -30,16 +31,6 @@ from toolq.broker.messages import (
     task_result,
 )
 from toolq.tasks.run import LedgerAway, Runtime
-
-
-def delivery(task: Task[Any, Any]) -> str | None:
-    """The delivery tag the ledger call that ends this delivery acknowledges, when the
-    ledger's server is the broker (:mod:`toolq.broker.request`: Celery's ack then sends
-    nothing); else None."""
-    if not task.app.conf.get("toolq_acks_in_ledger"):
-        return None
-    tag = (task.request.delivery_info or {}).get("delivery_tag")
-    return str(tag) if tag else None
 
 
 def register_tasks(celery: Celery, runtime: Callable[[], Runtime]) -> None:
@@ -58,13 +49,15 @@ def register_tasks(celery: Celery, runtime: Callable[[], Runtime]) -> None:
     @celery.task(name=RUN_TASK, **options)
     def run(self: Task[Any, Any], ref: str, attempt: int) -> str:
         try:
-            return task_result(runtime().run_attempt(ref, int(attempt), delivery(self)))
+            return task_result(runtime().run_attempt(ref, int(attempt), delivery_of(self)))
         except LedgerAway as exc:
             raise Requeue(str(exc)) from exc
 
     @celery.task(name=VERIFY_TASK, **options)
     def verify(self: Task[Any, Any], ref: str, attempt: int, vcheck: int) -> str:
         try:
-            return task_result(runtime().run_check(ref, int(attempt), int(vcheck), delivery(self)))
+            return task_result(
+                runtime().run_check(ref, int(attempt), int(vcheck), delivery_of(self))
+            )
         except LedgerAway as exc:
             raise Requeue(str(exc)) from exc

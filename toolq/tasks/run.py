@@ -21,6 +21,7 @@ import redis
 
 from toolq.broker.messages import REFUSED, Delivery, Outcome
 from toolq.errors import NotDurable, ToolFailure
+from toolq.ledger.replies import Claimed
 from toolq.ledger.store import Claim, Ledger
 from toolq.notify import ProgressPublisher
 from toolq.observe import observe_recovery
@@ -133,13 +134,13 @@ class Runtime:
             )
             self._give_back(ref, attempt, holder, delivery)
             return Delivery.NOT_DURABLE
-        if claim.outcome == Delivery.HELD:
+        if claim.outcome == Claimed.HELD:
             return self._held(ref, attempt, claim, holder, delivery)
-        if claim.outcome != "claimed":
+        if claim.outcome != Claimed.CLAIMED:
             log.info(
                 "delivery of %s attempt %d refused: %s", ref, attempt, claim.state or claim.outcome
             )
-            return claim.outcome
+            return Delivery(claim.outcome.value)
         tool = self._tool_or_release(ref, attempt, claim, holder, delivery)
         if tool is None:
             return Delivery.UNKNOWN_TOOL
@@ -257,7 +258,7 @@ class Runtime:
                 ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck, delivery
             ),
         )
-        if claim.outcome != "claimed":
+        if claim.outcome != Claimed.CLAIMED:
             return claim.outcome
         if claim.tool not in self.registry:
             log.error(
