@@ -292,7 +292,8 @@ def test_a_relay_waits_out_any_failure_of_a_round_and_says_it_once(
             raise failures.pop()
 
     relay = _memory_relay(tq, fake_redis, on_read=fail)
-    relay._blocking, relay.block_ms = fake_redis, 100  # its blocking reads on fakeredis too
+    relay.block_ms = 100
+    relay.reader._blocking = fake_redis  # type: ignore[attr-defined]  # blocking reads too
     caplog.set_level("INFO", logger="toolq.relay")
     runner = threading.Thread(target=relay.run, daemon=True)
     runner.start()
