@@ -38,16 +38,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis
-import redis.sentinel
-from amqp.exceptions import MessageNacked
-from kombu import Connection, Producer, Queue
-from kombu.exceptions import KombuError
 
 from toolq import errors
-from toolq.broker.app import is_amqp, is_redis, queue_for
 from toolq.keys import OUTBOX_GROUP
 from toolq.ledger import Ledger
 from toolq.outage import UNREACHABLE
+from toolq.relay.brokers import BrokerUnavailable, broker_errors, publisher_for
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
 from toolq.topology import topology_for
@@ -69,10 +65,6 @@ __all__ = ["FULL_READ_S", "BrokerUnavailable", "Relay"]
 Entry = tuple[str, str, Outgoing | None]
 
 Hook = Callable[[Sequence[Outgoing]], None]
-
-
-class BrokerUnavailable(OSError):
-    """A Redis broker failed a push (told apart from the ledger's Redis failing)."""
 
 
 class Parts(Protocol):
@@ -125,32 +117,17 @@ class Relay:
         self.on_published = on_published
         self.published = 0
         self.lag_ms = 0
-        self._queues: dict[str, Queue] = {}
-        self._connection: Connection | None = None
-        #: A Redis/Valkey broker is written directly (:meth:`_push`); AMQP goes through kombu.
-        #: Behind Sentinel, to the primary its Sentinels name (:meth:`_broker_redis`).
-        self._sentinel = settings.sentinel
-        self._master_name = settings.broker_master_name
-        self._redis_broker = self._sentinel is not None or is_redis(self.broker_url)
-        self._broker_client: redis.Redis | None = None
-        self._sentinels: redis.sentinel.Sentinel | None = None
-        self._producer: Producer | None = None
+        #: Publishes to the broker: a Redis one directly, any other through kombu.
+        self.publisher = publisher_for(
+            self.broker_url, settings.sentinel, settings.broker_master_name
+        )
         self._topology = topology
         # Entries read and not acknowledged (a failed publish): read again before new ones.
         self._backlog = True
         self._next_autoclaim = 0.0
         self._last_beat = 0.0
         self._last_forget = 0.0
-        probe = Connection(self.broker_url)  # lazy: connects to nothing
-        self._broker_errors: tuple[type[BaseException], ...] = (
-            OSError,
-            # kombu's own: OperationalError when Connection.default_channel cannot
-            # connect (what ended every relay after ~8 s of RabbitMQ down)
-            KombuError,
-            MessageNacked,  # RabbitMQ refused a publish (confirm mode): publish it again
-            *probe.connection_errors,
-            *probe.channel_errors,
-        )
+        self._broker_errors = broker_errors(self.broker_url)
         #: The waits for each dependency, and for a round that failed unexpectedly:
         #: one log line when each starts and ends; the broker's shows in the beat.
         self._stop = threading.Event()
@@ -242,89 +219,14 @@ class Relay:
         return [row for stream, raw in pairs for row in _entries(stream, raw)]
 
     def _publish(self, messages: Sequence[Outgoing]) -> None:
-        if self._redis_broker:
-            self._push(messages)
-            return
-        producer = self._producer_for()
-        for m in messages:
-            queue = self._queue(m.queue)
-            producer.publish(
-                m.body,
-                exchange=queue.exchange,
-                routing_key=queue.routing_key,
-                declare=[queue],
-                content_type=m.content_type,
-                content_encoding=m.content_encoding,
-                headers=m.headers,
-                delivery_mode=2,
-                retry=False,
-                **m.properties,
-            )
+        self.publisher.publish(messages)
         self.broker_wait.answered()
-
-    def _push(self, messages: Sequence[Outgoing]) -> None:
-        """A Redis broker: each message pushed to its queue list as the ledger built it,
-        kombu's Redis transport's own envelope (what the scripts push without an outbox),
-        the batch in one round trip. kombu's publish would look the exchange's bindings up
-        (SMEMBERS) and build a client object per message: 1.8 ms of relay CPU a message,
-        measured (bench/RESULTS.md, "Outbox mode")."""
-        if self._broker_client is None:
-            self._broker_client = self._broker_redis()
-        pipe = self._broker_client.pipeline(transaction=False)
-        for m in messages:
-            pipe.lpush(m.queue, m.raw)
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:  # the broker's, not the ledger's: see run()
-            raise BrokerUnavailable(type(exc).__name__) from exc
-        self.broker_wait.answered()
-
-    def _broker_redis(self) -> redis.Redis:
-        """The Redis broker's client. Behind Sentinel, on the primary its Sentinels name:
-        each new connection asks them again, and a failed push drops the client
-        (:meth:`_drop_broker`), so the push after a failover goes to the promoted
-        replica. Until the Sentinels have promoted one they name the dead primary, or
-        none (``MasterNotFoundError``): connection errors, retried as any broker's."""
-        s = self._sentinel
-        if s is None:
-            return redis.Redis.from_url(self.broker_url, socket_timeout=30)
-        assert self._master_name is not None  # the settings refuse a sentinel URL without
-        self._sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-            list(s.sentinels), sentinel_kwargs={"socket_timeout": 5, "socket_connect_timeout": 5}
-        )
-        client: redis.Redis = self._sentinels.master_for(  # type: ignore[no-untyped-call]
-            self._master_name,
-            socket_timeout=30,
-            socket_connect_timeout=5,
-            username=s.username,
-            password=s.password,
-            db=s.db,
-        )
-        return client
 
     def _ack(self, entries: Sequence[Entry]) -> None:
         by_stream: dict[str, list[str]] = {}
         for stream, eid, _ in entries:
             by_stream.setdefault(stream, []).append(eid)
         self.reader.ack(by_stream)
-
-    def _queue(self, name: str) -> Queue:
-        queue = self._queues.get(name)
-        if queue is None:
-            queue = self._queues[name] = queue_for(name, self.broker_url)
-        return queue
-
-    def _producer_for(self) -> Producer:
-        if self._producer is None:
-            # Publisher confirms on AMQP: publish() returns once RabbitMQ has the
-            # message (a quorum queue: on a majority of its replicas).
-            options: dict[str, Any] = {"confirm_publish": True} if is_amqp(self.broker_url) else {}
-            # One try to connect, then the error: run() waits and tries again itself
-            # (kombu's own retries end in an error after ~8 s anyway, and grow to 30 s).
-            options["max_retries"] = 0
-            self._connection = Connection(self.broker_url, transport_options=options)
-            self._producer = Producer(self._connection.default_channel)
-        return self._producer
 
     # ------------------------------------------------------------------ the loop
 
@@ -422,18 +324,7 @@ class Relay:
         self._stop.set()
 
     def _drop_broker(self) -> None:
-        if self._connection is not None:
-            try:
-                self._connection.close()
-            except Exception:  # a broken connection may fail to close
-                log.debug("closing the broker connection failed", exc_info=True)
-        self._connection = self._producer = None
-        if self._broker_client is not None:
-            self._broker_client.close()
-            self._broker_client = None
-        if self._sentinels is not None:
-            self._sentinels.close()  # its connections to each Sentinel
-            self._sentinels = None
+        self.publisher.close()
 
     def close(self) -> None:
         self._drop_broker()
