@@ -28,8 +28,8 @@ The sync client's names and semantics (:class:`toolq.queue.ToolQueue`), on
   first use in a process freezes the import-time heap (:mod:`toolq.heap`), so a
   full garbage collection does not walk Celery, kombu and pydantic on the loop.
 
-- On a Valkey/Redis Cluster (``settings.cluster``) the loop's client is
-  :class:`toolq.ledger.cluster.AsyncLedgerCluster`: every call goes to the node
+- On a Valkey/Redis Cluster (:class:`toolq.topology.nodes.ClusterNodes`) the loop's
+  client is :class:`toolq.ledger.cluster.AsyncLedgerCluster`: every call goes to the node
   of its ref's cell, and the notice subscription holds a connection to each
   primary that serves some of the cells (:class:`toolq.notify.AsyncSubscription`).
 
@@ -55,7 +55,6 @@ from toolq.calls import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.envelope import ToolError, ToolSuccess
 from toolq.ledger import lists
 from toolq.ledger.aio import AsyncLedger
-from toolq.ledger.cluster import AsyncLedgerCluster, InFlight
 from toolq.notify import AsyncNotifier, Event, Progress, Waiter
 from toolq.outage import MISUSE, UNREACHABLE, server_errors, translated, unavailable
 from toolq.record import HistoryEntry, OperationPage, OperationRecord
@@ -135,20 +134,21 @@ class _Bound:
     def __init__(self, app: App, url: str, forget: Callable[[_Bound], None]) -> None:
         self.url = url
         self.redis = app.async_redis(max_connections=CONNECTIONS_PER_LOOP)
-        s = app.settings
-        self.cluster = s.cluster
+        self.topology = t = app.topology
         # A Cluster's nodes raise when out of connections (App.async_redis): every
         # command on the loop's client, the ledger's and the reads outside it (a
         # submit's liveness read, lists, views), waits for a turn below that.
-        in_flight = None
-        if isinstance(self.redis, AsyncLedgerCluster):
-            in_flight = InFlight(CONNECTIONS_PER_LOOP - CLUSTER_SPARE_CONNECTIONS)
-            self.redis.in_flight = in_flight
+        in_flight = t.nodes.bound(self.redis, CONNECTIONS_PER_LOOP - CLUSTER_SPARE_CONNECTIONS)
         self.ledger = AsyncLedger(
-            self.redis, s.prefix, s.durability, outbox=s.outbox, cells=s.cells, in_flight=in_flight
+            self.redis,
+            t.layout.prefix,
+            app.settings.durability,
+            outbox=t.publishes_via_outbox,
+            cells=t.layout.cells,
+            in_flight=in_flight,
         )
         self.notifier = AsyncNotifier(
-            self.redis, app.notify_channels(), app.notify_channels(steps=True)
+            self.redis, t.layout.channels(), t.layout.channels(steps=True)
         )
         #: The number of cells (none: the single tag) is checked against the ledger's
         #: meta once.
@@ -166,10 +166,7 @@ class _Bound:
         finally:
             self._forget(self)
             await self.notifier.aclose()
-            with contextlib.suppress(Exception):  # a server that is away: close anyway
-                await self.redis.aclose()  # a Cluster client closes its nodes' pools
-            if not self.cluster:
-                await self.redis.connection_pool.disconnect()
+            await self.topology.nodes.aclose(self.redis)
 
     async def aclose(self) -> None:
         self._closing.set()
@@ -333,12 +330,15 @@ class AsyncToolQueue:
         except UNREACHABLE as exc:
             raise self._unavailable(exc) from exc
 
+    def _on_cluster(self) -> bool:
+        return self.app.topology.on_cluster
+
     def _unavailable(self, exc: Exception) -> errors.ServerUnavailable:
         """What :func:`toolq.outage.server_errors` says, for the two calls that stay
         pending: a try block costs a pending wait nothing, the decorator ~1 KiB."""
         if isinstance(exc, MISUSE):
             raise exc
-        return unavailable(lambda: self.app.redis_url, exc, self.app.settings.cluster)
+        return unavailable(lambda: self.app.redis_url, exc, self._on_cluster)
 
     async def _wait(
         self,
@@ -387,11 +387,11 @@ class AsyncToolQueue:
         Use ``contextlib.aclosing`` to stop watching before it ends.
         """
         self._require(ref)
-        with translated(lambda: self.app.redis_url, self.app.settings.cluster):
+        with translated(lambda: self.app.redis_url, self._on_cluster):
             b = await self._bound()
             w = await b.notifier.watch(ref, progress=True)
         try:
-            with translated(lambda: self.app.redis_url, self.app.settings.cluster):
+            with translated(lambda: self.app.redis_url, self._on_cluster):
                 last = await self._now(b, ref)
             yield last
             while last.state not in SETTLED:
@@ -487,10 +487,8 @@ class AsyncToolQueue:
             newest_first=newest_first,
         )
         b = await self._bound()
-        cells = self.app.cell_keys()
-        if cells is not None:
-            return await lists.aread_page_cells(b.redis, q, cells)
-        return await lists.aread_page(b.redis, q, b.ledger.keys)
+        # Every cell's page, merged (the single tag: one cell, its page as it is).
+        return await lists.aread_page_cells(b.redis, q, b.topology.layout.every_cell())
 
     async def _view(self, ref: str) -> tuple[_Bound, operator.View]:
         self._require(ref)

@@ -19,22 +19,14 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from celery import Celery, Task
+from celery import Celery
 from pydantic import SecretStr, ValidationError
 
 from toolq import calls, errors, liveness
-from toolq.broker.app import REQUEST, broker_config, make_celery
-from toolq.broker.messages import (
-    RUN_TASK,
-    VERIFY_TASK,
-    MessageFactory,
-    OperationNotSucceeded,
-    Requeue,
-    task_result,
-)
+from toolq.broker.app import broker_config, make_celery
+from toolq.broker.messages import MessageFactory
 from toolq.keys import Keys
 from toolq.ledger import Ledger, lists
-from toolq.ledger.cluster import AsyncLedgerCluster, LedgerCluster
 from toolq.notify import Notifier
 from toolq.recovery import operator, outcome
 from toolq.recovery.transition import Transition
@@ -42,32 +34,24 @@ from toolq.redact import redact_url
 from toolq.settings import ToolqSettings
 from toolq.state import discover_redis_url, recorded_mode, with_mode
 from toolq.states import State
-from toolq.tasks.run import LedgerAway, Runtime
+from toolq.tasks.celery import register_tasks
+from toolq.tasks.run import Runtime
 from toolq.tools import Registry, fingerprint
+from toolq.topology import Topology, topology_for
+from toolq.topology.nodes import ClusterNodes
 
 #: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
 MAX_BOUND_TOOLS = 1024
 
 
 def cluster_client(url: str, options: dict[str, Any]) -> redis.Redis:
-    """The ledger's client on a Cluster (``settings.cluster``), from the URL of any of
-    its nodes, or of several (``redis://a:7000,b:7001``: it starts from any that
-    answers): it finds the node of each call's cell itself, FCALLs included
-    (:class:`LedgerCluster`). Typed as the Redis client: toolq sends it the same commands."""
-    options = {k: v for k, v in options.items() if k != "timeout"}  # no blocking pool here
-    client: Any = LedgerCluster.from_seeds(url, **options)
-    return client  # type: ignore[no-any-return]
+    """The ledger's client on a Cluster (:class:`toolq.topology.nodes.ClusterNodes`)."""
+    return ClusterNodes().client(url, options)
 
 
 def async_cluster_client(url: str, options: dict[str, Any]) -> aioredis.Redis:
-    """:func:`cluster_client` on ``redis.asyncio`` (:class:`AsyncLedgerCluster`).
-
-    Its ``max_connections`` is per node, and a node out of connections raises
-    ``MaxConnectionsError`` rather than waiting for one (redis.asyncio's cluster
-    pool does not block): ``tq.aio`` bounds its commands in flight below it."""
-    options = {k: v for k, v in options.items() if k != "timeout"}
-    client: Any = AsyncLedgerCluster.from_seeds(url, **options)
-    return client  # type: ignore[no-any-return]
+    """:func:`cluster_client` on ``redis.asyncio`` (:class:`~toolq.topology.nodes.ClusterNodes`)."""
+    return ClusterNodes().async_client(url, options)
 
 
 class App:
@@ -92,6 +76,7 @@ class App:
         #: Tools the previous status snapshot saw, so the next one needs one round trip.
         self.seen_tools: frozenset[str] = frozenset()
         self._lock = threading.RLock()
+        self._topology: Topology | None = None
         self._redis: redis.Redis | None = None
         self._ledger: Ledger | None = None
         self._celery: Celery | None = None
@@ -121,7 +106,18 @@ class App:
             if not os.environ.get("TOOLQ_REDIS_URL"):  # the stack's: its mode too
                 settings = with_mode(settings, recorded_mode())
             self.settings = settings
+            self._topology = None  # chosen again, on the mode that came with it
         return self.settings.url
+
+    @property
+    def topology(self) -> Topology:
+        """The deployment's layout, nodes and publishing (:mod:`toolq.topology`), chosen
+        once the mode is settled: a server ``toolq up`` recorded brings its mode."""
+        with self._lock:
+            if self._topology is None:
+                self._settle()
+                self._topology = topology_for(self.settings)
+            return self._topology
 
     def _settle(self) -> None:
         """Find the server now if ``toolq up`` recorded it: the number of cells comes with
@@ -134,12 +130,7 @@ class App:
         with self._lock:
             if self._redis is None:
                 url = self.redis_url  # first: found in .toolq/, it brings the mode
-                if self.settings.cluster:
-                    self._redis = cluster_client(url, self._pool_options())
-                else:
-                    options = self._pool_options()
-                    pool = redis.BlockingConnectionPool.from_url(url, **options)
-                    self._redis = redis.Redis(connection_pool=pool)
+                self._redis = self.topology.make_redis(url, self._pool_options())
             return self._redis
 
     def async_redis(self, *, max_connections: int) -> aioredis.Redis:
@@ -148,8 +139,7 @@ class App:
 
         Not kept here: it belongs to the event loop it first connects on, so
         ``tq.aio`` makes one per loop (and closes it). On a Cluster
-        (``settings.cluster``): :func:`async_cluster_client`, ``max_connections``
-        per node.
+        (:class:`~toolq.topology.nodes.ClusterNodes`): ``max_connections`` per node.
         """
         url = self.redis_url  # first: found in .toolq/, it brings the mode
         options = self._pool_options()
@@ -157,10 +147,7 @@ class App:
         # No CLIENT SETINFO on connect: redis-py reads its version from the package
         # metadata for it, each time (most of a new connection's client-side cost).
         options["driver_info"] = None
-        if self.settings.cluster:
-            return async_cluster_client(url, options)
-        pool = aioredis.BlockingConnectionPool.from_url(url, **options)
-        return aioredis.Redis(connection_pool=pool)
+        return self.topology.make_async_redis(url, options)
 
     def _pool_options(self) -> dict[str, Any]:
         # A blocking pool: past max_connections a caller waits for a free
@@ -178,9 +165,15 @@ class App:
         with self._lock:
             if self._ledger is None:
                 client = self.redis  # first: it may bring the mode (redis_url)
-                s = self.settings
-                ledger = Ledger(client, s.prefix, s.durability, outbox=s.outbox, cells=s.cells)
-                if s.cells is not None:  # else at the first submit: no round trip here
+                t = self.topology
+                ledger = Ledger(
+                    client,
+                    t.layout.prefix,
+                    self.settings.durability,
+                    outbox=t.publishes_via_outbox,
+                    cells=t.layout.cells,
+                )
+                if t.layout.check_meta_first:  # else at the first submit: no round trip here
                     ledger.record_cells()
                 self._ledger = ledger
             return self._ledger
@@ -256,19 +249,13 @@ class App:
 
     def cell_keys(self) -> list[Keys] | None:
         """Cells mode: the keys of every cell (what lists read and merge); else None."""
-        self._settle()
-        s = self.settings
-        return None if s.cells is None else [Keys(s.prefix, c) for c in range(s.cells)]
+        layout = self.topology.layout
+        return None if layout.cells is None else layout.every_cell()
 
     def notify_channels(self, steps: bool = False) -> list[str]:
         """The channels the ledger's scripts announce settled states on (``steps``: the
         other states and progress): one per cell in cells mode."""
-        self._settle()
-        s = self.settings
-        cells = [None] if s.cells is None else range(s.cells)
-        return [
-            Keys(s.prefix, c).notify_steps if steps else Keys(s.prefix, c).notify for c in cells
-        ]
+        return self.topology.layout.channels(steps)
 
     # ------------------------------------------------------------------ what clients ask for
     # The sync client (tq) and the async one (tq.aio) only differ in how they send these.
@@ -323,10 +310,10 @@ class App:
                 self._notifier.close()
                 self._notifier = None
             self._drop_redis()
-            self._runtime = None
+            self._drop_runtime()
             self._liveness = None  # what it read was about the other server
-            if self._celery is not None and not self.settings.outbox:
-                self._celery.conf.update(broker_config(redis_url))
+            if self._celery is not None and not self.topology.publishes_via_outbox:
+                self._celery.conf.update(broker_config(redis_url))  # the broker moved too
 
     def adopt(self, settings: ToolqSettings) -> None:
         """Run on ``settings`` from now on (the mode a ``toolq up`` recorded:
@@ -337,7 +324,8 @@ class App:
                 self._notifier = None
             self._drop_redis()
             self.settings = settings
-            self._runtime = None
+            self._topology = None
+            self._drop_runtime()
             self._liveness = None
             self._celery = None
             self._messages = None
@@ -357,8 +345,9 @@ class App:
             raise errors.RequestRefused(msg) from None
         with self._lock:
             self.settings = settings
+            self._topology = None  # publishes through the outbox now
             self._ledger = None  # its scripts' calls name the outbox now
-            self._runtime = None
+            self._drop_runtime()
             self._celery = None
             self._messages = None
             self._outbound_for = {}
@@ -385,54 +374,7 @@ class App:
         celery = make_celery(self.settings, self.name, url)
         celery.toolq_app = self  # type: ignore[attr-defined]
         liveness.install()  # its workers beat per queue (what a submit's warnings read)
-        app = self
-
-        # A task whose operation did not succeed raises (after the ledger recorded it)
-        # so that Flower shows a failure; declared in `throws`: one log line, acked.
-        throws = (OperationNotSucceeded,)
-
-        # The ledger call that ends a delivery acknowledges it, when the ledger's server
-        # is the broker (toolq.broker.request: Celery's ack then sends nothing).
-        def delivery(task: Task[Any, Any]) -> str | None:
-            if not task.app.conf.get("toolq_acks_in_ledger"):
-                return None
-            tag = (task.request.delivery_info or {}).get("delivery_tag")
-            return str(tag) if tag else None
-
-        # A delivery whose claim the ledger's server did not take goes back to its queue
-        # (Requeue: Celery rejects it with requeue, late acks or not), where an ack would
-        # have left its operation to the scheduler's republish after
-        # recovery.unclaimed_after. Also when the ledger's server is the broker
-        # (toolq_acks_in_ledger), where the broker is away too: the reject then fails as
-        # the ack would have (kombu logs it) and the message stays unacknowledged on the
-        # server, as before; a server back by then takes the requeue, not an ack that
-        # drops the message. One rule for both modes.
-        # shared=False: another App's Celery app (several in one process: tests, an API
-        # beside a worker) must not get this one's bodies, bound to this App's runtime.
-        options: dict[str, Any] = {
-            "ignore_result": True,
-            "throws": throws,
-            "bind": True,
-            "Request": REQUEST,
-            "shared": False,
-        }
-
-        @celery.task(name=RUN_TASK, **options)
-        def run(self: Task[Any, Any], ref: str, attempt: int) -> str:
-            try:
-                return task_result(app.runtime.run_attempt(ref, int(attempt), delivery(self)))
-            except LedgerAway as exc:
-                raise Requeue(str(exc)) from exc
-
-        @celery.task(name=VERIFY_TASK, **options)
-        def verify(self: Task[Any, Any], ref: str, attempt: int, vcheck: int) -> str:
-            try:
-                return task_result(
-                    app.runtime.run_check(ref, int(attempt), int(vcheck), delivery(self))
-                )
-            except LedgerAway as exc:
-                raise Requeue(str(exc)) from exc
-
+        register_tasks(celery, lambda: self.runtime)
         return celery
 
     def close(self) -> None:
@@ -440,16 +382,18 @@ class App:
             if self._notifier is not None:
                 self._notifier.close()
                 self._notifier = None
-            if self._runtime is not None:
-                self._runtime.leases.stop()
+            self._drop_runtime()
             self._drop_redis()
 
+    def _drop_runtime(self) -> None:
+        # Its lease thread renews through the ledger it was made with: stopped with it.
+        if self._runtime is not None:
+            self._runtime.leases.stop()
+        self._runtime = None
+
     def _drop_redis(self) -> None:
-        # Redis(connection_pool=...).close() leaves the pool's sockets open.
         if self._redis is not None:
-            self._redis.close()  # a cluster client closes its nodes' pools itself
-            if not self.settings.cluster:
-                self._redis.connection_pool.disconnect()
+            self.topology.close_redis(self._redis)  # made by this topology: not reset yet
         self._redis = None
         self._ledger = None
 

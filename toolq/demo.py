@@ -197,8 +197,10 @@ class Agent:
             return  # after the kill, so the killed worker cannot swallow the copy
         rec = self.tq.ledger.fields(op.ref, "attempt")
         queue, message = self.tq.app.messages.run(op.ref, int(rec.get("attempt") or 1))
-        if self.tq.settings.outbox:  # the broker is not the ledger: through the relay
-            self.tq.redis.xadd(self.tq.ledger.keys.outbox, {"queue": queue, "message": message})
+        if self.tq.app.topology.publishes_via_outbox:  # the broker is not the ledger
+            self.tq.redis.xadd(
+                self.tq.ledger.keys_of(op.ref).outbox, {"queue": queue, "message": message}
+            )
         else:
             self.tq.redis.lpush(queue, message)
         op.redelivered = True

@@ -30,6 +30,11 @@ class Layout(ABC):
 
     prefix: str
 
+    #: A process checks the cells its ledger's meta recorded (:meth:`conflict`) when it
+    #: builds its ledger: every call it makes names a cell the meta must agree with. The
+    #: single tag checks at the first submit instead (no round trip for a reader).
+    check_meta_first: bool = False
+
     @property
     @abstractmethod
     def cells(self) -> int | None:
@@ -94,6 +99,7 @@ class Cells(Layout):
 
     prefix: str = "toolq"
     n: int = 256
+    check_meta_first = True
 
     def __post_init__(self) -> None:
         check_cells(self.n)

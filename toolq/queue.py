@@ -274,10 +274,8 @@ class ToolQueue:
     def list_operations(self, state: str, **filters: Any) -> OperationPage:
         """One page of the operations in ``state`` (as :meth:`AsyncToolQueue.list_operations`)."""
         q = self.app.list_query(state, **filters)
-        cells = self.app.cell_keys()
-        if cells is not None:
-            return lists.read_page_cells(self.redis, q, cells)
-        return lists.read_page(self.redis, q, self.ledger.keys)
+        # Every cell's page, merged (the single tag: one cell, its page as it is).
+        return lists.read_page_cells(self.redis, q, self.app.topology.layout.every_cell())
 
     def _view(self, ref: str) -> operator.View:
         return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))

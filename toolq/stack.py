@@ -37,6 +37,7 @@ from toolq.embedded import EmbeddedServer
 from toolq.errors import ToolqError
 from toolq.procs import pdeathsig_preexec, spawner
 from toolq.settings import QueueSettings, ToolqSettings
+from toolq.topology.publish import publish_for
 
 __all__ = [
     "Child",
@@ -211,7 +212,7 @@ class Stack:
         cfg = self.config
         common = ["--app", cfg.app, "--loglevel", cfg.loglevel]
         plan = [Child("scheduler", "scheduler", ["scheduler", *common, *self._metrics_args()])]
-        if self.outbox:  # the broker is not the ledger: the outbox needs its relay
+        if self.needs_relay:  # the broker is not the ledger: the outbox needs its relay
             plan.append(Child("relay", "relay", ["relay", *common]))
         for role, count, queue in (
             ("calls", cfg.calls_workers, cfg.queues.calls),
@@ -244,9 +245,10 @@ class Stack:
         return plan
 
     @property
-    def outbox(self) -> bool:
-        """A broker URL is set for the children (outbox mode: they need a relay)."""
-        return bool(self.config.env.get("TOOLQ_BROKER_URL") or os.environ.get("TOOLQ_BROKER_URL"))
+    def needs_relay(self) -> bool:
+        """The children publish through the outbox (a broker URL is set for them)."""
+        url = self.config.env.get("TOOLQ_BROKER_URL") or os.environ.get("TOOLQ_BROKER_URL")
+        return publish_for(url).needs_relay
 
     def _metrics_args(self) -> list[str]:
         p = self.config.metrics_port

@@ -4,7 +4,9 @@ fakeredis runs the Lua in lupa (Lua 5.1) and serves the unit tier; the real
 server is what production runs. One suite on both keeps the unit tier honest.
 Each ledger runs its scripts both ways: as functions of the loaded library
 (FCALL, where the server has functions) and as plain scripts (EVALSHA, the
-fallback for a server without them).
+fallback for a server without them), and in each layout (:mod:`toolq.layout`):
+the single tag, and cells, where every key is a cell's (``{tq:c000}:...``).
+Outbox publishing joins it in test_outbox_scripts.py.
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from toolq.layout import Cells, Layout, SingleTag
 from toolq.ledger import Ledger
 
 BACKENDS = ("fakeredis", "valkey")
+
+#: One cell, so that every ref of a test is in it and the suite's reads of the
+#: ledger's keys name that cell's (which cell a ref is in: tests/unit/test_cells.py).
+LAYOUTS = {"single tag": SingleTag("tq"), "cells": Cells("tq", 1)}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -32,9 +39,16 @@ def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
         c.close()
 
 
+@pytest.fixture(params=list(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> Layout:
+    return LAYOUTS[request.param]
+
+
 @pytest.fixture(params=("functions", "scripts"))
-def ledger(client: redis.Redis, request: pytest.FixtureRequest) -> Ledger:
-    ledger = Ledger(client, prefix="tq")
+def ledger(client: redis.Redis, layout: Layout, request: pytest.FixtureRequest) -> Ledger:
+    ledger = Ledger(client, prefix=layout.prefix, cells=layout.cells)
+    if layout.cells is not None:  # its own keys: the cell's, where every ref of a test is
+        ledger = ledger.in_cell(0)
     if request.param == "scripts":
         ledger.scripts.functions = False  # as on a server that refused FUNCTION LOAD
     return ledger

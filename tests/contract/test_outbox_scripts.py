@@ -8,15 +8,18 @@ import pytest
 import redis
 
 from tests.contract.ops import NOW, QUEUE, submit
+from toolq.layout import Layout
 from toolq.ledger import Ledger
 from toolq.recovery.transition import Transition
 from toolq.states import State as S
 
 
 @pytest.fixture
-def outbox_ledger(ledger: Ledger) -> Ledger:
-    """The contract's ledger (functions or scripts) in outbox mode."""
-    boxed = Ledger(ledger.redis, prefix="tq", outbox=True)
+def outbox_ledger(ledger: Ledger, layout: Layout) -> Ledger:
+    """The contract's ledger (functions or scripts, in its layout) in outbox mode."""
+    boxed = Ledger(ledger.redis, prefix=layout.prefix, outbox=True, cells=layout.cells)
+    if layout.cells is not None:  # the cell every ref of a test is in (conftest)
+        boxed = boxed.in_cell(0)
     boxed.scripts.functions = ledger.scripts.functions
     return boxed
 
@@ -27,7 +30,7 @@ def entries(ledger: Ledger) -> list[tuple[str, str]]:
 
 
 def test_a_submit_appends_its_message_to_the_outbox_and_pushes_nothing(
-    outbox_ledger: Ledger,
+    outbox_ledger: Ledger, layout: Layout
 ) -> None:
     assert submit(outbox_ledger, "o/1").outcome == "created"
     assert entries(outbox_ledger) == [(QUEUE, "run o/1")]
@@ -37,7 +40,8 @@ def test_a_submit_appends_its_message_to_the_outbox_and_pushes_nothing(
         ref="o/1", tool="t", args_json="{}", fp="f", call_id="", now_ms=NOW, max_attempts=1,
         deadline_ms=0, state=S.QUEUED, due_ms=NOW, queue=QUEUE, message="m",
     )  # fmt: skip
-    assert keys[-1] == outbox_ledger.keys.outbox == "{tq}:outbox"
+    tagged = "{tq}:outbox" if layout.cells is None else "{tq:c000}:outbox"
+    assert keys[-1] == outbox_ledger.keys.outbox == tagged
     assert QUEUE not in keys
 
 

@@ -141,9 +141,8 @@ def _light(
 ) -> tuple[Callable[[], dict[str, Any]], str, str]:
     """The snapshot read with the settings from the environment, on a plain client:
     no app, no Celery imported (what keeps ``toolq status`` under 0.3 s)."""
-    from toolq.cells import cells_conflict
-    from toolq.keys import Keys
     from toolq.settings import ToolqSettings
+    from toolq.topology import topology_for
 
     settings = ToolqSettings()
     url = resolve_url(redis_url, state_dir)
@@ -154,25 +153,19 @@ def _light(
         )
     if not redis_url:  # the server `toolq up` recorded: its mode too
         settings = recorded_settings(settings, state_dir, publishes=False)
-    options: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
-    client: redis.Redis
-    if settings.cluster:
-        # A Cluster's node answers MOVED for the cells it does not serve: the cluster
-        # client (the ledger's, which reads FCALL's keys itself) sends each its own.
-        from toolq.ledger.cluster import LedgerCluster
-
-        client = LedgerCluster.from_seeds(url, **options)  # type: ignore[assignment]
-    else:
-        client = redis.Redis.from_url(url, **options)
+    topology = topology_for(settings)
+    # On a Cluster a node answers MOVED for the cells it does not serve: the cluster
+    # client (the ledger's, which reads FCALL's keys itself) sends each its own.
+    client = topology.make_redis(url, {"socket_connect_timeout": 5, "socket_timeout": 30})
     try:
         client.ping()
-        recorded = client.hget(Keys(settings.prefix).meta, "cells")
+        recorded = client.hget(topology.layout.root.meta, "cells")
     except redis.RedisError as exc:
         raise CliError(
             f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
             "server: toolq's processes wait for it and resume once it answers)"
         ) from None
-    why = cells_conflict(recorded, settings.cells)  # else an empty table: a wrong answer
+    why = topology.layout.conflict(recorded)  # else an empty table: a wrong answer
     if why is not None:
         raise CliError(why)
     sources = settings_sources(settings)
@@ -192,7 +185,7 @@ def _light(
                 raise
             raise CliError(line) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            if not settings.cluster:
+            if not topology.on_cluster:
                 raise
             raise CliError(unreachable_line(url, exc, cluster=True) or str(exc)) from None
         seen = frozenset(snap["tools"])  # the next refresh needs one round trip

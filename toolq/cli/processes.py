@@ -200,7 +200,7 @@ def relay(
     tq = open_app(app_path, redis_url, state_dir, away="wait")
     if broker_url:
         tq.app.configure_broker(broker_url)
-    if not tq.settings.outbox:
+    if not tq.app.topology.needs_relay:
         raise click.UsageError("no broker URL: pass --broker-url or set TOOLQ_BROKER_URL")
     _metrics(metrics_port, tq, "relay")
     r = Relay(tq.app)

@@ -34,8 +34,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from toolq import errors
-from toolq.cells import cell_of, cells_conflict, check_cells
 from toolq.keys import Keys
+from toolq.layout import Cells, Layout, SingleTag
 
 #: Keys read or moved per round trip.
 CHUNK = 1000
@@ -66,15 +66,15 @@ def to_cells(
     on the single server first), another number of cells recorded, a writer still
     beating (unless ``force``), messages in the outbox.
     """
-    check_cells(cells)
+    new = Cells(prefix, cells)  # checks the number
     if isinstance(client, RedisCluster):
         raise errors.RequestRefused(
             "migrate on the single server the ledger lives on, before it joins a Cluster"
         )
-    old = Keys(prefix)
+    old = SingleTag(prefix).root
     recorded = client.hget(old.meta, "cells")
     if recorded is not None:
-        why = cells_conflict(recorded, cells)
+        why = new.conflict(recorded)
         if why is not None:
             raise errors.RequestRefused(why)
         return Moved(cells, already=True)
@@ -91,15 +91,13 @@ def to_cells(
             "the outbox still holds messages: let a relay publish them, then stop it"
         )
     moved = Moved(cells)
-    moved.records = _records(client, old, prefix, cells)
-    moved.due = _split(client, old.due, prefix, cells, lambda k: k.due)
+    moved.records = _records(client, old, new)
+    moved.due = _split(client, old.due, new, lambda k: k.due)
     for key in list(client.scan_iter(match=_glob(old.index_prefix) + "*", count=CHUNK)):
         name = _s(key)
         moved.indexes += 1
-        moved.indexed += _split(
-            client, name, prefix, cells, _index_in(name[len(old.index_prefix) :])
-        )
-    moved.counters, moved.tools = _into_cell_zero(client, old, Keys(prefix, 0))
+        moved.indexed += _split(client, name, new, _index_in(name[len(old.index_prefix) :]))
+    moved.counters, moved.tools = _into_cell_zero(client, old, new.every_cell()[0])
     client.delete(old.wake, old.sleep_until, old.outbox)
     client.hset(old.meta, "cells", cells)
     return moved
@@ -120,7 +118,7 @@ def running_writers(client: redis.Redis, keys: Keys, now_ms: int) -> list[str]:
     return found
 
 
-def _records(client: redis.Redis, old: Keys, prefix: str, cells: int) -> int:
+def _records(client: redis.Redis, old: Keys, new: Layout) -> int:
     moved = 0
     batch: list[str] = []
 
@@ -128,7 +126,7 @@ def _records(client: redis.Redis, old: Keys, prefix: str, cells: int) -> int:
         pipe = client.pipeline(transaction=False)
         for name in batch:
             ref = name[len(old.op_prefix) :]
-            pipe.rename(name, Keys(prefix, cell_of(ref, cells)).op(ref))
+            pipe.rename(name, new.keys_of(ref).op(ref))
         pipe.execute()
         batch.clear()
 
@@ -143,9 +141,7 @@ def _records(client: redis.Redis, old: Keys, prefix: str, cells: int) -> int:
     return moved
 
 
-def _split(
-    client: redis.Redis, key: str, prefix: str, cells: int, name: Callable[[Keys], str]
-) -> int:
+def _split(client: redis.Redis, key: str, new: Layout, name: Callable[[Keys], str]) -> int:
     """Every member of the sorted set ``key`` into the set ``name(Keys of its cell)``,
     score kept; then ``key`` deleted. Returns how many members moved."""
     moved = 0
@@ -160,7 +156,7 @@ def _split(
 
     for member, score in client.zscan_iter(key, count=CHUNK):
         ref = _s(member)
-        chunk[name(Keys(prefix, cell_of(ref, cells)))][ref] = score
+        chunk[name(new.keys_of(ref))][ref] = score
         moved += 1
         if moved % CHUNK == 0:
             flush()

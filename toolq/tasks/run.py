@@ -92,11 +92,10 @@ class Runtime:
         self.lease_ms = lease_ms
         self.clock = clock
         self.leases = LeaseKeeper(ledger, lease_ms, clock, renew_every=renew_every)
-        # In cells mode each notice goes to the steps channel of its ref's cell.
-        steps: str | Callable[[str], str] = ledger.keys.notify_steps
-        if ledger.cells is not None:
-            steps = lambda ref: ledger.keys_of(ref).notify_steps  # noqa: E731
-        self.progress = ProgressPublisher(ledger.redis, steps)
+        # Each notice goes to the steps channel of its ref's cell (the single tag: its own).
+        self.progress = ProgressPublisher(
+            ledger.redis, lambda ref: ledger.keys_of(ref).notify_steps
+        )
         self.rng = random.Random()
 
     def now_ms(self) -> int:

@@ -12,12 +12,12 @@ from toolq.layout import layout_of
 from toolq.settings import ToolqSettings
 from toolq.topology.model import Topology
 from toolq.topology.nodes import ClusterNodes, Nodes, OneServer
-from toolq.topology.publish import Inline, Outbox, Publish
+from toolq.topology.publish import publish_for
 
 
 def topology_for(settings: ToolqSettings) -> Topology:
     """The topology ``settings`` describe (already validated: a Cluster has cells and
     an outbox, :meth:`ToolqSettings._cluster_needs`)."""
     nodes: Nodes = ClusterNodes() if settings.cluster else OneServer()
-    publish: Publish = Inline() if settings.broker_url is None else Outbox(settings.broker_url)
+    publish = publish_for(settings.broker_url)
     return Topology(layout_of(settings.prefix, settings.cells), nodes, publish)

@@ -6,13 +6,14 @@ One class per mode behind :class:`Nodes`; the topology picks one
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
-from toolq.ledger.cluster import AsyncLedgerCluster, LedgerCluster
+from toolq.ledger.cluster import AsyncLedgerCluster, InFlight, LedgerCluster
 
 
 class Nodes(ABC):
@@ -33,6 +34,16 @@ class Nodes(ABC):
         """Close ``client`` and its pool's sockets."""
         client.close()
 
+    async def aclose(self, client: aioredis.Redis) -> None:
+        """Close an async client and its pool's sockets (a server away: closed anyway)."""
+        with contextlib.suppress(Exception):
+            await client.aclose()
+
+    def bound(self, client: aioredis.Redis, in_flight: int) -> InFlight | None:
+        """What bounds the commands in flight on ``client`` (``in_flight`` at most), where
+        its pool does not wait for a free connection; None: its pool waits."""
+        return None
+
 
 class OneServer(Nodes):
     """One server: blocking pools, so that past ``max_connections`` a caller waits for a
@@ -50,6 +61,10 @@ class OneServer(Nodes):
         # Redis(connection_pool=...).close() leaves the pool's sockets open.
         client.close()
         client.connection_pool.disconnect()
+
+    async def aclose(self, client: aioredis.Redis) -> None:
+        await super().aclose(client)
+        await client.connection_pool.disconnect()
 
 
 class ClusterNodes(Nodes):
@@ -72,7 +87,14 @@ class ClusterNodes(Nodes):
         client: Any = AsyncLedgerCluster.from_seeds(url, **_no_pool_timeout(options))
         return client  # type: ignore[no-any-return]
 
-    # close(): a cluster client closes its nodes' pools itself.
+    # close(), aclose(): a cluster client closes its nodes' pools itself.
+
+    def bound(self, client: aioredis.Redis, in_flight: int) -> InFlight:
+        # A node out of connections raises: every command of the client, the ledger's
+        # and the reads outside it (liveness, lists, views), waits for a turn of this.
+        bound = InFlight(in_flight)
+        client.in_flight = bound  # type: ignore[attr-defined]
+        return bound
 
 
 def _no_pool_timeout(options: dict[str, Any]) -> dict[str, Any]:

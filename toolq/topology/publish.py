@@ -61,3 +61,11 @@ class Outbox(Publish):
     @property
     def safe_broker(self) -> str:
         return redact_url(self.url.get_secret_value())
+
+
+def publish_for(broker_url: SecretStr | str | None) -> Publish:
+    """Where messages go, given the broker's URL (``TOOLQ_BROKER_URL``; unset: the
+    ledger's server is the broker)."""
+    if not broker_url:
+        return Inline()
+    return Outbox(broker_url if isinstance(broker_url, SecretStr) else SecretStr(broker_url))
