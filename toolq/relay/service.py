@@ -46,7 +46,7 @@ from toolq.outage import UNREACHABLE
 from toolq.relay.brokers import BrokerUnavailable, broker_errors, publisher_for
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
-from toolq.topology import topology_for
+from toolq.topology import Topology
 from toolq.topology.listen import FULL_READ_S, OutboxReader, outbox_reader
 from toolq.waiting import Outage, Waiter
 
@@ -82,6 +82,9 @@ class Parts(Protocol):
     @property
     def ledger(self) -> Ledger: ...
 
+    @property
+    def topology(self) -> Topology: ...
+
 
 class Relay:
     """One relay process's loop (:meth:`run`, :meth:`stop`); :meth:`step` is one round.
@@ -99,7 +102,7 @@ class Relay:
         on_published: Hook | None = None,
     ) -> None:
         settings = app.settings
-        topology = topology_for(settings)
+        topology = app.topology
         if not topology.needs_relay:
             raise ValueError("the relay needs a broker URL: set TOOLQ_BROKER_URL (outbox mode)")
         self.app = app

@@ -44,7 +44,7 @@ from toolq.scheduler.share import share_for
 from toolq.settings import ToolqSettings
 from toolq.states import PENDING_RECOVERY, TERMINAL
 from toolq.tools import Registry
-from toolq.topology import topology_for
+from toolq.topology import Topology
 from toolq.topology.listen import wake_listener
 from toolq.waiting import Outage, Waiter
 
@@ -66,6 +66,9 @@ class Parts(Protocol):
 
     @property
     def ledger(self) -> Ledger: ...
+
+    @property
+    def topology(self) -> Topology: ...
 
     @property
     def outbound(self) -> outcome.Messages: ...
@@ -115,7 +118,7 @@ class Scheduler:
             clock=self.clock,
             stop=self._stop,
         )
-        topology = topology_for(app.settings)
+        topology = app.topology
         #: The mode, picked once: the cells walked, the wake-ups, the queues' backlog.
         self.share = share_for(topology.layout, app.ledger, self.id, self.lease_ttl_ms, self.now_ms)
         self.listener = wake_listener(
