@@ -38,20 +38,9 @@ from toolq.tasks.celery import register_tasks
 from toolq.tasks.run import Runtime
 from toolq.tools import Registry, fingerprint
 from toolq.topology import Topology, topology_for
-from toolq.topology.nodes import ClusterNodes
 
 #: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
 MAX_BOUND_TOOLS = 1024
-
-
-def cluster_client(url: str, options: dict[str, Any]) -> redis.Redis:
-    """The ledger's client on a Cluster (:class:`toolq.topology.nodes.ClusterNodes`)."""
-    return ClusterNodes().client(url, options)
-
-
-def async_cluster_client(url: str, options: dict[str, Any]) -> aioredis.Redis:
-    """:func:`cluster_client` on ``redis.asyncio`` (:class:`~toolq.topology.nodes.ClusterNodes`)."""
-    return ClusterNodes().async_client(url, options)
 
 
 class App:

@@ -37,7 +37,6 @@ from toolq.embedded import EmbeddedServer
 from toolq.errors import ToolqError
 from toolq.procs import pdeathsig_preexec, spawner
 from toolq.settings import QueueSettings, ToolqSettings
-from toolq.topology.publish import publish_for
 
 __all__ = [
     "Child",
@@ -247,6 +246,8 @@ class Stack:
     @property
     def needs_relay(self) -> bool:
         """The children publish through the outbox (a broker URL is set for them)."""
+        from toolq.topology.publish import publish_for  # it loads the ledger: only when asked
+
         url = self.config.env.get("TOOLQ_BROKER_URL") or os.environ.get("TOOLQ_BROKER_URL")
         return publish_for(url).needs_relay
 

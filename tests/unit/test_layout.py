@@ -12,7 +12,7 @@ from toolq.layout import Cells, Layout, SingleTag, layout_of
 from toolq.settings import ToolqSettings
 from toolq.topology import Topology, topology_for
 from toolq.topology.nodes import ClusterNodes, OneServer
-from toolq.topology.publish import Inline, Outbox
+from toolq.topology.publish import Inline, Outbox, publish_for
 
 REFS = ["op-1", "call_7f3a", "é/ref", "op-1"]
 
@@ -111,3 +111,23 @@ def test_the_topology_is_chosen_from_the_settings(
 def test_an_outbox_broker_is_its_url() -> None:
     assert Outbox(SecretStr(BROKER)).broker(None) == BROKER
     assert Inline().broker(None) is None
+
+
+# the broker URL (TOOLQ_BROKER_URL, as `toolq up` reads it), where messages go
+PUBLISH = [(None, Inline), ("", Inline), (BROKER, Outbox), (SecretStr(BROKER), Outbox)]
+
+
+@pytest.mark.parametrize(("url", "publish"), PUBLISH)
+def test_a_broker_url_means_the_outbox(url: str | SecretStr | None, publish: type) -> None:
+    assert type(publish_for(url)) is publish
+    assert publish_for(url).needs_relay == (publish is Outbox)
+
+
+def test_only_a_cluster_bounds_the_async_commands_in_flight() -> None:
+    # A Cluster's node raises when out of connections; one server's pool waits.
+    one = OneServer().async_client("redis://127.0.0.1:1/0", {"max_connections": 4})
+    assert OneServer().bound(one, 2) is None
+    cluster = ClusterNodes()
+    many = cluster.async_client("redis://127.0.0.1:1", {"max_connections": 4})
+    bound = cluster.bound(many, 2)
+    assert bound is not None and many.in_flight is bound  # type: ignore[attr-defined]

@@ -375,8 +375,11 @@ def _print_banner(
     for child in stack.children:
         lines.append(f"  {child.name:<10} pid {child.pid}")
     broker = stack.config.env.get("TOOLQ_BROKER_URL") or os.environ.get("TOOLQ_BROKER_URL")
-    if broker:  # outbox mode: the relay above publishes to it
-        lines.append(f"  broker     {redact_url(broker)} (through the ledger's outbox)")
+    from toolq.topology.publish import publish_for
+
+    publish = publish_for(broker)
+    if publish.needs_relay:  # the relay above publishes to it
+        lines.append(f"  broker     {publish.safe_broker} (through the ledger's outbox)")
     if stack.metrics_url:
         lines.append(f"  metrics    {stack.metrics_url}")
     if stack.api_url:
