@@ -71,7 +71,7 @@ def _short_run(tq: ToolQueue) -> None:
     finally:
         sched.stop()
         runner.join(timeout=10)
-    sched._heartbeat()  # a live scheduler, as a running one would show
+    sched.heartbeat()  # a live scheduler, as a running one would show
     tq.submit("create_invoice", {"amount": 9}, operation_ref="inv/9")
 
 

@@ -202,13 +202,16 @@ def test_a_worker_killed_mid_write_is_verified_not_run_again(
 
 
 def test_the_relay_publishes_to_rabbitmq_with_confirms(tq: ToolQueue) -> None:
+    from toolq.relay.brokers import KombuPublish
     from toolq.relay.service import Relay
 
     relay = Relay(tq.app)
     try:
-        relay._producer_for()
-        assert relay._connection is not None
-        assert relay._connection.connection.confirm_publish is True
+        publisher = relay.publisher
+        assert isinstance(publisher, KombuPublish)
+        publisher.producer()
+        assert publisher.connection is not None
+        assert publisher.connection.connection.confirm_publish is True
     finally:
         relay._drop_broker()
 

@@ -29,6 +29,7 @@ from pydantic import SecretStr
 
 from tests.unit.test_recovery_model import FAULTS, Args, Crash, World
 from toolq import CallContext, State, ToolQueue
+from toolq.scheduler.ages import OutboxAges
 from toolq.scheduler.service import Scheduler
 from toolq.settings import LeaseSettings, RecoverySettings, ToolqSettings
 
@@ -143,7 +144,7 @@ def test_no_interleaving_through_the_outbox_makes_two_side_effects(
     broker = Broker()
     tq = build(world)
     sched = Scheduler(tq.app)
-    sched._depths = broker  # type: ignore[assignment]  # the broker's depths, as Depths reads them
+    sched.ages = OutboxAges(tq.app, broker)  # the broker's depths, as Depths reads them
     q = tq.settings.queues
     refs = []
     for i, plan in enumerate(plans):

@@ -21,6 +21,7 @@ from toolq.ledger.outbox import entry_ms
 from toolq.relay.outgoing import lag_ms, outgoing
 from toolq.relay.service import Relay
 from toolq.settings import ToolqSettings
+from toolq.topology import Topology, topology_for
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,10 @@ class _Parts:
 
     redis: Any = None
     redis_url = "redis://127.0.0.1:1/0"
+
+    @property
+    def topology(self) -> Topology:
+        return topology_for(self.settings)
 
 
 def test_a_published_entry_arrives_as_celery_sends_a_task(tq: ToolQueue) -> None:
@@ -252,6 +257,7 @@ def test_a_redis_broker_gets_the_ledgers_message_as_it_is_and_a_failed_push_is_t
 
         def __init__(self) -> None:
             self.settings = settings
+            self.topology = topology_for(settings)
 
     relay = Relay(Parts())  # type: ignore[arg-type]
     with pytest.raises(BrokerUnavailable) as caught:
@@ -292,7 +298,8 @@ def test_a_relay_waits_out_any_failure_of_a_round_and_says_it_once(
             raise failures.pop()
 
     relay = _memory_relay(tq, fake_redis, on_read=fail)
-    relay._blocking, relay.block_ms = fake_redis, 100  # its blocking reads on fakeredis too
+    relay.block_ms = 100
+    relay.reader._blocking = fake_redis  # type: ignore[attr-defined]  # blocking reads too
     caplog.set_level("INFO", logger="toolq.relay")
     runner = threading.Thread(target=relay.run, daemon=True)
     runner.start()

@@ -17,23 +17,18 @@ once; a second copy of a message is refused by the ledger's claim (the
 attempt is claimed once), so nothing runs twice. Several relays may run: the
 group hands each entry to one of them.
 
-In cells mode (``cells``) every cell has its outbox: a relay reads them all, on
-one server with one blocking ``XREADGROUP`` of every stream. On a Cluster one
-command cannot name streams of several slots, and a non-blocking read of every
-cell costs the nodes ~8 ms of CPU at 256 cells: there the relay listens to the
-cells' notice channels (a script that appends to an outbox announces the state
-it entered in the same step) and reads the outboxes of the cells it heard of,
-at once; every :data:`FULL_READ_S` it reads them all (quiet transitions, such as
-a republish, announce nothing). There a batch is deleted then acknowledged per stream
-(no transaction across slots): a relay killed in between leaves a pending id
-whose entry is gone, which the next ``XAUTOCLAIM`` drops.
+Every cell has its outbox (:meth:`toolq.layout.Layout.outbox_streams`). How they are
+read, waited on and acknowledged depends on the nodes, one class per mode picked by
+the topology (:func:`toolq.topology.listen.outbox_reader`): on one server one
+blocking ``XREADGROUP`` of every stream; on a Cluster a read per cell of those whose
+notices were heard, every cell now and then.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -43,19 +38,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis
-import redis.sentinel
-from amqp.exceptions import MessageNacked
-from kombu import Connection, Producer, Queue
-from kombu.exceptions import KombuError
 
 from toolq import errors
-from toolq.broker.app import is_amqp, is_redis, queue_for
-from toolq.keys import OUTBOX_GROUP, Keys
+from toolq.keys import OUTBOX_GROUP
 from toolq.ledger import Ledger
-from toolq.notify import ShardedSubscription
 from toolq.outage import UNREACHABLE
+from toolq.relay.brokers import BrokerUnavailable, broker_errors, publisher_for
 from toolq.relay.outgoing import Outgoing, lag_ms, outgoing
 from toolq.settings import ToolqSettings
+from toolq.topology import Topology
+from toolq.topology.listen import FULL_READ_S, OutboxReader, outbox_reader
 from toolq.waiting import Outage, Waiter
 
 log = logging.getLogger("toolq.relay")
@@ -67,18 +59,12 @@ LEDGER_DOWN: tuple[type[BaseException], ...] = UNREACHABLE
 #: Beats older than this (relays killed without a goodbye) are removed, now and then.
 FORGET_BEAT_MS = 3_600_000
 FORGET_EVERY_S = 60.0
-#: Cells mode on a Cluster: how often a relay reads every cell's outbox (between two,
-#: only those of the cells whose notices it heard).
-FULL_READ_S = 1.0
+__all__ = ["FULL_READ_S", "BrokerUnavailable", "Relay"]
 
 #: A batch: (stream, entry id, message) of each entry read.
 Entry = tuple[str, str, Outgoing | None]
 
 Hook = Callable[[Sequence[Outgoing]], None]
-
-
-class BrokerUnavailable(OSError):
-    """A Redis broker failed a push (told apart from the ledger's Redis failing)."""
 
 
 class Parts(Protocol):
@@ -95,6 +81,9 @@ class Parts(Protocol):
 
     @property
     def ledger(self) -> Ledger: ...
+
+    @property
+    def topology(self) -> Topology: ...
 
 
 class Relay:
@@ -113,62 +102,35 @@ class Relay:
         on_published: Hook | None = None,
     ) -> None:
         settings = app.settings
-        if settings.broker_url is None:
+        topology = app.topology
+        if not topology.needs_relay:
             raise ValueError("the relay needs a broker URL: set TOOLQ_BROKER_URL (outbox mode)")
         self.app = app
         self.clock = app.clock
-        self.keys = Keys(settings.prefix)
-        #: The outbox streams: the ledger's, or one per cell in cells mode.
-        cells = [None] if settings.cells is None else range(settings.cells)
-        self.outboxes = [Keys(settings.prefix, c).outbox for c in cells]
-        self.cluster = settings.cluster
-        #: Cluster: notice channel -> its cell's outbox, the outboxes heard of since
-        #: the last read, and when every outbox was last read.
-        self._channels: dict[str, str] = {}
-        if self.cluster:
-            for cell, stream in zip(cells, self.outboxes, strict=True):
-                keys = Keys(settings.prefix, cell)
-                self._channels[keys.notify] = self._channels[keys.notify_steps] = stream
-        self._heard: set[str] = set()
-        self._hints: ShardedSubscription | None = None
-        self._full_read = -math.inf
-        self.broker_url = settings.broker_url.get_secret_value()
+        self.keys = topology.layout.root
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        #: The outbox streams: one per cell (the ledger's alone with a single tag).
+        self.outboxes = topology.layout.outbox_streams()
+        self.broker_url = str(topology.broker(None))
         r = settings.relay
         self.batch = r.batch
         self.block_ms = int(r.block * 1000)
         self.claim_after_ms = int(r.claim_after * 1000)
-        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.on_read = on_read
         self.on_published = on_published
         self.published = 0
         self.lag_ms = 0
-        self._queues: dict[str, Queue] = {}
-        self._connection: Connection | None = None
-        #: A Redis/Valkey broker is written directly (:meth:`_push`); AMQP goes through kombu.
-        #: Behind Sentinel, to the primary its Sentinels name (:meth:`_broker_redis`).
-        self._sentinel = settings.sentinel
-        self._master_name = settings.broker_master_name
-        self._redis_broker = self._sentinel is not None or is_redis(self.broker_url)
-        self._broker_client: redis.Redis | None = None
-        self._sentinels: redis.sentinel.Sentinel | None = None
-        self._producer: Producer | None = None
-        # Blocking reads get a connection of their own, with a timeout past the block.
-        self._blocking: redis.Redis | None = None
+        #: Publishes to the broker: a Redis one directly, any other through kombu.
+        self.publisher = publisher_for(
+            self.broker_url, settings.sentinel, settings.broker_master_name
+        )
+        self._topology = topology
         # Entries read and not acknowledged (a failed publish): read again before new ones.
         self._backlog = True
         self._next_autoclaim = 0.0
         self._last_beat = 0.0
         self._last_forget = 0.0
-        probe = Connection(self.broker_url)  # lazy: connects to nothing
-        self._broker_errors: tuple[type[BaseException], ...] = (
-            OSError,
-            # kombu's own: OperationalError when Connection.default_channel cannot
-            # connect (what ended every relay after ~8 s of RabbitMQ down)
-            KombuError,
-            MessageNacked,  # RabbitMQ refused a publish (confirm mode): publish it again
-            *probe.connection_errors,
-            *probe.channel_errors,
-        )
+        self._broker_errors = broker_errors(self.broker_url)
         #: The waits for each dependency, and for a round that failed unexpectedly:
         #: one log line when each starts and ends; the broker's shows in the beat.
         self._stop = threading.Event()
@@ -182,6 +144,14 @@ class Relay:
             Outage("relay rounds", "fault", down="failing"), log, clock=self.clock, stop=self._stop
         )
 
+    @functools.cached_property
+    def reader(self) -> OutboxReader:
+        """How the outboxes are read, waited on and acknowledged on these nodes."""
+        app = self.app
+        return outbox_reader(
+            self._topology, client=app.redis, redis_url=app.redis_url, consumer=self.id
+        )
+
     # ------------------------------------------------------------------ one round
 
     def setup(self) -> None:
@@ -190,13 +160,6 @@ class Relay:
         a relay without TOOLQ_CELLS on a ledger moved into cells would read no outbox)."""
         if not self.app.ledger.cells_checked:
             self.app.ledger.record_cells()
-        if len(self.outboxes) == 1:
-            try:
-                self.app.redis.xgroup_create(self.outboxes[0], OUTBOX_GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-            return
         pipe = self.app.redis.pipeline(transaction=False)
         for stream in self.outboxes:
             pipe.xgroup_create(stream, OUTBOX_GROUP, id="0", mkstream=True)
@@ -210,8 +173,8 @@ class Relay:
         entries = self._take(block)
         if not entries:
             self.lag_ms = 0  # nothing waits: an idle relay is not behind
-            if block and self.cluster:  # no blocking read across slots: wait for a notice
-                self._listen(self.block_ms / 1000)
+            if block:  # a Cluster: no blocking read across slots, wait for a notice
+                self.reader.idle(self.block_ms / 1000)
             return 0
         ids = [e for _, e, _ in entries]
         messages = [m for _, _, m in entries if m is not None]
@@ -255,150 +218,18 @@ class Relay:
         return rows
 
     def _read(self, last: str, block: bool) -> list[Entry]:
-        if self.cluster:  # a read per cell, each on its node: never blocking
-            streams = self._to_read() if last == ">" else self.outboxes
-            if not streams:
-                return []
-            pipe = self.app.redis.pipeline(transaction=False)
-            for stream in streams:
-                pipe.xreadgroup(OUTBOX_GROUP, self.id, {stream: last}, count=self.batch)
-            return [row for reply in pipe.execute() for row in _read_entries(reply)]
-        blocks = block and last == ">"
-        client = self._blocking_client() if blocks else self.app.redis
-        reply: Any = client.xreadgroup(
-            OUTBOX_GROUP,
-            self.id,
-            dict.fromkeys(self.outboxes, last),
-            count=self.batch,
-            block=self.block_ms if blocks else None,
-        )
-        return _read_entries(reply)
-
-    def _to_read(self) -> list[str]:
-        """Cluster: the outboxes to read now: those heard of, or all now and then."""
-        now = time.monotonic()
-        self._collect(0.0)
-        if now - self._full_read >= FULL_READ_S:
-            self._full_read = now
-            self._heard.clear()
-            return self.outboxes
-        heard, self._heard = self._heard, set()
-        return [s for s in self.outboxes if s in heard]
-
-    def _listen(self, timeout: float) -> None:
-        """Cluster, nothing to publish: wait for a notice (or the next full read)."""
-        wait = min(timeout, max(0.0, self._full_read + FULL_READ_S - time.monotonic()))
-        self._collect(wait)
-
-    def _collect(self, timeout: float) -> None:
-        """Note the cells whose notices arrived (waiting up to ``timeout`` for one)."""
-        if self._hints is None:
-            self._hints = ShardedSubscription(self.app.redis, list(self._channels))
-            self._full_read = -math.inf  # what was announced before is read in full
-        msg = self._hints.get_message(timeout=timeout)
-        while msg is not None:
-            # unsubscribe: the cell's slot left its node; subscribed again on the next
-            # call, and its outbox read now (what it announced meanwhile is gone).
-            if msg.get("type") in ("message", "unsubscribe"):
-                stream = self._channels.get(_s(msg["channel"]))
-                if stream is not None:
-                    self._heard.add(stream)
-            msg = self._hints.get_message(timeout=0.0)
+        pairs = self.reader.read(last, self.batch, self.block_ms if block else None)
+        return [row for stream, raw in pairs for row in _entries(stream, raw)]
 
     def _publish(self, messages: Sequence[Outgoing]) -> None:
-        if self._redis_broker:
-            self._push(messages)
-            return
-        producer = self._producer_for()
-        for m in messages:
-            queue = self._queue(m.queue)
-            producer.publish(
-                m.body,
-                exchange=queue.exchange,
-                routing_key=queue.routing_key,
-                declare=[queue],
-                content_type=m.content_type,
-                content_encoding=m.content_encoding,
-                headers=m.headers,
-                delivery_mode=2,
-                retry=False,
-                **m.properties,
-            )
+        self.publisher.publish(messages)
         self.broker_wait.answered()
-
-    def _push(self, messages: Sequence[Outgoing]) -> None:
-        """A Redis broker: each message pushed to its queue list as the ledger built it,
-        kombu's Redis transport's own envelope (what the scripts push without an outbox),
-        the batch in one round trip. kombu's publish would look the exchange's bindings up
-        (SMEMBERS) and build a client object per message: 1.8 ms of relay CPU a message,
-        measured (bench/RESULTS.md, "Outbox mode")."""
-        if self._broker_client is None:
-            self._broker_client = self._broker_redis()
-        pipe = self._broker_client.pipeline(transaction=False)
-        for m in messages:
-            pipe.lpush(m.queue, m.raw)
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:  # the broker's, not the ledger's: see run()
-            raise BrokerUnavailable(type(exc).__name__) from exc
-        self.broker_wait.answered()
-
-    def _broker_redis(self) -> redis.Redis:
-        """The Redis broker's client. Behind Sentinel, on the primary its Sentinels name:
-        each new connection asks them again, and a failed push drops the client
-        (:meth:`_drop_broker`), so the push after a failover goes to the promoted
-        replica. Until the Sentinels have promoted one they name the dead primary, or
-        none (``MasterNotFoundError``): connection errors, retried as any broker's."""
-        s = self._sentinel
-        if s is None:
-            return redis.Redis.from_url(self.broker_url, socket_timeout=30)
-        assert self._master_name is not None  # the settings refuse a sentinel URL without
-        self._sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-            list(s.sentinels), sentinel_kwargs={"socket_timeout": 5, "socket_connect_timeout": 5}
-        )
-        client: redis.Redis = self._sentinels.master_for(  # type: ignore[no-untyped-call]
-            self._master_name,
-            socket_timeout=30,
-            socket_connect_timeout=5,
-            username=s.username,
-            password=s.password,
-            db=s.db,
-        )
-        return client
 
     def _ack(self, entries: Sequence[Entry]) -> None:
         by_stream: dict[str, list[str]] = {}
         for stream, eid, _ in entries:
             by_stream.setdefault(stream, []).append(eid)
-        # One transaction on one server; on a Cluster none can span slots: delete first,
-        # so that an interrupted pair leaves a pending id XAUTOCLAIM drops (see above).
-        pipe = self.app.redis.pipeline(transaction=not self.cluster)
-        for stream, ids in by_stream.items():
-            if self.cluster:
-                pipe.xdel(stream, *ids)
-                pipe.xack(stream, OUTBOX_GROUP, *ids)
-            else:
-                pipe.xack(stream, OUTBOX_GROUP, *ids)
-                pipe.xdel(stream, *ids)
-        pipe.execute()
-
-    def _queue(self, name: str) -> Queue:
-        queue = self._queues.get(name)
-        if queue is None:
-            queue = self._queues[name] = queue_for(name, self.broker_url)
-        return queue
-
-    def _producer_for(self) -> Producer:
-        if self._producer is None:
-            # Publisher confirms on AMQP: publish() returns once RabbitMQ has the
-            # message (a quorum queue: on a majority of its replicas).
-            options: dict[str, Any] = {"confirm_publish": True} if is_amqp(self.broker_url) else {}
-            # One try to connect, then the error: run() waits and tries again itself
-            # (kombu's own retries end in an error after ~8 s anyway, and grow to 30 s).
-            options["max_retries"] = 0
-            self._connection = Connection(self.broker_url, transport_options=options)
-            self._producer = Producer(self._connection.default_channel)
-        return self._producer
+        self.reader.ack(by_stream)
 
     # ------------------------------------------------------------------ the loop
 
@@ -417,7 +248,7 @@ class Relay:
                     self.fault_wait.answered()
                     self._beat()
             except LEDGER_DOWN as exc:
-                self._drop_hints()  # subscribed again, and everything read, next round
+                self.reader.drop()  # subscribed again, and everything read, next round
                 self.ledger_wait.failed(exc)
             except redis.ResponseError as exc:
                 if "NOGROUP" in str(exc):
@@ -440,7 +271,7 @@ class Relay:
     def _fault(self, exc: Exception) -> None:
         """An unexpected error in a round: logged once with its traceback, then the
         round is tried again (with the broker's connection afresh) after a backoff."""
-        self._drop_hints()
+        self.reader.drop()
         self._drop_broker()
         self._backlog = True
         self.fault_wait.failed(exc, traceback=True)
@@ -495,28 +326,8 @@ class Relay:
         """Stop after the current round (a blocked read returns within ``relay.block``)."""
         self._stop.set()
 
-    def _blocking_client(self) -> redis.Redis:
-        if self._blocking is None:
-            self._blocking = redis.Redis.from_url(
-                self.app.redis_url,
-                socket_timeout=self.block_ms / 1000 + 10,
-                socket_connect_timeout=5,
-            )
-        return self._blocking
-
     def _drop_broker(self) -> None:
-        if self._connection is not None:
-            try:
-                self._connection.close()
-            except Exception:  # a broken connection may fail to close
-                log.debug("closing the broker connection failed", exc_info=True)
-        self._connection = self._producer = None
-        if self._broker_client is not None:
-            self._broker_client.close()
-            self._broker_client = None
-        if self._sentinels is not None:
-            self._sentinels.close()  # its connections to each Sentinel
-            self._sentinels = None
+        self.publisher.close()
 
     def close(self) -> None:
         self._drop_broker()
@@ -524,17 +335,8 @@ class Relay:
             self.app.redis.hdel(self.keys.relays, self.id)
         except redis.RedisError:
             log.debug("could not remove the relay's heartbeat", exc_info=True)
-        if self._blocking is not None:
-            self._blocking.close()
-        self._drop_hints()
-
-    def _drop_hints(self) -> None:
-        hints, self._hints = self._hints, None
-        if hints is not None:
-            try:
-                hints.close()
-            except Exception:  # a broken connection may fail to close
-                log.debug("closing the notice subscription failed", exc_info=True)
+        if "reader" in self.__dict__:  # built: its connections
+            self.reader.close()
 
 
 def _entries(stream: str, raw: Any) -> list[Entry]:
@@ -548,15 +350,6 @@ def _entries(stream: str, raw: Any) -> list[Entry]:
             log.error("outbox entry %s holds no message; dropped", eid)
         out.append((stream, eid, message))
     return out
-
-
-def _read_entries(reply: Any) -> list[Entry]:
-    """The entries of every stream an ``XREADGROUP`` read (RESP2: a list of
-    [name, entries]; RESP3: a dict of name -> entries)."""
-    if not reply:
-        return []
-    pairs = reply.items() if isinstance(reply, dict) else reply
-    return [row for name, raw in pairs for row in _entries(_s(name), raw)]
 
 
 def _s(value: Any) -> str:
