@@ -11,7 +11,7 @@ One ``toolq worker`` (threads pool) serves ``bench.apps``' ``sleep100`` (a
   gen-2 garbage collections are timed (``gc.callbacks``), since a collection
   of the client's whole heap (Celery, kombu, pydantic: ~75k objects) is a pause
   of its own that no async code can avoid: ``tq.aio`` freezes that heap on its
-  first use (``toolq.heap``); ``TOOLQ_CLIENT__FREEZE_HEAP=false`` runs without.
+  first use (``toolq.process.heap``); ``TOOLQ_CLIENT__FREEZE_HEAP=false`` runs without.
 * **sync**: the same number of ``tq.call``s, one per thread (the sync client
   "with as many threads").
 
@@ -39,7 +39,7 @@ from bench import apps, procs
 from bench.common import commandstats, diff_stats, fmt, median, percentile
 from bench.load import closed_loop
 from bench.report import table
-from toolq import heap
+from toolq.process import heap
 
 APP = "bench.apps:tq"
 TOOL = "sleep100"
@@ -221,7 +221,7 @@ def run(url: str, calls: int, worker_threads: int, repeats: int) -> dict[str, An
             for _ in range(3):
                 tq.call(TOOL, {}, timeout=60)
             loop.run_until_complete(_aio_wave(min(calls, 50)))
-            # tq.aio froze the import-time heap on its first use (toolq.heap), unless
+            # tq.aio froze the import-time heap on its first use (toolq.process.heap), unless
             # TOOLQ_CLIENT__FREEZE_HEAP=false: the bench reports which it ran with.
             out["gc_freeze"] = heap.frozen()
             calls_before = stats.info("commandstats")
@@ -315,7 +315,7 @@ def render(res: dict[str, Any]) -> str:
         "loop's own share is its thread's CPU time over the same tick. Both include any "
         "gen-2 garbage collection of the client's heap (Celery, kombu and pydantic make "
         "it ~75k objects, 26-63 ms to walk on a 2-CPU VM): `tq.aio` freezes them on its "
-        "first use (`toolq.heap`, setting `client.freeze_heap`); this run: "
+        "first use (`toolq.process.heap`, setting `client.freeze_heap`); this run: "
         + (
             "frozen (the default)."
             if res.get("gc_freeze")

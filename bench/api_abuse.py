@@ -90,7 +90,7 @@ def run(url: str, seconds: float = 20.0) -> dict[str, Any]:
     port = _free_port()
     child = procs.python_child(
         "api-server",
-        ["-m", "toolq.cli", "api", "--app", APP, "--redis-url", url, "--port", str(port)],
+        ["-m", "toolq.edges.cli", "api", "--app", APP, "--redis-url", url, "--port", str(port)],
         {},
     )
     base = f"http://127.0.0.1:{port}"

@@ -95,7 +95,7 @@ def run(url: str, polls: int = 1000, wait: float = 30.0) -> dict[str, Any]:
     env = {"TOOLQ_API_MAX_WAIT": str(max(wait, 1.0))}
     server = procs.python_child(
         "api-server",
-        ["-m", "toolq.cli", "api", "--app", APP, "--redis-url", url, "--port", str(port),
+        ["-m", "toolq.edges.cli", "api", "--app", APP, "--redis-url", url, "--port", str(port),
          "--loglevel", "warning"],
         env,
     )  # fmt: skip

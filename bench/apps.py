@@ -14,7 +14,8 @@ from typing import Any
 import redis
 from pydantic import BaseModel
 
-from toolq import CallContext, ToolQueue, errors
+from toolq import CallContext, ToolQueue
+from toolq.core import errors
 
 tq = ToolQueue(name="bench")
 #: For ``celery -A bench.apps:celery_app worker`` (pools the toolq CLI does not offer:

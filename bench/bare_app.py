@@ -5,14 +5,14 @@ Two configurations (``BENCH_BARE_CONFIG``):
 - ``defaults`` (the default): Celery as ``pip install celery`` ships it (early
   acks, prefetch multiplier 4, task events off), plus the Redis result
   backend it needs to be awaited. What a user comparing the two sees.
-- ``toolq``: toolq's own broker settings (``toolq.broker.app.celery_config``:
+- ``toolq``: toolq's own broker settings (``toolq.adapters.broker.app.celery_config``:
   late acks, reject on worker lost, prefetch 1, JSON, the same visibility
   timeout), so the two sides differ only in what toolq adds: the ledger
   instead of a result backend.
 
 ``BENCH_EVENTS=1`` turns task events on (on both sides: the bench's toolq
 workers read it too). kombu's own Redis transport, not toolq's
-one-client-per-channel subclass (``toolq.broker.transport``), unless
+one-client-per-channel subclass (``toolq.adapters.broker.transport``), unless
 ``BENCH_BARE_TRANSPORT=toolq`` (a what-if: bare Celery with that fix too).
 toolq installs ``hiredis`` (redis-py's C parser and packer, ``redis[hiredis]``);
 ``pip install celery[redis]`` does not. Bare Celery runs without it, as a user
@@ -42,8 +42,8 @@ from redis._parsers import _RESP2Parser
 from redis.connection import PythonRespSerializer
 
 from bench.procs import events_on
-from toolq.broker.app import celery_config
-from toolq.settings import QueueSettings, ToolqSettings
+from toolq.adapters.broker.app import celery_config
+from toolq.core.settings import QueueSettings, ToolqSettings
 
 QUEUE = "bare.calls"
 URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -75,8 +75,8 @@ import redis
 
 from bench import procs
 from bench.common import percentile
-from toolq.errors import ServerUnavailable
-from toolq.keys import Keys
+from toolq.core.errors import ServerUnavailable
+from toolq.core.keys import Keys
 
 APP = "toolq.examples.invoices:tq"
 TOOL = "create_invoice"
@@ -253,7 +253,7 @@ class Chaos:
         if role.kind == "scheduler":
             role.child = procs.toolq_scheduler(name, APP, self.url, env=self.env())
         elif role.kind == "relay":
-            argv = ["-m", "toolq.cli", "relay", "--app", APP, "--redis-url", self.url]
+            argv = ["-m", "toolq.edges.cli", "relay", "--app", APP, "--redis-url", self.url]
             role.child = procs.python_child(name, [*argv, "--loglevel", "WARNING"], self.env())
         else:
             queue = "toolq.calls" if role.kind == "calls" else "toolq.verify"
@@ -498,7 +498,7 @@ class Chaos:
 
     def start_servers(self) -> None:
         """Start the ledger's server (or flush ``--redis-url``) and set :attr:`url` (hook)."""
-        from toolq.embedded import EmbeddedServer
+        from toolq.adapters.embedded import EmbeddedServer
 
         cfg = self.cfg
         if cfg.redis_url:

@@ -42,8 +42,8 @@ from bench.common import commandstats, diff_stats, fmt, median, server
 from bench.load import closed_loop
 from bench.report import table, update
 from tests.cluster import HOST, Cluster
-from toolq.keys import Keys
-from toolq.ledger import spread
+from toolq.adapters.ledger import spread
+from toolq.core.keys import Keys
 
 APP = "bench.apps:tq"
 CELLS = 256
@@ -205,7 +205,7 @@ def one_run(mode: str, broker_url: str, a: argparse.Namespace) -> dict[str, Any]
                     f"cluster-{mode}-relay",
                     [
                         "-m",
-                        "toolq.cli",
+                        "toolq.edges.cli",
                         "relay",
                         "--app",
                         APP,

@@ -39,9 +39,9 @@ from redis.cluster import key_slot
 from bench import chaos
 from bench.chaos import ChaosConfig, ChaosResult, Role, summary, verdict_rows
 from tests.cluster import HOST, Cluster
-from toolq.cells import cell_of
-from toolq.embedded import EmbeddedServer
-from toolq.keys import Keys
+from toolq.adapters.embedded import EmbeddedServer
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
 
 CELLS = 256
 PREFIX = "toolq"

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from toolq.embedded import EmbeddedServer
+from toolq.adapters.embedded import EmbeddedServer
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -9,7 +9,7 @@ alternate A B A B. Per arm: no-op write throughput (closed loop, 32 calls in
 flight), CPU per call, latency at half the lower throughput (open loop), and
 the WAITAOF calls the server counted. A probe first times one client's write
 with and without WAITAOF on each ``appendfsync`` (what the decision in
-:mod:`toolq.ledger.durability` rests on).
+:mod:`toolq.adapters.ledger.durability` rests on).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from bench.common import fmt, median, percentile
 from bench.load import closed_loop, open_loop
 from bench.report import table
 from toolq import ToolQueue
-from toolq.embedded import EmbeddedServer
-from toolq.settings import ToolqSettings
+from toolq.adapters.embedded import EmbeddedServer
+from toolq.core.settings import ToolqSettings
 
 APP = "bench.apps:tq"
 WARMUP = 300
@@ -228,7 +228,8 @@ def render(res: dict[str, Any]) -> str:
         "## Durability: `appendfsync always` + WAITAOF vs `everysec`\n\n"
         'What `durability="fsync"` (the default) waits for: the claim of a run and a '
         "submit are followed by `WAITAOF 1 0` in the same round trip "
-        "(`toolq/ledger/durability.py`). One client, one write at a time, p50 / p99 ms:\n\n"
+        "(`toolq/adapters/ledger/durability.py`). One client, one write at a time, "
+        "p50 / p99 ms:\n\n"
         + table(("server", "SET", "SET + WAITAOF"), probe_rows)
         + "\n\nOn `everysec`, WAITAOF answers at the next event-loop turn without an fsync "
         "(Valkey 9.1.2 carries redis/redis#13793: under strace, 20 acknowledged WAITAOFs "

@@ -26,12 +26,12 @@ from typing import Any
 
 import redis
 
-from toolq import errors
-from toolq.embedded import EmbeddedServer
-from toolq.envelope import ToolError
-from toolq.ledger import lists
-from toolq.queue import ToolQueue
-from toolq.record import OperationPage
+from toolq.adapters.embedded import EmbeddedServer
+from toolq.adapters.ledger import lists
+from toolq.client.queue import ToolQueue
+from toolq.core import errors
+from toolq.core.envelope import ToolError
+from toolq.core.record import OperationPage
 
 TOOLS = ("create_invoice", "send_email", "refund_payment", "lookup_customer", "update_crm")
 # Per 100 operations: how many sit in each state (a ledger that has run a while).

@@ -70,7 +70,7 @@ from bench.chaos import ChaosConfig, ChaosResult, Role, summary
 from bench.cluster_chaos import ClusterChaos
 from tests.cluster import Cluster
 from tests.rabbit import RabbitServer, _binary
-from toolq.keys import Keys
+from toolq.core.keys import Keys
 
 #: Resume target (seconds from the dependency answering again).
 TARGET_S = 5.0
@@ -212,7 +212,7 @@ class OutageChaos(chaos.Chaos):
         INTERNAL_ERROR; seen here with 3.10.8). A broker up for minutes has saved it."""
         from kombu import Connection
 
-        from toolq.broker.app import queue_for
+        from toolq.adapters.broker.app import queue_for
 
         assert self.rabbit is not None
         url = self.rabbit.url

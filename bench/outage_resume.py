@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.apps import tq
 from bench.procs import Child, python_child, toolq_scheduler, toolq_worker
-from toolq.embedded import EmbeddedServer
+from toolq.adapters.embedded import EmbeddedServer
 
 APP = "bench.apps:tq"
 OUT = Path(__file__).resolve().parent / "results" / "outage-resume.json"
@@ -124,7 +124,7 @@ def broker_run(down_s: float) -> dict[str, Any]:
             toolq_worker("outage-b-worker", APP, url, pool="threads", concurrency=4,
                          queues="toolq.calls,toolq.verify", env=env, loglevel="INFO"),
             toolq_scheduler("outage-b-scheduler", APP, url, env=env),
-            python_child("outage-b-relay", ["-m", "toolq.cli", "relay", "--app", APP,
+            python_child("outage-b-relay", ["-m", "toolq.edges.cli", "relay", "--app", APP,
                                             "--redis-url", url], {**env}),
         ]  # fmt: skip
         try:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from toolq.procs import descendants, pdeathsig_preexec
+from toolq.process.procs import descendants, pdeathsig_preexec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolq-bench-logs"))
@@ -119,7 +119,7 @@ def toolq_worker(
     loglevel: str = "WARNING",
     hostname: str | None = None,
 ) -> Child:
-    argv = ["-m", "toolq.cli", "worker", "--app", app, "--redis-url", url]
+    argv = ["-m", "toolq.edges.cli", "worker", "--app", app, "--redis-url", url]
     if pool not in CLI_POOLS:
         # `toolq worker` offers prefork, threads and solo; Celery itself runs the rest
         # (gevent) on the same app, the server named in the environment.
@@ -143,7 +143,17 @@ def toolq_scheduler(
 ) -> Child:
     return python_child(
         name,
-        ["-m", "toolq.cli", "scheduler", "--app", app, "--redis-url", url, "--loglevel", loglevel],
+        [
+            "-m",
+            "toolq.edges.cli",
+            "scheduler",
+            "--app",
+            app,
+            "--redis-url",
+            url,
+            "--loglevel",
+            loglevel,
+        ],
         env,
     )
 

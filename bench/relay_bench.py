@@ -81,7 +81,7 @@ def one_round(mode: str, url: str, broker_url: str, a: argparse.Namespace) -> di
     if mode == "outbox":
         relay = procs.python_child(
             "relay-outbox-relay",
-            ["-m", "toolq.cli", "relay", "--app", APP, "--redis-url", url, "-l", "WARNING"],
+            ["-m", "toolq.edges.cli", "relay", "--app", APP, "--redis-url", url, "-l", "WARNING"],
             env,
         )
         kids.append(relay)

@@ -2,7 +2,7 @@
 
     python -m bench.sched_probe --url URL --out FILE [--seconds S | --until N]
 
-Runs :class:`toolq.scheduler.service.Scheduler` for the bench app with an
+Runs :class:`toolq.services.scheduler.service.Scheduler` for the bench app with an
 ``on_tick`` hook that keeps every dispatch lag (``TickStats.lags_ms``) and the
 time and size of every tick, samples this process's RSS, and writes it all as
 JSON when it stops: after ``--seconds``, or once ``--until`` transitions have
@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import apps
 from bench.procs import rss_kb
-from toolq.scheduler.service import Scheduler, TickStats
+from toolq.services.scheduler.service import Scheduler, TickStats
 
 
 def main() -> None:

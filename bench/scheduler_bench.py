@@ -30,7 +30,7 @@ import redis
 from bench import procs
 from bench.common import fmt, percentile
 from bench.report import table
-from toolq.keys import Keys
+from toolq.core.keys import Keys
 
 PREFIX = "toolq"
 KEYS = Keys(PREFIX)

@@ -9,7 +9,7 @@ what each piece costs. Each variant is the shipped library with one piece of
 per-call work taken out of the script text (:data:`VARIANTS`); the product is not
 changed, the variant exists only in this process and in the server it loads into.
 
-How: the script constants of :mod:`toolq.ledger.scripts` are edited in-process
+How: the script constants of :mod:`toolq.adapters.ledger.scripts` are edited in-process
 (:func:`loaded_as`: every edit must match exactly once, so a change to the scripts
 breaks this loudly instead of measuring the baseline twice), the library's name is
 recomputed from the edited code as the module computes it (so ``FUNCTION LOAD``
@@ -42,9 +42,9 @@ import redis
 from bench.common import median, server
 from bench.report import RAW, table
 from bench.server_cost import per_script
-from toolq.ledger import scripts
+from toolq.adapters.ledger import scripts
 
-#: The script constants a variant may edit (the names in :mod:`toolq.ledger.scripts`).
+#: The script constants a variant may edit (the names in :mod:`toolq.adapters.ledger.scripts`).
 TEXTS = ("PRELUDE", "SUBMIT", "CLAIM", "APPLY")
 
 #: Baseline / bare Celery, server CPU per call, side by side (bench/RESULTS.md, prefork).
@@ -177,7 +177,7 @@ def library_name() -> str:
 
 @contextlib.contextmanager
 def loaded_as(variant: Variant) -> Iterator[str]:
-    """:mod:`toolq.ledger.scripts` as ``variant`` in this process (its library's name):
+    """:mod:`toolq.adapters.ledger.scripts` as ``variant`` in this process (its library's name):
     :func:`scripts.library` and :func:`scripts.function_name` answer for the variant
     until the block ends."""
     texts = edited(variant)

@@ -104,7 +104,7 @@ def side_by_side(url: str, calls: int, rounds: int, pool: str, conc: int) -> dic
 def per_script(url: str, n: int) -> dict[str, Any]:
     """toolq's three script calls of a call, each ``n`` times back to back in this process."""
     from bench import apps
-    from toolq.recovery import outcome
+    from toolq.decisions.recovery import outcome
 
     tq = apps.tq
     tq.configure(redis_url=url)

@@ -5,7 +5,7 @@
 Starts an embedded Valkey (or uses ``TOOLQ_BENCH_REDIS_URL``; the database is
 flushed), fills it with operations written straight into the ledger's keys
 (a record hash, the per-tool-per-state index entry, the due-set entry of
-unfinished ones) by a Lua loop, and times :func:`toolq.monitor.status_snapshot`
+unfinished ones) by a Lua loop, and times :func:`toolq.edges.monitor.status_snapshot`
 without the worker ping: the median of several runs per size. Then it times
 one snapshot with the ping (bounded by its timeout, whatever the size) and one
 Prometheus scrape at the largest size.
@@ -26,10 +26,10 @@ from collections.abc import Callable
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
-from toolq.embedded import EmbeddedServer
-from toolq.metrics import LedgerCollector
-from toolq.monitor import STATES, status_snapshot
-from toolq.queue import ToolQueue
+from toolq.adapters.embedded import EmbeddedServer
+from toolq.client.queue import ToolQueue
+from toolq.edges.metrics import LedgerCollector
+from toolq.edges.monitor import STATES, status_snapshot
 
 TOOLS = ("create_invoice", "send_email", "refund_payment", "lookup_customer", "update_crm")
 # Per 100 operations: how many sit in each state (a ledger that has run a while).

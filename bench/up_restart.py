@@ -13,7 +13,7 @@ scheduler and the API, and times from the kill to:
 
 The issue's target: back within ~2 s. Round 1 is a child's first exit (restarted after
 0.5 s); later rounds come within 60 s of the last kill of the same child, so ``toolq up``
-waits 1 s, then 2 s before restarting it (:mod:`toolq.supervise`): their figures show
+waits 1 s, then 2 s before restarting it (:mod:`toolq.process.supervise`): their figures show
 that backoff. Round 1 and the medians are printed.
 """
 
@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from toolq.state import read_state
+from toolq.adapters.stack_state import read_state
 
 CHILDREN = ("calls-1", "scheduler", "api")
 
@@ -76,7 +76,7 @@ def one_round(cwd: Path) -> dict[str, dict[str, float]]:
             args = json.dumps({"customer": "bench", "amount": 100})
             argv = ["submit", "create_invoice", "--args", args, "--wait", "60"]
             call = subprocess.Popen(
-                [sys.executable, "-m", "toolq.cli", *argv],
+                [sys.executable, "-m", "toolq.edges.cli", *argv],
                 cwd=cwd,
                 env=_env(),
                 stdout=subprocess.DEVNULL,
@@ -111,7 +111,16 @@ def main() -> None:
         cwd = Path(tmp)
         log = (cwd / "up.log").open("ab")
         up = subprocess.Popen(
-            [sys.executable, "-m", "toolq.cli", "up", "--metrics-port", "0", "--api-port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "toolq.edges.cli",
+                "up",
+                "--metrics-port",
+                "0",
+                "--api-port",
+                "0",
+            ],
             cwd=cwd,
             env=_env(),
             stdout=log,

@@ -32,7 +32,7 @@ from bench.clients import ToolqClient
 from bench.common import fmt, median, percentile
 from bench.load import closed_loop, open_loop
 from bench.report import table
-from toolq.keys import Keys
+from toolq.core.keys import Keys
 
 APP = "bench.apps:tq"
 POOL = ("prefork", 2)
@@ -52,7 +52,7 @@ def worker(url: str, queues: str, tag: str) -> Iterator[procs.Child]:
 
 def _history_times(r: redis.Redis, refs: list[str]) -> list[dict[str, float]]:
     """Per ref: when it entered each state (first time), in ms, from the ledger history."""
-    from toolq.ledger.store import entries_of
+    from toolq.adapters.ledger.store import entries_of
 
     out = []
     for i in range(0, len(refs), 1000):

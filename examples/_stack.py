@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from toolq.edges.stack import Stack, StackConfig
 from toolq.examples import invoices
 from toolq.examples.provider import InvoiceProvider, ProviderConfig
-from toolq.stack import Stack, StackConfig
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """A real Valkey Cluster for tests: the embedded server binary, no valkey-cli.
 
 :class:`Cluster` starts ``primaries`` nodes with ``replicas`` replicas each, every
-node an :class:`toolq.embedded.EmbeddedServer` (so it dies with the test run) with
+node an :class:`toolq.adapters.embedded.EmbeddedServer` (so it dies with the test run) with
 ``cluster-enabled yes`` and a directory of its own under one temporary directory.
 It assigns the slots itself (``CLUSTER ADDSLOTSRANGE``: the 16384 slots in equal
 ranges), joins the nodes (``CLUSTER MEET``), attaches the replicas (``CLUSTER
@@ -35,7 +35,7 @@ from typing import Any, Self
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from toolq.embedded import HOST, EmbeddedServer
+from toolq.adapters.embedded import HOST, EmbeddedServer
 
 SLOTS = 16384
 #: Short, so that a killed primary's replica takes over in a few seconds; the

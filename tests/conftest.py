@@ -21,8 +21,8 @@ import fakeredis
 import pytest
 import redis
 
-from toolq.embedded import EmbeddedServer, RedactedUrl, url_for_db
-from toolq.redact import redact_url
+from toolq.adapters.embedded import EmbeddedServer, RedactedUrl, url_for_db
+from toolq.core.redact import redact_url
 
 TEST_REDIS_URL_ENV = "TOOLQ_TEST_REDIS_URL"
 SESSION_DATABASES = 4096

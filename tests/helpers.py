@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from pathlib import Path
 from typing import Any
 
-from toolq.procs import descendants as procs_descendants
-from toolq.procs import pdeathsig_preexec
+from toolq.process.procs import descendants as procs_descendants
+from toolq.process.procs import pdeathsig_preexec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,9 +48,9 @@ def start_toolq(
     stdout: int | None = None,
     stderr: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``python -m toolq.cli ARGS`` in a process group of its own."""
+    """``python -m toolq.edges.cli ARGS`` in a process group of its own."""
     return subprocess.Popen(
-        [sys.executable, "-m", "toolq.cli", *args],
+        [sys.executable, "-m", "toolq.edges.cli", *args],
         env=toolq_env(env, unset=unset),
         cwd=str(cwd) if cwd is not None else str(REPO_ROOT),
         start_new_session=True,

@@ -1,5 +1,5 @@
 """A real Redis Sentinel deployment for tests: a primary, a replica and one Sentinel,
-each the embedded Valkey binary (:class:`toolq.embedded.EmbeddedServer`, so each dies
+each the embedded Valkey binary (:class:`toolq.adapters.embedded.EmbeddedServer`, so each dies
 with the test run), the Sentinel run as ``valkey-server <conf> --sentinel``.
 
 Quorum 1 and short timeouts (``down-after-milliseconds`` 500, ``failover-timeout``
@@ -26,7 +26,7 @@ from typing import Self
 import redis
 
 from tests.cluster import wait_for
-from toolq.embedded import HOST, EmbeddedServer
+from toolq.adapters.embedded import HOST, EmbeddedServer
 
 #: The name the Sentinel monitors the primary under (``broker_master_name``).
 MASTER_NAME = "toolq-broker"

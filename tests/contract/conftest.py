@@ -4,7 +4,7 @@ fakeredis runs the Lua in lupa (Lua 5.1) and serves the unit tier; the real
 server is what production runs. One suite on both keeps the unit tier honest.
 Each ledger runs its scripts both ways: as functions of the loaded library
 (FCALL, where the server has functions) and as plain scripts (EVALSHA, the
-fallback for a server without them), and in each layout (:mod:`toolq.layout`):
+fallback for a server without them), and in each layout (:mod:`toolq.core.layout`):
 the single tag, and cells, where every key is a cell's (``{tq:c000}:...``).
 Outbox publishing joins it in test_outbox_scripts.py.
 """
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from toolq.layout import Cells, Layout, SingleTag
-from toolq.ledger import Ledger
+from toolq.adapters.ledger import Ledger
+from toolq.core.layout import Cells, Layout, SingleTag
 
 BACKENDS = ("fakeredis", "valkey")
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import redis
 
-from toolq.keys import Keys
-from toolq.ledger import Ledger, SubmitResult
-from toolq.record import HistoryEntry
-from toolq.recovery.transition import Transition
-from toolq.states import PENDING_RECOVERY, State
+from toolq.adapters.ledger import Ledger, SubmitResult
+from toolq.core.keys import Keys
+from toolq.core.record import HistoryEntry
+from toolq.core.states import PENDING_RECOVERY, State
+from toolq.decisions.recovery.transition import Transition
 
 NOW = 1_700_000_000_000
 LEASE = 30_000

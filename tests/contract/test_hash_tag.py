@@ -2,7 +2,7 @@
 
 Redis Cluster runs a script only if all its keys hash to one slot; the tag
 (the settings prefix in braces) makes that so. The Celery queue lists are
-kombu's and the one exception (see toolq.ledger.scripts).
+kombu's and the one exception (see toolq.adapters.ledger.scripts).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import redis
 
 from tests.contract.ops import LEASE, NOW, QUEUE, TOOL, put, submit
-from toolq.fixed import escalation_envelope
-from toolq.ledger import Ledger
-from toolq.recovery.transition import Transition
-from toolq.states import ALLOWED, TERMINAL, State
+from toolq.adapters.ledger import Ledger
+from toolq.core.own_envelopes import escalation_envelope
+from toolq.core.states import ALLOWED, TERMINAL, State
+from toolq.decisions.recovery.transition import Transition
 
 S = State
 VERIFY_QUEUE = "tq.verify"
@@ -70,7 +70,7 @@ def test_every_key_the_scripts_write_is_tagged_and_named_by_keys(client: redis.R
     assert ledger.claim_due(NOW + 100, 100, 5000) != []
     ledger.plan_sleep(NOW + 100, 60_000)
 
-    # Then every key but the Celery queues is under the tag, with a name from toolq.keys
+    # Then every key but the Celery queues is under the tag, with a name from toolq.core.keys
     names = {key.decode() for key in client.scan_iter(count=1000)}
     queues = {QUEUE, VERIFY_QUEUE}
     assert queues <= names
@@ -80,6 +80,6 @@ def test_every_key_the_scripts_write_is_tagged_and_named_by_keys(client: redis.R
     known |= {k.op(ref) for ref in refs}
     known |= {k.index(TOOL, str(s)) for s in State}
     assert ledger_keys <= known, sorted(ledger_keys - known)
-    # the indexes the scripts named from data are the ones toolq.keys names
+    # the indexes the scripts named from data are the ones toolq.core.keys names
     for to in ALLOWED[S.RUNNING]:
         assert client.zscore(k.index(TOOL, str(to)), f"run/{to}") == NOW + 2

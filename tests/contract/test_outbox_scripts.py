@@ -8,10 +8,10 @@ import pytest
 import redis
 
 from tests.contract.ops import NOW, QUEUE, submit
-from toolq.layout import Layout
-from toolq.ledger import Ledger
-from toolq.recovery.transition import Transition
-from toolq.states import State as S
+from toolq.adapters.ledger import Ledger
+from toolq.core.layout import Layout
+from toolq.core.states import State as S
+from toolq.decisions.recovery.transition import Transition
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_the_async_ledger_writes_the_outbox_as_the_sync_one_does() -> None:
     import fakeredis
     import fakeredis.aioredis
 
-    from toolq.ledger.aio import AsyncLedger
+    from toolq.adapters.ledger.aio import AsyncLedger
 
     server = fakeredis.FakeServer()
     sync = fakeredis.FakeRedis(server=server)

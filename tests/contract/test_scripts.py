@@ -8,11 +8,11 @@ import pytest
 import redis
 
 from tests.contract.ops import LEASE, NOW, QUEUE, TOOL, history, put, snapshot, submit
-from toolq.fixed import escalation_envelope
-from toolq.ledger import Ledger, SubmitResult
-from toolq.ledger.scripts import DUE_FIELDS, LIBRARY, WAKE_HORIZON_MS
-from toolq.recovery.transition import Transition
-from toolq.states import State
+from toolq.adapters.ledger import Ledger, SubmitResult
+from toolq.adapters.ledger.scripts import DUE_FIELDS, LIBRARY, WAKE_HORIZON_MS
+from toolq.core.own_envelopes import escalation_envelope
+from toolq.core.states import State
+from toolq.decisions.recovery.transition import Transition
 
 S = State
 

@@ -1,6 +1,6 @@
 """Every state change a script can make is one the transition table allows.
 
-The Python table (:data:`toolq.states.ALLOWED`) is rendered into the scripts;
+The Python table (:data:`toolq.core.states.ALLOWED`) is rendered into the scripts;
 these walks ask each script for every move, bypassing the Python check, and
 read what it did from the record and the history it appends.
 """
@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from tests.contract.ops import LEASE, NOW, history, put, submit, unchecked
-from toolq.ledger import Ledger
-from toolq.states import INITIAL, State, allowed
+from toolq.adapters.ledger import Ledger
+from toolq.core.states import INITIAL, State, allowed
 
 PAIRS = [(a, b) for a in State for b in State]
 

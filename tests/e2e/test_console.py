@@ -47,8 +47,8 @@ from tests.helpers import (
 from tests.integration.apps import console_app
 from tests.integration.apps.console_app import APP, open_gate
 from toolq import ToolQueue
-from toolq.scheduler.series import EVERY_S, sample_of
-from toolq.states import State
+from toolq.core.states import State
+from toolq.services.scheduler.series import EVERY_S, sample_of
 
 CHROMIUM = os.environ.get("TOOLQ_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(

@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 from tests.helpers import REPO_ROOT, toolq_env
-from toolq.demo import SCENARIOS
+from toolq.edges.demo import SCENARIOS
 
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "toolq.cli", "demo", "--ops", "12", "--timeout", "90", *args],
+        [sys.executable, "-m", "toolq.edges.cli", "demo", "--ops", "12", "--timeout", "90", *args],
         cwd=REPO_ROOT,
         env=toolq_env(unset=("TOOLQ_STATE_DIR", "TOOLQ_APP")),
         capture_output=True,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import descendants, pid_gone, start_toolq, stop_process, toolq_env, wait_until
-from toolq.state import read_state
+from toolq.adapters.stack_state import read_state
 
 # No URL, state dir or app from the environment: only the state directory finds them.
 UNSET = ("TOOLQ_REDIS_URL", "TOOLQ_STATE_DIR", "TOOLQ_APP")
@@ -20,7 +20,7 @@ UNSET = ("TOOLQ_REDIS_URL", "TOOLQ_STATE_DIR", "TOOLQ_APP")
 
 def _toolq(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "toolq.cli", *args],
+        [sys.executable, "-m", "toolq.edges.cli", *args],
         cwd=cwd,
         env=toolq_env(unset=UNSET),
         capture_output=True,
@@ -186,7 +186,7 @@ def test_up_on_a_cluster_without_its_url_is_refused_at_once(
 ) -> None:
     # Not the embedded single server, failing ~40 s later with tracebacks
     res = subprocess.run(
-        [sys.executable, "-m", "toolq.cli", "up"],
+        [sys.executable, "-m", "toolq.edges.cli", "up"],
         cwd=tmp_path,
         env=toolq_env(env, unset=UNSET),
         capture_output=True,

@@ -16,8 +16,8 @@ import pytest
 
 from tests.helpers import descendants, pid_gone, start_toolq, stop_process, toolq_env, wait_until
 from tests.rabbit import RabbitServer, start_rabbit
-from toolq.redact import redact_url
-from toolq.state import read_state
+from toolq.adapters.stack_state import read_state
+from toolq.core.redact import redact_url
 
 UNSET = ("TOOLQ_REDIS_URL", "TOOLQ_STATE_DIR", "TOOLQ_APP")
 
@@ -37,7 +37,7 @@ def test_up_with_a_broker_url_runs_a_relay_and_calls_cross_rabbitmq(
 
     def toolq(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "toolq.cli", *args],
+            [sys.executable, "-m", "toolq.edges.cli", *args],
             cwd=tmp_path,
             env=toolq_env(env, unset=UNSET),
             capture_output=True,
@@ -76,7 +76,7 @@ def test_up_with_a_broker_url_runs_a_relay_and_calls_cross_rabbitmq(
         state = read_state(tmp_path / ".toolq") or {}
         assert state["mode"]["broker"] == redact_url(rabbit.url) != rabbit.url
         bare = subprocess.run(
-            [sys.executable, "-m", "toolq.cli", "submit", "create_invoice", "--args", args],
+            [sys.executable, "-m", "toolq.edges.cli", "submit", "create_invoice", "--args", args],
             cwd=tmp_path,
             env=toolq_env(unset=(*UNSET, "TOOLQ_BROKER_URL")),
             capture_output=True,

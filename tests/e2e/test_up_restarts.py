@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.test_up import _start_up, _toolq, _wait_ready
 from tests.helpers import pid_gone, stop_process, wait_until
-from toolq.state import read_state
+from toolq.adapters.stack_state import read_state
 
 
 @dataclass

@@ -26,10 +26,11 @@ import redis
 
 from tests.helpers import run_aio, start_worker, stop_process, until_async
 from tests.integration.apps import aio_app
-from toolq import ToolQueue, errors
-from toolq.embedded import EmbeddedServer
-from toolq.notify import Event, Progress
-from toolq.states import State
+from toolq import ToolQueue
+from toolq.adapters.embedded import EmbeddedServer
+from toolq.adapters.notify import Event, Progress
+from toolq.core import errors
+from toolq.core.states import State
 
 APP = "tests.integration.apps.aio_app:tq"
 

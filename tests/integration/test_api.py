@@ -29,9 +29,9 @@ from tests.helpers import serving
 from tests.integration.apps import interfaces_app
 from tests.integration.apps.interfaces_app import APP, SECRET
 from toolq import ToolQueue
-from toolq.api import ApiSettings, Tokens, create_app
-from toolq.api.auth import check_bind
-from toolq.envelope import parse_envelope
+from toolq.core.envelope import parse_envelope
+from toolq.edges.api import ApiSettings, Tokens, create_app
+from toolq.edges.api.auth import check_bind
 
 AGENT = "agent-token-0123456789"
 #: Starlette's TestClient and schemathesis send ``Host: testserver``: a configured name.

@@ -28,11 +28,11 @@ from tests.helpers import serving, wait_until
 from tests.integration.apps import interfaces_app
 from tests.integration.apps.interfaces_app import APP, open_gate
 from toolq import ToolQueue
-from toolq.api import ApiSettings, create_app
-from toolq.api.events import _events
-from toolq.envelope import parse_envelope
-from toolq.record import HistoryEntry, OperationRecord
-from toolq.states import State
+from toolq.core.envelope import parse_envelope
+from toolq.core.record import HistoryEntry, OperationRecord
+from toolq.core.states import State
+from toolq.edges.api import ApiSettings, create_app
+from toolq.edges.api.events import _events
 
 AGENT = "agent-token-0123456789"
 TOKENS = f"{AGENT}=invoke,read"

@@ -38,9 +38,9 @@ from tests.integration.apps import outbox_app, requeue_app
 from tests.integration.conftest import effects
 from tests.rabbit import RabbitServer, start_rabbit
 from toolq import ToolQueue
-from toolq.broker.depth import Depths
-from toolq.embedded import EmbeddedServer, url_for_db
-from toolq.monitor import status_snapshot
+from toolq.adapters.broker.depth import Depths
+from toolq.adapters.embedded import EmbeddedServer, url_for_db
+from toolq.edges.monitor import status_snapshot
 
 APP = outbox_app.APP
 #: Longer than the relay's old failure point (~8 s), short enough for CI.
@@ -76,7 +76,7 @@ def _console_overview(tq: ToolQueue) -> str:
     """The console's live overview, rendered by the real app on this deployment."""
     from starlette.testclient import TestClient
 
-    from toolq.api import ApiSettings, create_app
+    from toolq.edges.api import ApiSettings, create_app
 
     token = "operator-token-0123456789"
     app = create_app(tq, ApiSettings(tokens=f"{token}=*"))

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import REPO_ROOT, stop_process, toolq_env
 from tests.integration.conftest import effects
 from toolq import State, ToolQueue
-from toolq.procs import pdeathsig_preexec
+from toolq.process.procs import pdeathsig_preexec
 
 
 @pytest.fixture(scope="module")

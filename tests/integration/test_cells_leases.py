@@ -12,8 +12,8 @@ import redis
 from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
 from tests.integration.apps import cells_app
 from toolq import ToolQueue
-from toolq.cells import cell_of
-from toolq.keys import Keys
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
 
 CELLS = 8
 ENV = {"TOOLQ_CELLS": str(CELLS), "TOOLQ_DURABILITY": "none"}

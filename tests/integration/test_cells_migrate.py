@@ -11,13 +11,13 @@ import redis
 from click.testing import CliRunner
 
 from tests.contract.ops import LEASE, NOW, TOOL, single_tag_ledger
-from toolq import errors
-from toolq.cells import cell_of
-from toolq.cli import main
-from toolq.keys import Keys
-from toolq.ledger import Ledger
-from toolq.ledger.migrate import to_cells
-from toolq.states import PENDING_RECOVERY, State
+from toolq.adapters.ledger import Ledger
+from toolq.adapters.ledger.migrate import to_cells
+from toolq.core import errors
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
+from toolq.core.states import PENDING_RECOVERY, State
+from toolq.edges.cli import main
 
 CELLS = 8
 OLD = Keys("toolq")

@@ -13,12 +13,13 @@ import redis
 
 from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process
 from tests.integration.apps import cells_app
-from toolq import ToolQueue, errors
-from toolq.cells import cell_of
-from toolq.keys import Keys
-from toolq.monitor import status_snapshot
-from toolq.scheduler.series import Sampler
-from toolq.settings import ToolqSettings
+from toolq import ToolQueue
+from toolq.core import errors
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
+from toolq.core.settings import ToolqSettings
+from toolq.edges.monitor import status_snapshot
+from toolq.services.scheduler.series import Sampler
 
 CELLS = 8
 APP = cells_app.APP

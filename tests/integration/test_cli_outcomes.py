@@ -23,9 +23,9 @@ from tests.helpers import (
 from tests.integration.apps import cli_app
 from tests.integration.apps.cli_app import APP, TOKEN
 from toolq import State, ToolQueue
-from toolq.envelope import ToolError
-from toolq.keys import Keys
-from toolq.procs import pdeathsig_preexec
+from toolq.core.envelope import ToolError
+from toolq.core.keys import Keys
+from toolq.process.procs import pdeathsig_preexec
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def submit(url: str, tool: str, args: str = "{}", *extra: str) -> subprocess.Com
     """``toolq submit`` in a process of its own, as a user runs it."""
     where = ["--app", APP, "--redis-url", url]
     return subprocess.run(
-        [sys.executable, "-m", "toolq.cli", "submit", tool, "--args", args, *extra, *where],
+        [sys.executable, "-m", "toolq.edges.cli", "submit", tool, "--args", args, *extra, *where],
         env=toolq_env(),
         capture_output=True,
         text=True,

@@ -20,7 +20,7 @@ from tests.helpers import kill_group, start_scheduler, start_worker, stop_proces
 from tests.integration.apps import deadline_app
 from tests.integration.apps.deadline_app import APP, calls
 from toolq import State, ToolQueue
-from toolq.envelope import NextAction, ToolError
+from toolq.core.envelope import NextAction, ToolError
 
 Starter = Callable[[str, str], subprocess.Popen[bytes]]
 

@@ -1,7 +1,7 @@
 """durability="fsync" on real servers: what is waited for, what is warned about.
 
 A claim (queued -> running) and a submit are the two writes a power loss must
-not undo (toolq.ledger.durability). On a server with ``appendfsync always``
+not undo (toolq.adapters.ledger.durability). On a server with ``appendfsync always``
 each is followed by WAITAOF in the same round trip; on ``everysec`` and with
 AOF off nothing waits and the process is warned once; a claim whose fsync is
 not confirmed never calls its tool. The power loss itself is simulated by the
@@ -19,11 +19,12 @@ from pydantic import BaseModel
 
 from tests.helpers import run_aio, serving, wait_until
 from tests.integration.apps import runtime_app
-from toolq import ToolQueue, errors
-from toolq.embedded import EmbeddedServer
-from toolq.ledger import durability
-from toolq.settings import ToolqSettings
-from toolq.states import State
+from toolq import ToolQueue
+from toolq.adapters.embedded import EmbeddedServer
+from toolq.adapters.ledger import durability
+from toolq.core import errors
+from toolq.core.settings import ToolqSettings
+from toolq.core.states import State
 
 APP = "tests.integration.apps.runtime_app:tq"
 
@@ -210,7 +211,7 @@ def test_every_waited_call_writes_even_when_it_changes_nothing(always: str) -> N
     # waits answer at once and toolq acts on a first write nothing confirmed. The
     # server's count of changes (what it propagates to the AOF and replicas) shows it.
     from tests.contract.ops import LEASE, NOW, submit
-    from toolq.ledger import Ledger
+    from toolq.adapters.ledger import Ledger
 
     client = redis.Redis.from_url(always)
     try:

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from tests.helpers import wait_until
-from toolq.embedded import EmbeddedServer, EmbeddedServerError
+from toolq.adapters.embedded import EmbeddedServer, EmbeddedServerError
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only"
@@ -247,7 +247,7 @@ def test_a_server_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> N
 _CHILD = """
 import sys, time
 from pathlib import Path
-from toolq.embedded import EmbeddedServer
+from toolq.adapters.embedded import EmbeddedServer
 server = EmbeddedServer(Path(sys.argv[1]), appendonly=False)
 server.start()
 print(server.pid, server.data_dir, flush=True)

@@ -1,5 +1,5 @@
 """The example tools against the example provider: each misbehaviour maps to the right failure,
-and the :class:`toolq.stack.Stack` runs them through real processes on the suite's server."""
+and the :class:`toolq.edges.stack.Stack` runs them through real processes on the suite's server."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from tests.helpers import descendants, pid_gone, wait_until
-from toolq import errors
-from toolq.demo import build_report
+from toolq.core import errors
+from toolq.core.states import TERMINAL, State
+from toolq.core.tools import CallContext
+from toolq.edges.demo import build_report
+from toolq.edges.stack import Stack, StackConfig
 from toolq.examples import invoices
 from toolq.examples.provider import InvoiceProvider, ProviderConfig
-from toolq.stack import Stack, StackConfig
-from toolq.states import TERMINAL, State
-from toolq.tools import CallContext
 
 TIMEOUT = 0.5
 

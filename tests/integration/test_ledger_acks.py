@@ -17,7 +17,7 @@ import redis
 from tests.helpers import start_worker, stop_process, wait_until
 from tests.integration.conftest import APP
 from toolq import ToolQueue
-from toolq.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
+from toolq.core.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
 
 CALLS = 40
 

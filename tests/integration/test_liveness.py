@@ -25,11 +25,13 @@ from tests.helpers import (
     toolq_env,
     wait_until,
 )
-from toolq import ToolQueue, errors, monitor
-from toolq.keys import Keys
-from toolq.loader import load_app
-from toolq.monitor import status_snapshot
-from toolq.states import State
+from toolq import ToolQueue
+from toolq.core import errors
+from toolq.core.keys import Keys
+from toolq.core.states import State
+from toolq.edges import monitor
+from toolq.edges.loader import load_app
+from toolq.edges.monitor import status_snapshot
 
 APP = "tests.integration.apps.runtime_app:tq"
 CALLS = "toolq.calls"
@@ -140,9 +142,10 @@ def _status_json(redis_url: str) -> Any:
 def test_status_without_an_app_imports_no_celery(redis_url: str) -> None:
     """What keeps `toolq status` under 0.3 s: it reads Redis, and imports nothing else."""
     code = (
-        "import sys; from toolq.cli import main\n"
+        "import sys; from toolq.edges.cli import main\n"
         f"main(['status', '--redis-url', {str(redis_url)!r}], standalone_mode=False)\n"
-        "heavy = [m for m in ('celery', 'kombu', 'fastapi', 'toolq.queue') if m in sys.modules]\n"
+        "heavy = ('celery', 'kombu', 'fastapi', 'toolq.client.queue')\n"
+        "heavy = [m for m in heavy if m in sys.modules]\n"
         "print('heavy:', heavy)\n"
     )
     proc = subprocess.run(

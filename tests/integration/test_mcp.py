@@ -35,12 +35,12 @@ from tests.helpers import (
 from tests.integration.apps import aio_app, interfaces_app
 from tests.integration.apps.interfaces_app import APP, SECRET, open_gate
 from toolq import ToolQueue
-from toolq.envelope import ToolError, ToolSuccess, json_schema, parse_envelope
-from toolq.mcp_server import create_server
-from toolq.mcp_server.envelopes import pending_envelope
-from toolq.record import OperationRecord
-from toolq.states import SETTLED, State
-from toolq.tools import canonical_json, fingerprint
+from toolq.core.envelope import ToolError, ToolSuccess, json_schema, parse_envelope
+from toolq.core.record import OperationRecord
+from toolq.core.states import SETTLED, State
+from toolq.core.tools import canonical_json, fingerprint
+from toolq.edges.mcp_server import create_server
+from toolq.edges.mcp_server.envelopes import pending_envelope
 
 AIO_APP = "tests.integration.apps.aio_app:tq"
 T = TypeVar("T")
@@ -369,7 +369,7 @@ def test_over_stdio(module_redis_url: str, tq: ToolQueue) -> None:
         command=sys.executable,
         args=[
             "-m",
-            "toolq.cli",
+            "toolq.edges.cli",
             "mcp",
             "--app",
             APP,

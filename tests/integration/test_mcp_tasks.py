@@ -33,11 +33,12 @@ from tests.integration.apps import interfaces_app
 from tests.integration.apps.interfaces_app import APP, open_gate
 from tests.integration.test_mcp import queued_without_message, record_in
 from toolq import ToolQueue
-from toolq.envelope import ToolError, parse_envelope
-from toolq.errors import RateLimited as RateLimitedFailure
-from toolq.errors import error_envelope
-from toolq.mcp_server import create_server
-from toolq.mcp_server.taskview import (
+from toolq.core.envelope import ToolError, parse_envelope
+from toolq.core.errors import RateLimited as RateLimitedFailure
+from toolq.core.errors import error_envelope
+from toolq.core.states import State
+from toolq.edges.mcp_server import create_server
+from toolq.edges.mcp_server.taskview import (
     EXTENSION,
     Answer,
     BadAnswer,
@@ -48,7 +49,6 @@ from toolq.mcp_server.taskview import (
     poll_interval_ms,
     task_status,
 )
-from toolq.states import State
 
 T = TypeVar("T")
 RAW = TypeAdapter(dict[str, Any])

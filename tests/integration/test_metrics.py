@@ -14,13 +14,13 @@ from pydantic import BaseModel
 
 from tests.helpers import free_port, start_scheduler, start_worker, stop_process, wait_until
 from tests.integration.conftest import APP
-from toolq.errors import ToolqError
-from toolq.metrics import METRICS_HOST_ENV, observe_tick, start_metrics_server
-from toolq.queue import ToolQueue
-from toolq.recovery.transition import Transition
-from toolq.scheduler.service import Scheduler
-from toolq.states import State
-from toolq.tools import CallContext
+from toolq.client.queue import ToolQueue
+from toolq.core.errors import ToolqError
+from toolq.core.states import State
+from toolq.core.tools import CallContext
+from toolq.decisions.recovery.transition import Transition
+from toolq.edges.metrics import METRICS_HOST_ENV, observe_tick, start_metrics_server
+from toolq.services.scheduler.service import Scheduler
 
 
 class Invoice(BaseModel):

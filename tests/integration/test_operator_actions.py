@@ -15,15 +15,17 @@ from fastapi.testclient import TestClient
 
 from tests.helpers import run_aio, serving, wait_until
 from tests.integration.apps import operator_app
-from toolq import ToolQueue, calls, errors
-from toolq.api import ApiSettings, create_app
-from toolq.api.auth import token_id
-from toolq.cli import main
-from toolq.record import HistoryEntry
-from toolq.recovery import actions, operator
-from toolq.recovery.policy import Action, Decision, Snapshot
-from toolq.recovery.transition import Transition
-from toolq.states import State
+from toolq import ToolQueue
+from toolq.core import errors
+from toolq.core.record import HistoryEntry
+from toolq.core.states import State
+from toolq.decisions import operations as calls
+from toolq.decisions.recovery import actions, operator
+from toolq.decisions.recovery.policy import Action, Decision, Snapshot
+from toolq.decisions.recovery.transition import Transition
+from toolq.edges.api import ApiSettings, create_app
+from toolq.edges.api.auth import token_id
+from toolq.edges.cli import main
 
 APP = "tests.integration.apps.operator_app:tq"
 READER = "reader-token-0123456789"

@@ -31,9 +31,9 @@ from tests.integration.apps import outbox_app
 from tests.integration.conftest import effects, seen
 from tests.rabbit import RabbitServer, start_rabbit
 from toolq import State, ToolQueue
-from toolq.broker.depth import Depths
-from toolq.keys import OUTBOX_GROUP
-from toolq.procs import pdeathsig_preexec
+from toolq.adapters.broker.depth import Depths
+from toolq.core.keys import OUTBOX_GROUP
+from toolq.process.procs import pdeathsig_preexec
 
 APP = outbox_app.APP
 
@@ -202,8 +202,8 @@ def test_a_worker_killed_mid_write_is_verified_not_run_again(
 
 
 def test_the_relay_publishes_to_rabbitmq_with_confirms(tq: ToolQueue) -> None:
-    from toolq.relay.brokers import KombuPublish
-    from toolq.relay.service import Relay
+    from toolq.services.relay.brokers import KombuPublish
+    from toolq.services.relay.service import Relay
 
     relay = Relay(tq.app)
     try:
@@ -228,7 +228,7 @@ def _console_overview(tq: ToolQueue) -> str:
 
     from starlette.testclient import TestClient
 
-    from toolq.api import ApiSettings, create_app
+    from toolq.edges.api import ApiSettings, create_app
 
     token = "operator-token-0123456789"
     app = create_app(tq, ApiSettings(tokens=f"{token}=*"))
@@ -247,8 +247,8 @@ def _console_overview(tq: ToolQueue) -> str:
 def test_status_shows_the_outbox_the_relays_and_the_brokers_queues(
     tq: ToolQueue, relay: subprocess.Popen[bytes], env: dict[str, str]
 ) -> None:
-    from toolq.cli.monitor import render_status
-    from toolq.monitor import status_snapshot
+    from toolq.edges.cli.monitor import render_status
+    from toolq.edges.monitor import status_snapshot
 
     # Given a relay that has beaten, and a message stuck in the outbox
     assert wait_until(lambda: status_snapshot(tq)["outbox"]["relays"] >= 1, 20)

@@ -14,7 +14,7 @@ from tests.helpers import start_scheduler, start_toolq, start_worker, stop_proce
 from tests.integration.apps import outbox_app
 from tests.integration.conftest import effects
 from toolq import ToolQueue
-from toolq.broker.depth import Depths
+from toolq.adapters.broker.depth import Depths
 
 APP = outbox_app.APP
 

@@ -7,7 +7,7 @@ The failover: the broker's primary is SIGKILLed with calls in flight. The Sentin
 promotes the replica; the relay and the worker find it through the Sentinel and go
 on. Messages the dead primary held and had not passed to its replica are lost with
 it: the scheduler publishes their operations again (outbox mode's policy,
-:func:`toolq.recovery.policy.on_its_way`: not in the outbox, the broker's queue
+:func:`toolq.decisions.recovery.policy.on_its_way`: not in the outbox, the broker's queue
 empty), and the claim refuses any copy. Every call completes, each tool ran once.
 """
 
@@ -23,7 +23,7 @@ from tests.integration.apps import outbox_app
 from tests.integration.conftest import effects
 from tests.sentinel import SentinelGroup
 from toolq import ToolQueue
-from toolq.monitor import status_snapshot
+from toolq.edges.monitor import status_snapshot
 
 APP = outbox_app.APP
 

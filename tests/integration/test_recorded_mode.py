@@ -1,5 +1,5 @@
 """Commands run beside a `toolq up` take the mode it recorded, and a process on another
-number of cells than the ledger's is refused: never an empty answer (toolq.state)."""
+number of cells than the ledger's is refused: never an empty answer (toolq.adapters.stack_state)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from toolq import ToolQueue
-from toolq.cli import main
-from toolq.settings import ToolqSettings
-from toolq.state import mode_of, owner, write_state
+from toolq.adapters.stack_state import mode_of, owner, write_state
+from toolq.core.settings import ToolqSettings
+from toolq.edges.cli import main
 
 CELLS = 4
 APP = "toolq.examples.invoices:tq"

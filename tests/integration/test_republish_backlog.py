@@ -15,9 +15,9 @@ import pytest
 
 from tests.integration.apps import runtime_app
 from toolq import State, ToolQueue
-from toolq.broker.messages import message_ref
-from toolq.recovery.transition import Transition
-from toolq.scheduler.service import Scheduler
+from toolq.adapters.broker.messages import message_ref
+from toolq.decisions.recovery.transition import Transition
+from toolq.services.scheduler.service import Scheduler
 
 TOOL = "lookup"
 

@@ -14,8 +14,8 @@ import pytest
 from tests.helpers import start_worker, stop_process, wait_until
 from tests.integration.conftest import APP, effects
 from toolq import ToolQueue
-from toolq.keys import KOMBU_UNACKED
-from toolq.states import State
+from toolq.core.keys import KOMBU_UNACKED
+from toolq.core.states import State
 
 
 @pytest.mark.parametrize(

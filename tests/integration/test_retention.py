@@ -15,7 +15,7 @@ from tests.helpers import start_worker, stop_process
 from tests.integration.apps import lease_app
 from tests.integration.apps.lease_app import APP, RETENTION_S
 from toolq import ToolQueue
-from toolq.scheduler.service import Scheduler
+from toolq.services.scheduler.service import Scheduler
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_a_finished_record_and_its_history_expire_after_retention(lq: ToolQueue)
     waiting = lq.submit("approved_write", {"seconds": 0}).operation_ref
     keys = lq.ledger.keys
 
-    # (the history is part of the record: toolq.ledger.scripts)
+    # (the history is part of the record: toolq.adapters.ledger.scripts)
     assert 0 < lq.redis.ttl(keys.op(done)) <= RETENTION_S
     assert lq.ledger.history(done)
     # An operation still waiting on someone never expires under them

@@ -15,7 +15,8 @@ import redis
 
 from tests.helpers import start_scheduler, start_worker, stop_process, wait_until
 from tests.integration.conftest import APP, effects, seen
-from toolq import State, ToolQueue, errors
+from toolq import State, ToolQueue
+from toolq.core import errors
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,9 +12,9 @@ import pytest
 from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
 from tests.integration.conftest import APP, seen
 from toolq import State, ToolQueue
-from toolq.ledger import scripts
-from toolq.recovery.transition import Transition
-from toolq.scheduler.service import Scheduler
+from toolq.adapters.ledger import scripts
+from toolq.decisions.recovery.transition import Transition
+from toolq.services.scheduler.service import Scheduler
 
 
 def _park(rt: ToolQueue, n: int, prefix: str, due_in_ms: int = 0) -> list[str]:
@@ -150,7 +150,7 @@ def test_not_before_in_the_past_runs_at_once_and_absurd_one_escalates(
 
 def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:
     # Given a scheduler with nothing due, sleeping as long as it may (10 s)
-    from toolq.scheduler.service import Scheduler
+    from toolq.services.scheduler.service import Scheduler
 
     sched = Scheduler(rt.app)
     sched.max_sleep = 10.0

@@ -26,7 +26,7 @@ import pytest
 from tests.helpers import free_port, start_toolq, stop_process, wait_until
 from tests.integration.apps import outbox_app, runtime_app
 from toolq import ToolQueue
-from toolq.embedded import EmbeddedServer, url_for_db
+from toolq.adapters.embedded import EmbeddedServer, url_for_db
 
 #: Long enough for Celery's old backoff to grow past 6 s a try (2+4+6+8 s).
 DOWN_S = 22.0

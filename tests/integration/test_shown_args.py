@@ -4,7 +4,7 @@ Each secret shape goes into one operation's arguments, in the ledger; then every
 output that shows that operation is read: ``toolq show`` (text and ``--json``,
 in a process of its own), the HTTP API's view, its list and its event stream,
 MCP's approval request, the console's page and a log line. ``toolq show --json``
-printed them all before it used :func:`toolq.redact.shown_args`.
+printed them all before it used :func:`toolq.core.redact.shown_args`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from tests.helpers import toolq_env
 from tests.integration.apps import cli_app
 from tests.integration.apps.cli_app import APP
 from toolq import ToolQueue
-from toolq.api import create_app
-from toolq.api.console.present import operation_page
-from toolq.logs import redact_record
-from toolq.mcp_server.taskview import input_requests
-from toolq.record import OperationRecord
+from toolq.core.record import OperationRecord
+from toolq.edges.api import create_app
+from toolq.edges.api.console.present import operation_page
+from toolq.edges.mcp_server.taskview import input_requests
+from toolq.process.logs import redact_record
 
 #: What must not appear, and the argument text that carries it.
 SHAPES = {
@@ -69,7 +69,7 @@ def _none_shown(text: str, where: str) -> None:
 def test_toolq_show(record: OperationRecord, module_redis_url: str, flags: list[str]) -> None:
     where = ["--app", APP, "--redis-url", module_redis_url]
     result = subprocess.run(
-        [sys.executable, "-m", "toolq.cli", "show", record.operation_ref, *flags, *where],
+        [sys.executable, "-m", "toolq.edges.cli", "show", record.operation_ref, *flags, *where],
         env=toolq_env(),
         capture_output=True,
         text=True,

@@ -11,14 +11,14 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from toolq.cli import main
-from toolq.cli import monitor as cli_monitor
-from toolq.liveness import WorkerNode
-from toolq.monitor import STATES, status_snapshot
-from toolq.queue import ToolQueue
-from toolq.recovery.transition import Transition
-from toolq.states import State
-from toolq.tools import CallContext
+from toolq.adapters.liveness import WorkerNode
+from toolq.client.queue import ToolQueue
+from toolq.core.states import State
+from toolq.core.tools import CallContext
+from toolq.decisions.recovery.transition import Transition
+from toolq.edges.cli import main
+from toolq.edges.cli import monitor as cli_monitor
+from toolq.edges.monitor import STATES, status_snapshot
 
 APP = "toolq_status_test_app:tq"
 T0 = 1_700_000_000.0  # the fake clock's start (s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 from kombu import Connection, Exchange, Queue
 
-from toolq.broker.transport import TRANSPORT
+from toolq.adapters.broker.transport import TRANSPORT
 
 
 def test_a_channel_reuses_one_client_and_still_carries_messages(redis_url: str) -> None:

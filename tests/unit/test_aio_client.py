@@ -20,11 +20,10 @@ import redis
 from pydantic import BaseModel
 
 from tests.helpers import run_aio, until_async, wait_until
-from toolq import CallContext, ToolQueue, errors
-from toolq.calls import Seen
-from toolq.ledger import Ledger
-from toolq.ledger.aio import AsyncLedger
-from toolq.notify import (
+from toolq import CallContext, ToolQueue
+from toolq.adapters.ledger import Ledger
+from toolq.adapters.ledger.aio import AsyncLedger
+from toolq.adapters.notify import (
     PROGRESS_PAUSE_S,
     Event,
     Progress,
@@ -32,7 +31,9 @@ from toolq.notify import (
     progress_notice,
     to_event,
 )
-from toolq.states import State
+from toolq.core import errors
+from toolq.core.states import State
+from toolq.decisions.operations import Seen
 
 
 class Args(BaseModel):
@@ -123,7 +124,7 @@ def test_a_wait_reads_once_then_takes_the_outcome_from_the_notice(
 def test_a_notice_that_was_lost_is_made_up_for_by_the_fallback_read(
     tq: ToolQueue, reads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("toolq.aio.FALLBACK_READ_S", 0.05)
+    monkeypatch.setattr("toolq.client.aio.FALLBACK_READ_S", 0.05)
     env_json = '{"ok":true,"operation_ref":"f/1","operation":"noop","commit_state":"committed",'
     env_json += '"result":{"n":9},"verification":{"checked_at":"2026-01-01T00:00:00Z"}}'
 

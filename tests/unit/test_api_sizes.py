@@ -1,4 +1,4 @@
-"""The size guard's refusals, decided from the ASGI scope alone (toolq.api.sizes)."""
+"""The size guard's refusals, decided from the ASGI scope alone (toolq.edges.api.sizes)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from toolq.api.auth import ApiSettings
-from toolq.api.sizes import SizeGuard, parser_buffer
+from toolq.edges.api.auth import ApiSettings
+from toolq.edges.api.sizes import SizeGuard, parser_buffer
 
 GUARD = SizeGuard(None, max_url=4096, max_headers=8192)  # type: ignore[arg-type]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from toolq.app import App
-from toolq.layout import Cells, SingleTag
-from toolq.settings import ToolqSettings
+from toolq.client.app import App
+from toolq.core.layout import Cells, SingleTag
+from toolq.core.settings import ToolqSettings
 from toolq.topology.publish import Inline, Outbox
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from toolq.states import ALLOWED, State
+from toolq.core.states import ALLOWED, State
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -68,8 +68,8 @@ def test_the_transition_table_is_exactly_allowed() -> None:
     table = {(State(a), State(b)) for a, b in rows}
     assert len(rows) == len(table), "a transition is listed twice"
     allowed = {(a, b) for a, targets in ALLOWED.items() for b in targets}
-    assert table - allowed == set(), "listed but not in toolq.states.ALLOWED"
-    assert allowed - table == set(), "in toolq.states.ALLOWED but not listed"
+    assert table - allowed == set(), "listed but not in toolq.core.states.ALLOWED"
+    assert allowed - table == set(), "in toolq.core.states.ALLOWED but not listed"
 
 
 RECORDS = sorted(DECISIONS.glob("*.md"))

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from toolq import ToolQueue, errors
-from toolq.broker.app import celery_config
-from toolq.broker.transport import SENTINEL_TRANSPORT, TRANSPORT
-from toolq.settings import ToolqSettings
-from toolq.stack import Stack, StackConfig
+from toolq import ToolQueue
+from toolq.adapters.broker.app import celery_config
+from toolq.adapters.broker.transport import SENTINEL_TRANSPORT, TRANSPORT
+from toolq.core import errors
+from toolq.core.settings import ToolqSettings
+from toolq.edges.stack import Stack, StackConfig
 
 LEDGER = "redis://h:6379/0"
 

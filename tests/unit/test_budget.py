@@ -24,10 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from toolq import CallContext, State, ToolQueue, errors
-from toolq.envelope import Directive, NextAction, ToolError
-from toolq.recovery import actions, operator, outcome
-from toolq.recovery.budget import (
+from toolq import CallContext, State, ToolQueue
+from toolq.core import errors
+from toolq.core.envelope import Directive, NextAction, ToolError
+from toolq.core.settings import RecoverySettings, ToolqSettings
+from toolq.core.tools import Tool
+from toolq.decisions.recovery import actions, operator, outcome
+from toolq.decisions.recovery.budget import (
     Budget,
     Path,
     Verdict,
@@ -35,11 +38,9 @@ from toolq.recovery.budget import (
     check,
     wake_by,
 )
-from toolq.recovery.policy import Queues, Snapshot, Timeouts, decide
-from toolq.recovery.transition import Transition
-from toolq.scheduler.service import Scheduler
-from toolq.settings import RecoverySettings, ToolqSettings
-from toolq.tools import Tool
+from toolq.decisions.recovery.policy import Queues, Snapshot, Timeouts, decide
+from toolq.decisions.recovery.transition import Transition
+from toolq.services.scheduler.service import Scheduler
 
 NOW = 10_000_000
 DL = NOW  # a deadline at NOW: still within it (the check is now > deadline)

@@ -10,8 +10,8 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from toolq import ToolQueue
-from toolq.broker.app import celery_config
-from toolq.settings import QueueSettings, ToolqSettings
+from toolq.adapters.broker.app import celery_config
+from toolq.core.settings import QueueSettings, ToolqSettings
 
 ROOT = Path(__file__).resolve().parents[2] / "toolq"
 
@@ -75,7 +75,7 @@ def test_a_url_that_is_not_redis_is_refused() -> None:
 )
 def test_redis_brokers_get_the_one_client_per_channel_transport(url: str, ours: bool) -> None:
     c = celery_config(ToolqSettings(), url)
-    assert (c.get("broker_transport") == "toolq.broker.transport:Transport") is ours
+    assert (c.get("broker_transport") == "toolq.adapters.broker.transport:Transport") is ours
 
 
 @pytest.mark.parametrize(
@@ -90,13 +90,13 @@ def test_a_url_given_after_the_app_was_built_switches_the_transport_too(
     assert tq.celery.conf.broker_url is None  # built without a URL
     tq.configure(redis_url=url)
     transport = tq.celery.connection_for_write().transport
-    assert (type(transport).__module__ == "toolq.broker.transport") is ours
+    assert (type(transport).__module__ == "toolq.adapters.broker.transport") is ours
     assert tq.celery.conf.broker_url == url
 
 
 def test_task_events_are_asked_for_by_setting_or_flag() -> None:
-    from toolq.settings import WorkerSettings
-    from toolq.workers.main import worker_argv
+    from toolq.core.settings import WorkerSettings
+    from toolq.services.workers.main import worker_argv
 
     on = ToolqSettings(worker=WorkerSettings(task_events=True))
     assert celery_config(on, "redis://h:6379/0")["worker_send_task_events"]
@@ -105,7 +105,7 @@ def test_task_events_are_asked_for_by_setting_or_flag() -> None:
 
 
 def test_toolq_up_passes_events_to_its_workers_only_when_asked() -> None:
-    from toolq.stack import Stack, StackConfig
+    from toolq.edges.stack import Stack, StackConfig
 
     def worker_argvs(events: bool) -> list[list[str]]:
         plan = Stack(StackConfig(app="m:tq", redis_url="redis://h:1/0", events=events))._plan()
@@ -133,7 +133,7 @@ def test_prefetch_is_one_unless_set_and_bad_values_are_refused(
 def test_the_reserve_is_one_per_eight_slots_none_below_eight_unless_set(
     setting: int | None, slots: int, reserve: int
 ) -> None:
-    from toolq.broker.consumer import reserve_for
+    from toolq.adapters.broker.consumer import reserve_for
 
     assert reserve_for(setting, slots) == reserve
 
@@ -145,7 +145,7 @@ def test_the_reserve_is_one_per_eight_slots_none_below_eight_unless_set(
 def test_prefetch_count_adds_the_reserve_and_keeps_no_limit(
     slots: int, multiplier: int, reserve: int, count: int
 ) -> None:
-    from toolq.broker.consumer import prefetch_count
+    from toolq.adapters.broker.consumer import prefetch_count
 
     assert prefetch_count(slots, multiplier, reserve) == count
 
@@ -154,7 +154,7 @@ def test_the_reserve_reaches_the_worker_and_bad_values_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     c = celery_config(ToolqSettings(), None)
-    assert c["worker_consumer"] == "toolq.broker.consumer:Consumer"
+    assert c["worker_consumer"] == "toolq.adapters.broker.consumer:Consumer"
     assert c["toolq_worker_reserve"] is None  # the consumer works it out from the pool
     monkeypatch.setenv("TOOLQ_WORKER__RESERVE", "3")
     assert celery_config(ToolqSettings(), None)["toolq_worker_reserve"] == 3
@@ -186,7 +186,7 @@ def test_a_pool_that_grows_or_shrinks_moves_the_prefetch_by_its_reserve_too(
     own change comes first (to eight slots: one more)."""
     from types import SimpleNamespace
 
-    from toolq.broker.consumer import Consumer, reserve_for
+    from toolq.adapters.broker.consumer import Consumer, reserve_for
 
     qos = _Qos()
     c = SimpleNamespace(

@@ -1,4 +1,4 @@
-"""Cells (toolq.cells, toolq.keys.Keys with a cell): the hash, the tags, the slots."""
+"""Cells (toolq.core.cells, toolq.core.keys.Keys with a cell): the hash, the tags, the slots."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hashlib
 import pytest
 from redis.crc import key_slot
 
-from toolq.cells import (
+from toolq.core.cells import (
     DEFAULT_CELLS,
     MAX_CELLS,
     cell_of,
@@ -18,7 +18,7 @@ from toolq.cells import (
     keys_of,
     lease_plan,
 )
-from toolq.keys import Keys
+from toolq.core.keys import Keys
 
 # Pinned: a ref's cell must never change across versions and processes. Computed
 # independently with coreutils: printf '%s' REF | b2sum -l 64, as an integer mod cells.

@@ -22,9 +22,9 @@ from celery.exceptions import Reject
 from pydantic import BaseModel
 
 from toolq import CallContext, State, ToolQueue
-from toolq.broker.messages import RUN_TASK, VERIFY_TASK, Requeue
-from toolq.tasks import run as run_module
-from toolq.tasks.run import LedgerAway
+from toolq.adapters.broker.messages import RUN_TASK, VERIFY_TASK, Requeue
+from toolq.services.tasks import run as run_module
+from toolq.services.tasks.run import LedgerAway
 
 
 class Args(BaseModel):

@@ -22,9 +22,9 @@ import pytest
 import requests
 import urllib3.exceptions
 
-from toolq.classify import classify_exception, classify_http, parse_retry_after, where_sent
-from toolq.envelope import CommitState, Directive, NextAction, to_json
-from toolq.errors import (
+from toolq.core.classify import classify_exception, classify_http, parse_retry_after, where_sent
+from toolq.core.envelope import CommitState, Directive, NextAction, to_json
+from toolq.core.errors import (
     MAX_RETRY_DELAY,
     Conflict,
     ForbiddenScope,
@@ -478,7 +478,7 @@ def test_module_imports_without_httpx_requests_or_urllib3() -> None:
         "import sys\n"
         "for name in ('httpx', 'requests', 'urllib3', 'urllib3.exceptions'):\n"
         "    sys.modules[name] = None\n"
-        "from toolq.classify import classify_exception, classify_http\n"
+        "from toolq.core.classify import classify_exception, classify_http\n"
         "f = classify_exception(ConnectionRefusedError(111, 'x'), writes=True)\n"
         "assert type(f).__name__ == 'Unavailable', f\n"
         "assert type(classify_http(502, {})).__name__ == 'OutcomeUnknown'\n"

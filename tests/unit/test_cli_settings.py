@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from toolq.cli import main
+from toolq.edges.cli import main
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_a_bad_setting_is_one_line_without_its_value(
 def test_the_loader_names_a_bad_setting_not_the_import() -> None:
     from pydantic import ValidationError
 
-    from toolq.settings import ToolqSettings, settings_problem
+    from toolq.core.settings import ToolqSettings, settings_problem
 
     with pytest.raises(ValidationError) as caught:
         ToolqSettings(redis_url="http://u:s3cret@h/")  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from toolq.ledger.cluster import AsyncLedgerCluster, function_keys, stream_keys
+from toolq.adapters.ledger.cluster import AsyncLedgerCluster, function_keys, stream_keys
 
 
 @pytest.mark.parametrize(

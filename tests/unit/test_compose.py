@@ -17,7 +17,7 @@ import click
 import pytest
 import yaml
 
-from toolq.cli import main
+from toolq.edges.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -157,7 +157,7 @@ def test_the_rabbitmq_profile_runs_a_persistent_broker_and_a_relay() -> None:
 @pytest.mark.parametrize("name", TOOLQ_SERVICES)
 def test_the_broker_url_is_unset_unless_given(name: str) -> None:
     # Empty (no .env line): Valkey is the broker, and no relay is needed
-    from toolq.settings import ToolqSettings
+    from toolq.core.settings import ToolqSettings
 
     value = _resolved(_environment(SERVICES[name]).get("TOOLQ_BROKER_URL", "missing"))
     assert value == ""
@@ -211,7 +211,7 @@ def test_toolq_services_find_the_compose_datastore(name: str) -> None:
 @pytest.mark.parametrize("name", TOOLQ_SERVICES)
 def test_task_events_are_off_unless_asked_for(name: str) -> None:
     # Flower (the profile) needs them; everyone else pays for them in throughput.
-    from toolq.settings import ToolqSettings
+    from toolq.core.settings import ToolqSettings
 
     value = _resolved(_environment(SERVICES[name]).get("TOOLQ_WORKER__TASK_EVENTS", ""))
     assert value == "0"

@@ -10,9 +10,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from toolq import ToolQueue
-from toolq.api import ApiSettings, Tokens, create_app
-from toolq.api.auth import SCOPES, token_id
-from toolq.api.console.session import (
+from toolq.edges.api import ApiSettings, Tokens, create_app
+from toolq.edges.api.auth import SCOPES, token_id
+from toolq.edges.api.console.session import (
     COOKIE,
     Session,
     Signer,

@@ -9,10 +9,10 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field, SecretStr
 
-from toolq.api.console import forms, present
-from toolq.record import HistoryEntry
-from toolq.redact import REDACTED, shown_args
-from toolq.states import State
+from toolq.core.record import HistoryEntry
+from toolq.core.redact import REDACTED, shown_args
+from toolq.core.states import State
+from toolq.edges.api.console import forms, present
 
 
 class Color(StrEnum):
@@ -102,7 +102,7 @@ LOGIN = {
 
 
 def test_a_property_named_like_a_secret_is_never_written_into_the_form() -> None:
-    # The page's arguments hide these by name (toolq.redact.shown_args); the form must too,
+    # The page's arguments hide these by name (toolq.core.redact.shown_args); the form must too,
     # though the values themselves look harmless.
     f = {x.name: x for x in forms.form_fields(Login.model_json_schema(), LOGIN)}
     for name in ("api_key", "db_password", "credentials", "extra"):

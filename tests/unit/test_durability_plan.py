@@ -1,6 +1,6 @@
 """The durability plan as a table: what toolq does on each server, and why.
 
-:func:`toolq.ledger.durability.plan` decides from what the server said about its
+:func:`toolq.adapters.ledger.durability.plan` decides from what the server said about its
 append-only file (and, on a Cluster, whether the write's shard has a replica)
 whether a claim and a submit wait for the fsync (WAITAOF) and for a replica
 (WAIT), and what toolq warns about; :func:`check_ack` and :func:`check_replica`
@@ -22,8 +22,7 @@ import fakeredis.aioredis
 import pytest
 import redis
 
-from toolq import errors
-from toolq.ledger.durability import (
+from toolq.adapters.ledger.durability import (
     AOF_OFF,
     NO_WAITAOF,
     NOT_ALWAYS,
@@ -36,14 +35,21 @@ from toolq.ledger.durability import (
     check_replica,
     plan,
 )
-from toolq.ledger.durable import AsyncClusterNodes, AsyncDurability, ClusterNodes, Durability
-from toolq.ledger.route import Resend, Route, resend
+from toolq.adapters.ledger.durable import (
+    AsyncClusterNodes,
+    AsyncDurability,
+    ClusterNodes,
+    Durability,
+)
+from toolq.adapters.ledger.route import Resend, Route, resend
+from toolq.core import errors
 
 SET = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
 
 
 class OneScript:
-    """What Durability runs scripts through (toolq.ledger.runner.Scripts), with one script."""
+    """What Durability runs scripts through (toolq.adapters.ledger.runner.Scripts), with one
+    script."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -60,7 +66,7 @@ class OneScript:
 
 
 class AsyncOneScript:
-    """The same on redis.asyncio (toolq.ledger.runner.AsyncScripts)."""
+    """The same on redis.asyncio (toolq.adapters.ledger.runner.AsyncScripts)."""
 
     def __init__(self, client: fakeredis.aioredis.FakeRedis) -> None:
         self.client = client

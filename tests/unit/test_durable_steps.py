@@ -1,4 +1,4 @@
-"""The core of a durable call (toolq.ledger.steps), driven without a server: each
+"""The core of a durable call (toolq.adapters.ledger.steps), driven without a server: each
 row is the answers a shell would send back, and the effects the core must ask for."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 import redis
 
-from toolq import errors
-from toolq.ledger.durability import WAITAOF, Persistence, Plans
-from toolq.ledger.steps import (
+from toolq.adapters.ledger.durability import WAITAOF, Persistence, Plans
+from toolq.adapters.ledger.steps import (
     Command,
     Direct,
     Load,
@@ -19,6 +18,7 @@ from toolq.ledger.steps import (
     Steps,
     one_server_call,
 )
+from toolq.core import errors
 
 CALL = ("FCALL", "toolq_claim", 1, "k")
 ALWAYS = Persistence(appendonly=True, appendfsync="always")

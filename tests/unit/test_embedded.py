@@ -7,7 +7,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
-from toolq.embedded import EmbeddedServer, EmbeddedServerError, render_config, url_for_db
+from toolq.adapters.embedded import EmbeddedServer, EmbeddedServerError, render_config, url_for_db
 
 
 @pytest.mark.parametrize(

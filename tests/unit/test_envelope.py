@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from toolq.envelope import (
+from toolq.core.envelope import (
     MESSAGE_MAX,
     Category,
     CommitState,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from toolq import errors
-from toolq.envelope import (
+from toolq.core import errors
+from toolq.core.envelope import (
     Category,
     CommitState,
     Directive,
@@ -19,7 +19,7 @@ from toolq.envelope import (
     to_dict,
     to_json,
 )
-from toolq.errors import (
+from toolq.core.errors import (
     ATTEMPTS_EXHAUSTED,
     DEFAULT_UNAVAILABLE_DELAY,
     MAX_RETRY_DELAY,

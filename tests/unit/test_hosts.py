@@ -1,4 +1,5 @@
-"""Which Host and Origin headers the API and the MCP server answer (toolq.api.hosts), as a table."""
+"""Which Host and Origin headers the API and the MCP server answer (toolq.edges.api.hosts), as a
+table."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from toolq.api.hosts import HostGuard, allowed_hosts, wildcard_note
+from toolq.edges.api.hosts import HostGuard, allowed_hosts, wildcard_note
 
 LOCAL = allowed_hosts("127.0.0.1")
 NAMED = allowed_hosts("0.0.0.0", ["api", "toolq.internal", "fd00::5"])

@@ -12,9 +12,16 @@ import pytest
 import redis
 from pydantic import BaseModel
 
-from toolq import ToolQueue, errors
-from toolq.envelope import AnyEnvelope, Category, CommitState, NextAction, ToolError, to_json
-from toolq.fixed import FIXED, fixed_envelope, success_envelope, unknown_envelope
+from toolq import ToolQueue
+from toolq.core import errors
+from toolq.core.envelope import AnyEnvelope, Category, CommitState, NextAction, ToolError, to_json
+from toolq.core.own_envelopes import FIXED, fixed_envelope, success_envelope, unknown_envelope
+from toolq.core.record import OperationRecord
+from toolq.core.redact import looks_secret
+from toolq.core.settings import LimitSettings
+from toolq.core.states import State
+from toolq.edges.mcp_server import envelopes as mcp
+from toolq.edges.mcp_server.envelopes import GET_OPERATION
 from toolq.integrations.common import (
     FOLLOW_TOOL,
     KINDS,
@@ -33,12 +40,6 @@ from toolq.integrations.common import (
     unavailable_envelope,
     unexpected_envelope,
 )
-from toolq.mcp_server import envelopes as mcp
-from toolq.mcp_server.envelopes import GET_OPERATION
-from toolq.record import OperationRecord
-from toolq.redact import looks_secret
-from toolq.settings import LimitSettings
-from toolq.states import State
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 SECRET = "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"

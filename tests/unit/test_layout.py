@@ -1,4 +1,4 @@
-"""The layout (toolq.layout) and the topology chosen from the settings (toolq.topology):
+"""The layout (toolq.core.layout) and the topology chosen from the settings (toolq.topology):
 pure, one row per layout."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from toolq.cells import cell_of
-from toolq.keys import Keys
-from toolq.layout import Cells, Layout, SingleTag, layout_of
-from toolq.settings import ToolqSettings
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
+from toolq.core.layout import Cells, Layout, SingleTag, layout_of
+from toolq.core.settings import ToolqSettings
 from toolq.topology import Topology, topology_for
 from toolq.topology.nodes import ClusterNodes, OneServer
 from toolq.topology.publish import Inline, Outbox, publish_for

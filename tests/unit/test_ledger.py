@@ -14,7 +14,8 @@ import fakeredis
 import pytest
 from pydantic import BaseModel
 
-from toolq import CallContext, State, ToolQueue, errors
+from toolq import CallContext, State, ToolQueue
+from toolq.core import errors
 
 SECRET = "sk-live-abcdefghijklmnop1234"
 

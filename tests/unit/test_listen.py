@@ -1,6 +1,6 @@
 """Waiting for a wake-up (toolq.topology.listen) and the scheduler's per-mode parts
-(toolq.scheduler.share, toolq.scheduler.ages): which class each topology picks, as a
-table, and the notice-driven classes on a scripted subscription. The real waits run
+(toolq.services.scheduler.share, toolq.services.scheduler.ages): which class each topology
+picks, as a table, and the notice-driven classes on a scripted subscription. The real waits run
 in tests/integration/test_scheduler.py, test_outbox.py and tests/integration/cluster/."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import fakeredis
 import pytest
 from pydantic import SecretStr
 
-from toolq.keys import Keys
-from toolq.ledger import Ledger
-from toolq.scheduler.ages import ListHeads, OutboxAges, ages_for
-from toolq.scheduler.share import LeasedCells, OneTag, share_for
-from toolq.settings import ToolqSettings
+from toolq.adapters.ledger import Ledger
+from toolq.core.keys import Keys
+from toolq.core.settings import ToolqSettings
+from toolq.services.scheduler.ages import ListHeads, OutboxAges, ages_for
+from toolq.services.scheduler.share import LeasedCells, OneTag, share_for
 from toolq.topology import topology_for
 from toolq.topology.listen import (
     BlockingOutboxes,

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolq import errors
-from toolq.keys import Keys
-from toolq.ledger import lists
-from toolq.ledger.lists import ListQuery, Position, decode_cursor, encode_cursor
-from toolq.record import OperationPage
-from toolq.states import State
+from toolq.adapters.ledger import lists
+from toolq.adapters.ledger.lists import ListQuery, Position, decode_cursor, encode_cursor
+from toolq.core import errors
+from toolq.core.keys import Keys
+from toolq.core.record import OperationPage
+from toolq.core.states import State
 
 NOW = 1_800_000_000_000
 KEYS = Keys()

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from toolq.ledger.lists import ListQuery, decode_cursor, merge_cells
-from toolq.states import State
+from toolq.adapters.ledger.lists import ListQuery, decode_cursor, merge_cells
+from toolq.core.states import State
 
 
 def _out(rows: list[tuple[str, int]], *, more: bool = False, last: Any = None, **kw: Any) -> str:

@@ -11,10 +11,10 @@ import fakeredis
 import pytest
 import redis
 
-from toolq.cli.monitor import render_status
-from toolq.keys import Keys
-from toolq.liveness import ALIVE_MS, CHECK_EVERY_S, Heartbeat, Liveness, assess
-from toolq.monitor import shape
+from toolq.adapters.liveness import ALIVE_MS, CHECK_EVERY_S, Heartbeat, Liveness, assess
+from toolq.core.keys import Keys
+from toolq.edges.cli.monitor import render_status
+from toolq.edges.monitor import shape
 
 NOW = 1_800_000_000_000
 Q = "toolq.calls"

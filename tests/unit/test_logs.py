@@ -1,4 +1,4 @@
-"""Log records pass the redactor: message, arguments, traceback (toolq.logs)."""
+"""Log records pass the redactor: message, arguments, traceback (toolq.process.logs)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from toolq.logs import RedactingFilter, install_redaction, redact_record
+from toolq.process.logs import RedactingFilter, install_redaction, redact_record
 
 TOKEN = "sk-live-abcdef0123456789abcdef"
 
@@ -115,7 +115,7 @@ def test_an_access_line_with_a_megabyte_path_is_cut_before_it_is_redacted() -> N
     what is left is redacted, and uvicorn's formatter still reads the arguments."""
     from uvicorn.logging import AccessFormatter
 
-    from toolq.redact import LOG_ARG_MAX
+    from toolq.core.redact import LOG_ARG_MAX
 
     path = f"/v1/health?api_key={TOKEN}&q=" + "token" * (1 << 18)
     record = logging.LogRecord(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from toolq import ToolQueue
-from toolq.broker.messages import RUN_TASK, VERIFY_TASK, message_ref
+from toolq.adapters.broker.messages import RUN_TASK, VERIFY_TASK, message_ref
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_message_ref_of_anything_else_is_none(raw: bytes | None) -> None:
 def test_message_ids_are_version_4_uuids_and_distinct() -> None:
     import uuid
 
-    from toolq.broker.messages import uuid4_hex
+    from toolq.adapters.broker.messages import uuid4_hex
 
     ids = [uuid4_hex() for _ in range(2000)]
     assert len(set(ids)) == len(ids)
@@ -58,6 +58,6 @@ def test_message_ids_are_version_4_uuids_and_distinct() -> None:
 
 @pytest.mark.parametrize("args", [["op/1", 2], ['q"uo\\te é', 1, 3], [], [7], ["a", 1.5]])
 def test_message_arguments_are_written_as_json_dumps_writes_them(args: list[Any]) -> None:
-    from toolq.broker.messages import _json_list
+    from toolq.adapters.broker.messages import _json_list
 
     assert _json_list(args) == json.dumps(args)

@@ -13,10 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from toolq.cli.monitor import render_status
-from toolq.ledger import Ledger
-from toolq.metrics import LedgerCollector, observe_tick, snapshot_metrics
-from toolq.monitor import (
+from toolq.adapters.ledger import Ledger
+from toolq.adapters.observe import DISPATCH_LAG_SECONDS, PENDING_RECOVERY_SECONDS, observe_recovery
+from toolq.client.queue import ToolQueue
+from toolq.core.states import State
+from toolq.decisions.recovery.transition import Transition
+from toolq.edges.cli.monitor import render_status
+from toolq.edges.metrics import LedgerCollector, observe_tick, snapshot_metrics
+from toolq.edges.monitor import (
     COUNTERS,
     PENDING,
     SCHEDULER_ALIVE_MS,
@@ -27,11 +31,7 @@ from toolq.monitor import (
     shape,
     waiting,
 )
-from toolq.observe import DISPATCH_LAG_SECONDS, PENDING_RECOVERY_SECONDS, observe_recovery
-from toolq.queue import ToolQueue
-from toolq.recovery.transition import Transition
-from toolq.scheduler.service import TickStats
-from toolq.states import State
+from toolq.services.scheduler.service import TickStats
 
 NOW = 1_700_000_000_000
 CALLS, VERIFY = "toolq.calls", "toolq.verify"

@@ -11,8 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from tests.helpers import wait_until
-from toolq import ToolQueue, errors
-from toolq.notify import Notice, parse_notice
+from toolq import ToolQueue
+from toolq.adapters.notify import Notice, parse_notice
+from toolq.core import errors
 
 
 @pytest.mark.parametrize(

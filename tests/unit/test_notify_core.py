@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from toolq.notify.dispatch import Dispatch
-from toolq.notify.format import Event
-from toolq.notify.placement import PLACE_RETRY_S, Placement, as_classic
+from toolq.adapters.notify.dispatch import Dispatch
+from toolq.adapters.notify.format import Event
+from toolq.adapters.notify.placement import PLACE_RETRY_S, Placement, as_classic
 
 
 class FakeSub:

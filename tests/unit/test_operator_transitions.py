@@ -1,4 +1,4 @@
-"""The operator's actions as pure transitions (toolq.recovery.operator), as tables.
+"""The operator's actions as pure transitions (toolq.decisions.recovery.operator), as tables.
 
 Retry now and verify now beside approve and cancel: from which states each one
 goes, what it changes, what it guards, and what it refuses. Real workers carry
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from toolq import errors
-from toolq.envelope import ToolError
-from toolq.recovery import operator, outcome
-from toolq.recovery.transition import Transition
-from toolq.states import State
+from toolq.core import errors
+from toolq.core.envelope import ToolError
+from toolq.core.states import State
+from toolq.decisions.recovery import operator, outcome
+from toolq.decisions.recovery.transition import Transition
 
 NOW = 1_800_000_000_000
 POLICY = outcome.Policy(

@@ -28,8 +28,9 @@ from redis.exceptions import (
     SlotNotCoveredError,
 )
 
-from toolq import ToolQueue, errors
-from toolq.outage import UNREACHABLE, message, server_errors, unreachable
+from toolq import ToolQueue
+from toolq.adapters.outage import UNREACHABLE, message, server_errors, unreachable
+from toolq.core import errors
 
 SECRET = "s3cr3t-pw"
 
@@ -279,7 +280,7 @@ def test_a_cluster_answer_or_a_misuse_stays_as_it_is(exc: Exception) -> None:
 
 
 def test_the_unreachable_tuple_covers_every_cluster_outage() -> None:
-    # what long-running processes wait out (toolq.outage.UNREACHABLE)
+    # what long-running processes wait out (toolq.adapters.outage.UNREACHABLE)
     for _, exc, _ in CLUSTER_TABLE:
         assert isinstance(exc, UNREACHABLE), type(exc)
     assert issubclass(RedisClusterException, UNREACHABLE)

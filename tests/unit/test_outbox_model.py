@@ -29,9 +29,9 @@ from pydantic import SecretStr
 
 from tests.unit.test_recovery_model import FAULTS, Args, Crash, World
 from toolq import CallContext, State, ToolQueue
-from toolq.scheduler.ages import OutboxAges
-from toolq.scheduler.service import Scheduler
-from toolq.settings import LeaseSettings, RecoverySettings, ToolqSettings
+from toolq.core.settings import LeaseSettings, RecoverySettings, ToolqSettings
+from toolq.services.scheduler.ages import OutboxAges
+from toolq.services.scheduler.service import Scheduler
 
 
 class Broker:

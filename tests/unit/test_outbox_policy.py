@@ -1,6 +1,6 @@
 """Republishing in outbox mode (issue 18), as tables: the broker's queue heads cannot
 be read (RabbitMQ's cannot at all), so the scheduler decides from the outbox's oldest
-entry and each queue's depth (:func:`toolq.recovery.policy.on_its_way`).
+entry and each queue's depth (:func:`toolq.decisions.recovery.policy.on_its_way`).
 
 A message still in the outbox is not lost (a relay is down or behind); an empty
 queue does not hold it; a queue that holds messages, or did not answer, may, for
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from toolq.recovery import policy
-from toolq.recovery.policy import (
+from toolq.core.states import State
+from toolq.decisions.recovery import policy
+from toolq.decisions.recovery.policy import (
     OPAQUE_PATIENCE,
     OUTBOX_CLOCK_SLACK_MS,
     Action,
@@ -22,7 +23,6 @@ from toolq.recovery.policy import (
     decide,
     on_its_way,
 )
-from toolq.states import State
 
 NOW = 10_000_000
 UNCLAIMED = 5_000

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from toolq.ledger.outbox import parse_status
+from toolq.adapters.ledger.outbox import parse_status
 
 NOW = 1_700_000_010_000
 ALIVE = 15_000

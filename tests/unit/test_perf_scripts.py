@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from tests.contract.ops import NOW, QUEUE, history, submit
-from toolq.ledger import Ledger, scripts
-from toolq.ledger.aio import AsyncLedger
-from toolq.ledger.store import Scripts
-from toolq.states import State
+from toolq.adapters.ledger import Ledger, scripts
+from toolq.adapters.ledger.aio import AsyncLedger
+from toolq.adapters.ledger.store import Scripts
+from toolq.core.states import State
 
 
 class NoFunctions(fakeredis.FakeRedis):

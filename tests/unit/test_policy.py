@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolq.recovery.budget import attempts_remaining
-from toolq.recovery.policy import (
+from toolq.core.states import State
+from toolq.core.tools import Jitter
+from toolq.decisions.recovery.budget import attempts_remaining
+from toolq.decisions.recovery.policy import (
     Action,
     Queues,
     Snapshot,
@@ -20,8 +22,6 @@ from toolq.recovery.policy import (
     sleep_seconds,
     verify_backoff_ms,
 )
-from toolq.states import State
-from toolq.tools import Jitter
 
 T = Timeouts(unclaimed_after_ms=60_000, approval_timeout_ms=10_000, input_timeout_ms=20_000)
 NOW = 1_000_000

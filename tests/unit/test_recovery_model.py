@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from toolq import CallContext, State, ToolQueue
-from toolq.scheduler.service import Scheduler
-from toolq.settings import LeaseSettings, RecoverySettings, ToolqSettings
+from toolq.core.settings import LeaseSettings, RecoverySettings, ToolqSettings
+from toolq.services.scheduler.service import Scheduler
 
 
 class Crash(BaseException):

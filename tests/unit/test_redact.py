@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolq.envelope import AnyEnvelope, to_json
-from toolq.errors import (
+from toolq.core.envelope import AnyEnvelope, to_json
+from toolq.core.errors import (
     Conflict,
     InvalidInput,
     NotFound,
@@ -21,7 +21,7 @@ from toolq.errors import (
     ToolFailure,
     error_envelope,
 )
-from toolq.redact import (
+from toolq.core.redact import (
     REDACTED,
     looks_secret,
     redact_text,
@@ -30,7 +30,7 @@ from toolq.redact import (
     scrub,
     scrub_identifier,
 )
-from toolq.render import to_anthropic_tool_result, to_mcp_result, to_openai_output, to_receipt
+from toolq.core.render import to_anthropic_tool_result, to_mcp_result, to_openai_output, to_receipt
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 
@@ -324,7 +324,7 @@ def test_a_megabyte_of_the_worst_shape_is_redacted_in_linear_time(
 
 
 def test_a_secret_cut_in_two_at_the_cut_is_dropped_whole() -> None:
-    from toolq.redact import LOG_LINE_MAX, bound_text
+    from toolq.core.redact import LOG_LINE_MAX, bound_text
 
     key = "sk-proj-AbCdEfGh12345678"
     text = "x " * ((LOG_LINE_MAX - 10) // 2) + key + " tail"

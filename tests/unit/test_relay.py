@@ -17,10 +17,10 @@ from kombu.exceptions import OperationalError
 from pydantic import SecretStr
 
 from toolq import ToolQueue
-from toolq.ledger.outbox import entry_ms
-from toolq.relay.outgoing import lag_ms, outgoing
-from toolq.relay.service import Relay
-from toolq.settings import ToolqSettings
+from toolq.adapters.ledger.outbox import entry_ms
+from toolq.core.settings import ToolqSettings
+from toolq.services.relay.outgoing import lag_ms, outgoing
+from toolq.services.relay.service import Relay
 from toolq.topology import Topology, topology_for
 
 
@@ -116,7 +116,7 @@ class _LedgerParts(_Parts):
     def __init__(self, settings: ToolqSettings, client: Any) -> None:
         super().__init__(settings)
         self.redis = client
-        from toolq.ledger import Ledger
+        from toolq.adapters.ledger import Ledger
 
         self.ledger = Ledger(client, settings.prefix, "none", outbox=True, cells=settings.cells)
 
@@ -130,8 +130,8 @@ def _memory_relay(tq: ToolQueue, client: Any, **hooks: Any) -> Relay:
 
 
 def _submit(tq: ToolQueue, client: Any, ref: str) -> None:
-    from toolq.ledger import Ledger
-    from toolq.states import State
+    from toolq.adapters.ledger import Ledger
+    from toolq.core.states import State
 
     queue, message = tq.app.messages.run(ref, 1, tool="pay")
     Ledger(client, outbox=True).submit(
@@ -241,7 +241,7 @@ def test_a_redis_broker_gets_the_ledgers_message_as_it_is_and_a_failed_push_is_t
 ) -> None:
     # A Redis broker's queue list holds kombu's Redis envelope, which the ledger built:
     # pushed unchanged (what the scripts push without an outbox), not re-published.
-    from toolq.relay.service import BrokerUnavailable
+    from toolq.services.relay.service import BrokerUnavailable
 
     queue, raw = tq.app.messages.run("op/1", 1)
     out = outgoing("1-0", {"queue": queue, "message": raw})

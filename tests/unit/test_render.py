@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from toolq.envelope import (
+from toolq.core.envelope import (
     CODE_PATTERN,
     SAFE_DETAIL_KEYS,
     AnyEnvelope,
@@ -28,9 +28,9 @@ from toolq.envelope import (
     parse_envelope,
     to_dict,
 )
-from toolq.fixed import FIXED, fixed_envelope, unverifiable_envelope
-from toolq.redact import looks_secret
-from toolq.render import (
+from toolq.core.own_envelopes import FIXED, fixed_envelope, unverifiable_envelope
+from toolq.core.redact import looks_secret
+from toolq.core.render import (
     RECEIPT_TABLE,
     SUCCESS_LINE,
     ErrorCode,
@@ -158,7 +158,7 @@ def test_renderers_need_an_id_to_answer() -> None:
 
 
 def test_render_module_imports_no_sdk() -> None:
-    import toolq.render as render
+    import toolq.core.render as render
 
     source = Path(render.__file__).read_text(encoding="utf-8")
     for sdk in ("import mcp", "import openai", "import anthropic", "from mcp", "from openai"):
@@ -456,7 +456,7 @@ _RECEIPT_KEYS = {
 @settings(max_examples=80, deadline=None)
 @given(envelopes)
 def test_any_envelope_round_trips_through_json_and_every_renderer(env: AnyEnvelope) -> None:
-    from toolq.envelope import to_json
+    from toolq.core.envelope import to_json
 
     assert parse_envelope(to_json(env)) == env
     assert parse_envelope(json.loads(to_json(env))) == env

@@ -1,7 +1,7 @@
 """How old a queue's backlog is, from the messages at its head (pure, as tables).
 
 The scheduler republishes a queued operation only when its message has left
-the queue (:func:`toolq.recovery.policy.decide`); it learns that from the
+the queue (:func:`toolq.decisions.recovery.policy.decide`); it learns that from the
 oldest messages still waiting (:func:`oldest_waiting`). kombu pushes a
 redelivered message back at the front, and copies of old messages (a
 republish, a redelivery) carry no date of their own: a bound read from one of
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from toolq.recovery import policy
-from toolq.recovery.policy import Action, Queues, Waiting, oldest_waiting
-from toolq.states import State
+from toolq.core.states import State
+from toolq.decisions.recovery import policy
+from toolq.decisions.recovery.policy import Action, Queues, Waiting, oldest_waiting
 
 NOW = 1_000_000
 T = policy.Timeouts(unclaimed_after_ms=5_000, approval_timeout_ms=10_000, input_timeout_ms=20_000)

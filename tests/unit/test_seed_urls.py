@@ -9,8 +9,8 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from toolq import ToolQueue
-from toolq.ledger.cluster import AsyncLedgerCluster
-from toolq.settings import ToolqSettings, seed_nodes, seed_urls
+from toolq.adapters.ledger.cluster import AsyncLedgerCluster
+from toolq.core.settings import ToolqSettings, seed_nodes, seed_urls
 
 SECRET = "s3cr3t-pw"
 CLUSTER = {"cluster": True, "cells": 16, "broker_url": "amqp://guest@rabbit//"}

@@ -1,5 +1,5 @@
-"""The chart's time series (toolq.scheduler.series) and the overview's shaping
-(toolq.monitor.shape_overview, shape_workers): pure parts as tables, the
+"""The chart's time series (toolq.services.scheduler.series) and the overview's shaping
+(toolq.edges.monitor.shape_overview, shape_workers): pure parts as tables, the
 sampler on fakeredis. The real scheduler writes it in tests/integration/test_status.py.
 """
 
@@ -11,11 +11,11 @@ from typing import Any
 import fakeredis
 import pytest
 
-from toolq.keys import Keys
-from toolq.liveness import WorkerNode
-from toolq.monitor import shape, shape_overview, shape_workers
-from toolq.scheduler import series
-from toolq.scheduler.series import Point, Sampler
+from toolq.adapters.liveness import WorkerNode
+from toolq.core.keys import Keys
+from toolq.edges.monitor import shape, shape_overview, shape_workers
+from toolq.services.scheduler import series
+from toolq.services.scheduler.series import Point, Sampler
 
 NOW = 1_800_000_000_000  # a whole minute
 KEYS = Keys()

@@ -9,9 +9,9 @@ import pytest
 
 from bench import server_ablation as ab
 from tests.contract.ops import NOW, history, submit
-from toolq.ledger import Ledger, scripts
-from toolq.recovery.transition import Transition
-from toolq.states import State
+from toolq.adapters.ledger import Ledger, scripts
+from toolq.core.states import State
+from toolq.decisions.recovery.transition import Transition
 
 
 def test_with_no_edits_the_name_is_the_shipped_librarys() -> None:

@@ -1,4 +1,5 @@
-"""Spreading cells over a Cluster's primaries (toolq/ledger/spread.py): the pure decisions."""
+"""Spreading cells over a Cluster's primaries (toolq/adapters/ledger/spread.py): the pure
+decisions."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolq.ledger.spread import (
+from toolq.adapters.ledger.spread import (
     SLOTS,
     Move,
     batches,

@@ -1,4 +1,4 @@
-"""`toolq up` says it serves once its HTTP endpoints take connections (toolq.stack)."""
+"""`toolq up` says it serves once its HTTP endpoints take connections (toolq.edges.stack)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from toolq.cli.common import CliError
-from toolq.cli.stack import _port
-from toolq.stack import Stack, StackConfig, deployment_id, free_port, node_name
+from toolq.edges.cli.common import CliError
+from toolq.edges.cli.stack import _port
+from toolq.edges.stack import Stack, StackConfig, deployment_id, free_port, node_name
 
 
 def test_up_waits_for_its_endpoints_to_take_connections() -> None:

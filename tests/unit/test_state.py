@@ -11,11 +11,18 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from toolq.cli import main
-from toolq.cli.common import CliError, resolve_url
-from toolq.errors import RequestRefused
-from toolq.settings import ToolqSettings
-from toolq.state import dead_owner, discover_redis_url, mode_of, owner, with_mode, write_state
+from toolq.adapters.stack_state import (
+    dead_owner,
+    discover_redis_url,
+    mode_of,
+    owner,
+    with_mode,
+    write_state,
+)
+from toolq.core.errors import RequestRefused
+from toolq.core.settings import ToolqSettings
+from toolq.edges.cli import main
+from toolq.edges.cli.common import CliError, resolve_url
 
 URL = "redis://127.0.0.1:6999/0"
 ENV = (
@@ -219,7 +226,7 @@ def test_every_command_refuses_a_mode_it_disagrees_with_in_one_line(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLQ_")}
     for args in (["show", "run_1/step_1"], ["status"], ["submit", "echo", "--args", "{}"]):
         result = subprocess.run(
-            [sys.executable, "-m", "toolq.cli", *args, "--state-dir", str(tmp_path)],
+            [sys.executable, "-m", "toolq.edges.cli", *args, "--state-dir", str(tmp_path)],
             env={**env, "TOOLQ_CELLS": "16"},
             capture_output=True,
             text=True,

@@ -1,5 +1,5 @@
 """``toolq up`` restarts a child that exits and gives up only on a crash loop
-(toolq.supervise, the decision; toolq.cli.stack.Supervisor, its use)."""
+(toolq.process.supervise, the decision; toolq.edges.cli.stack.Supervisor, its use)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from toolq.cli.stack import Supervisor
-from toolq.supervise import Action, ChildRecord, RestartPolicy
+from toolq.edges.cli.stack import Supervisor
+from toolq.process.supervise import Action, ChildRecord, RestartPolicy
 
 NOW = 1000.0
 

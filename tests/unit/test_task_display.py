@@ -1,4 +1,4 @@
-"""What Flower shows of toolq's tasks (toolq.broker.messages), as tables: the
+"""What Flower shows of toolq's tasks (toolq.adapters.broker.messages), as tables: the
 arguments a message carries for display, and what a task body's outcome
 becomes. The real Flower reads them in tests/integration/test_flower.py.
 """
@@ -11,7 +11,7 @@ import json
 import pytest
 from celery import Celery
 
-from toolq.broker.messages import (
+from toolq.adapters.broker.messages import (
     NOTHING_TO_DO,
     Delivery,
     MessageFactory,

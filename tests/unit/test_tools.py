@@ -1,7 +1,7 @@
 """Tools and their options: ``def`` and ``async def`` tools, options declared once,
 registration that refuses what cannot run, and the ref limit from the settings.
 
-Async tools run on one event loop per thread (``toolq.tools.thread_loop``);
+Async tools run on one event loop per thread (``toolq.core.tools.thread_loop``);
 these tests call ``Tool.invoke``/``Tool.lookup`` directly, as a worker does.
 The end-to-end run with real worker processes is
 ``tests/integration/test_async_tools.py``.
@@ -20,9 +20,10 @@ import fakeredis
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from toolq import CallContext, Jitter, ToolOptions, ToolQueue, errors
-from toolq.settings import LeaseSettings, LimitSettings, ToolqSettings
-from toolq.tools import Tool, thread_loop
+from toolq import CallContext, Jitter, ToolOptions, ToolQueue
+from toolq.core import errors
+from toolq.core.settings import LeaseSettings, LimitSettings, ToolqSettings
+from toolq.core.tools import Tool, thread_loop
 
 
 class Args(BaseModel):

@@ -8,10 +8,10 @@ from typing import Any
 import fakeredis
 import pytest
 
-from toolq.keys import Keys
-from toolq.ledger import scripts
-from toolq.recovery.transition import Guard, Transition
-from toolq.states import ALLOWED, INITIAL, SETTLED, TERMINAL, State, allowed, sources
+from toolq.adapters.ledger import scripts
+from toolq.core.keys import Keys
+from toolq.core.states import ALLOWED, INITIAL, SETTLED, TERMINAL, State, allowed, sources
+from toolq.decisions.recovery.transition import Guard, Transition
 
 S = State
 EXPECTED = {

@@ -1,4 +1,4 @@
-"""The wait for a dependency that is away (toolq.waiting): the docstring's table, row
+"""The wait for a dependency that is away (toolq.process.waiting): the docstring's table, row
 by row, then the shell's logging (one line when the wait starts, one when it ends)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from toolq.waiting import Outage, Waiter
+from toolq.process.waiting import Outage, Waiter
 
 # (event, at, expected delay, expected line or None)
 WALK: list[tuple[str, float, float | None, str | None]] = [

@@ -6,10 +6,10 @@ meant to be copied. The pattern for a write tool:
 1. Send ``ctx.operation_ref`` as the provider's ``Idempotency-Key`` on every
    attempt (toolq keeps it the same across retries and recovery).
 2. Use explicit timeouts, and tell "never sent" (connect failed) apart from
-   "maybe sent" (the reply never came): :func:`toolq.classify.classify_exception`
+   "maybe sent" (the reply never came): :func:`toolq.core.classify.classify_exception`
    does that for you.
 3. Map the provider's statuses to toolq's failures
-   (:func:`toolq.classify.classify_http`), sharpening the ones you know better
+   (:func:`toolq.core.classify.classify_http`), sharpening the ones you know better
    (a 422 names the field).
 4. Register a verifier that looks the write up by ``operation_ref``: it is
    what settles an unknown outcome (a lost reply, a killed worker) before
@@ -34,10 +34,10 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, Field
 
-from toolq.classify import classify_exception, classify_http
-from toolq.errors import InvalidInput, Misconfigured, NeedsApproval, NotFound, Unavailable
-from toolq.queue import ToolQueue
-from toolq.tools import CallContext
+from toolq.client.queue import ToolQueue
+from toolq.core.classify import classify_exception, classify_http
+from toolq.core.errors import InvalidInput, Misconfigured, NeedsApproval, NotFound, Unavailable
+from toolq.core.tools import CallContext
 
 PROVIDER_URL_ENV = "TOOLQ_EXAMPLE_PROVIDER_URL"
 TIMEOUT_ENV = "TOOLQ_EXAMPLE_PROVIDER_TIMEOUT"

@@ -1,6 +1,6 @@
 """What the model sees (pure): the kind of an envelope (what the framework does
 with it), its text, the follow tool, and the envelopes an adapter writes itself
-(from :mod:`toolq.edge_envelopes`, as the MCP server's are, naming :data:`FOLLOW_TOOL`)."""
+(from :mod:`toolq.core.edge_envelopes`, as the MCP server's are, naming :data:`FOLLOW_TOOL`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from toolq import edge_envelopes, errors
-from toolq.envelope import (
+from toolq.core import edge_envelopes, errors
+from toolq.core.envelope import (
     AnyEnvelope,
     Category,
     Directive,
@@ -19,9 +19,9 @@ from toolq.envelope import (
     ToolError,
     ToolSuccess,
 )
-from toolq.record import OperationRecord
-from toolq.render import to_text
-from toolq.settings import LimitSettings
+from toolq.core.record import OperationRecord
+from toolq.core.render import to_text
+from toolq.core.settings import LimitSettings
 
 #: What a PENDING answer for a queued or delayed operation tells the model to wait.
 POLL_S = 1.0
@@ -85,7 +85,7 @@ def kind_of(envelope: AnyEnvelope) -> Kind:
 def model_text(envelope: AnyEnvelope) -> str:
     """What the model reads: one line (``agent_message``; for FIX_INPUT the fields to
     fix, for APPROVAL how to follow it), then the envelope's compact JSON, as
-    :func:`toolq.render.to_text` writes them. Fixed text only: nothing here can carry
+    :func:`toolq.core.render.to_text` writes them. Fixed text only: nothing here can carry
     a secret."""
     if isinstance(envelope, ToolSuccess):
         return to_text(envelope)
@@ -136,7 +136,7 @@ def follow_schema(limits: LimitSettings | None = None) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- envelopes
 #
-# From toolq.edge_envelopes, which the MCP edge shares, naming FOLLOW_TOOL.
+# From toolq.core.edge_envelopes, which the MCP edge shares, naming FOLLOW_TOOL.
 
 
 def pending_envelope(record: OperationRecord, *, writes: bool, now: datetime) -> ToolError:

@@ -19,7 +19,7 @@ to ``wait`` seconds on the operation's notice (no thread, no polling).
 
 What the model gets back (:mod:`toolq.integrations.common` kinds): a result as
 its JSON; anything else as an ``is_error`` tool result whose content is the
-envelope's ``agent_message`` and JSON (as :func:`toolq.render.to_anthropic_tool_result`,
+envelope's ``agent_message`` and JSON (as :func:`toolq.core.render.to_anthropic_tool_result`,
 with the fields to fix named for invalid input). A call still running, rate
 limited or being verified carries its ``operation_ref`` and "follow it with
 toolq_get_operation, do not call the tool again": toolq's scheduler retries
@@ -60,12 +60,12 @@ from typing import TYPE_CHECKING, Any, cast
 from anthropic.lib.tools import BetaAsyncBuiltinFunctionTool, ToolError
 from anthropic.types.beta import BetaToolParam
 
-from toolq.envelope import AnyEnvelope
+from toolq.core.envelope import AnyEnvelope
 from toolq.integrations import common
 from toolq.integrations.common import DEFAULT_WAIT, FOLLOW_TOOL, model_text, output_text
 
 if TYPE_CHECKING:
-    from toolq.queue import ToolQueue
+    from toolq.client.queue import ToolQueue
 
 log = logging.getLogger("toolq.integrations.anthropic")
 

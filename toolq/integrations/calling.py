@@ -9,9 +9,10 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from toolq import errors
-from toolq.aio import OnProgress
-from toolq.envelope import AnyEnvelope, FieldError
+from toolq.client.aio import OnProgress
+from toolq.core import errors
+from toolq.core.envelope import AnyEnvelope, FieldError
+from toolq.core.states import SETTLED
 from toolq.integrations.answers import (
     FOLLOW_TOOL,
     Kind,
@@ -22,10 +23,9 @@ from toolq.integrations.answers import (
     unexpected_envelope,
 )
 from toolq.integrations.refs import call_id_of, stable_ref
-from toolq.states import SETTLED
 
 if TYPE_CHECKING:
-    from toolq.queue import ToolQueue
+    from toolq.client.queue import ToolQueue
 
 log = logging.getLogger("toolq.integrations")
 

@@ -22,12 +22,12 @@ wait, and the text the model sees. Imports toolq only, never a framework.
   retries nothing. The model follows the ref with the :data:`FOLLOW_TOOL`
   tool (:func:`follow`).
 - **The text** (:func:`model_text`) is the envelope's ``agent_message`` and its
-  JSON, as :mod:`toolq.render` writes it: the envelope is redacted when it is
+  JSON, as :mod:`toolq.core.render` writes it: the envelope is redacted when it is
   built, and nothing here adds exception or upstream text. A framework whose
   tools answer with text gives a committed call's result as its JSON
   (:func:`output_text`).
 - **The envelopes** an adapter writes itself (a refusal, a wait that ended
-  first, its own failure) come from :mod:`toolq.edge_envelopes`, as the MCP
+  first, its own failure) come from :mod:`toolq.core.edge_envelopes`, as the MCP
   server's do, naming :data:`FOLLOW_TOOL`.
 
 Each part lives in its own module, every name importable from here:

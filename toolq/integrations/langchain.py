@@ -75,7 +75,9 @@ from langgraph.types import interrupt
 from pydantic import PrivateAttr
 from typing_extensions import TypedDict
 
-from toolq.envelope import AnyEnvelope, ToolError, to_dict
+from toolq.client.queue import ToolQueue
+from toolq.core.envelope import AnyEnvelope, ToolError, to_dict
+from toolq.core.redact import scrub
 from toolq.integrations.common import (
     DEFAULT_WAIT,
     FOLLOW_DESCRIPTION,
@@ -91,8 +93,6 @@ from toolq.integrations.common import (
     stable_ref,
     tool_names,
 )
-from toolq.queue import ToolQueue
-from toolq.redact import scrub
 
 __all__ = ["Decision", "ToolqTool", "follow_tool", "tool", "tools"]
 

@@ -56,13 +56,13 @@ from agents.exceptions import UserError
 from agents.strict_schema import ensure_strict_json_schema
 from agents.tool_context import ToolContext
 
-from toolq import errors
+from toolq.core import errors
+from toolq.core.states import State
 from toolq.integrations import common
 from toolq.integrations.common import DEFAULT_WAIT, FOLLOW_TOOL, Kind, kind_of, output_text
-from toolq.states import State
 
 if TYPE_CHECKING:
-    from toolq.queue import ToolQueue
+    from toolq.client.queue import ToolQueue
 
 #: A scope: a fixed string, or read from the run context for each call.
 Scope = str | Callable[[RunContextWrapper[Any]], str | None] | None

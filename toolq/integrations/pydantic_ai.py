@@ -75,8 +75,8 @@ from pydantic_ai import (
 )
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved
 
-from toolq import errors
-from toolq.envelope import AnyEnvelope, ToolSuccess, to_dict
+from toolq.core import errors
+from toolq.core.envelope import AnyEnvelope, ToolSuccess, to_dict
 from toolq.integrations.common import (
     DEFAULT_WAIT,
     FOLLOW_DESCRIPTION,
@@ -95,7 +95,7 @@ from toolq.integrations.common import (
 )
 
 if TYPE_CHECKING:
-    from toolq.queue import ToolQueue
+    from toolq.client.queue import ToolQueue
 
 __all__ = [
     "Scope",

@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 
-from toolq.settings import LimitSettings
+from toolq.core.settings import LimitSettings
 
 #: The digest a too-long or odd call id is replaced by: ``#`` and 32 hex digits.
 _DIGEST_LEN = 32

@@ -2,7 +2,7 @@
 
 Three axes, each a small strategy object (one class per mode, never an ``if``):
 
-* **layout** (:mod:`toolq.layout`): where an operation's keys live, one tag or cells;
+* **layout** (:mod:`toolq.core.layout`): where an operation's keys live, one tag or cells;
 * **nodes** (:mod:`toolq.topology.nodes`): how a client reaches the server, one
   server or a Cluster;
 * **publish** (:mod:`toolq.topology.publish`): where a Celery message goes, pushed

@@ -1,11 +1,11 @@
 """The ledger's classes per mode, picked here and nowhere else (the ledger never chooses).
 
-- one server: :class:`~toolq.ledger.durable.OneServer` (async: ``AsyncOneServer``);
-- a Cluster: :class:`~toolq.ledger.durable.ClusterNodes` (async: ``AsyncClusterNodes``);
-- inline publish: :class:`~toolq.ledger.wire.InlinePush`;
-- outbox: :class:`~toolq.ledger.wire.OutboxPush`.
+- one server: :class:`~toolq.adapters.ledger.durable.OneServer` (async: ``AsyncOneServer``);
+- a Cluster: :class:`~toolq.adapters.ledger.durable.ClusterNodes` (async: ``AsyncClusterNodes``);
+- inline publish: :class:`~toolq.adapters.ledger.wire.InlinePush`;
+- outbox: :class:`~toolq.adapters.ledger.wire.OutboxPush`.
 
-The layout (:mod:`toolq.layout`) is the topology's own and passed as it is.
+The layout (:mod:`toolq.core.layout`) is the topology's own and passed as it is.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from toolq.ledger import durable
-from toolq.ledger.aio import AsyncLedger
-from toolq.ledger.cluster import InFlight
-from toolq.ledger.store import Ledger
-from toolq.ledger.wire import InlinePush, OutboxPush, Push
+from toolq.adapters.ledger import durable
+from toolq.adapters.ledger.aio import AsyncLedger
+from toolq.adapters.ledger.cluster import InFlight
+from toolq.adapters.ledger.store import Ledger
+from toolq.adapters.ledger.wire import InlinePush, OutboxPush, Push
 from toolq.topology import nodes, publish
 from toolq.topology.model import Topology
 
@@ -57,7 +57,7 @@ def async_ledger_for(
     in_flight: InFlight | None = None,
 ) -> AsyncLedger:
     """The same on ``redis.asyncio`` (``tq.aio``); ``in_flight``: see
-    :class:`toolq.ledger.cluster.InFlight`."""
+    :class:`toolq.adapters.ledger.cluster.InFlight`."""
     return AsyncLedger(
         client,
         topology.layout.prefix,

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import redis
 
-from toolq.keys import OUTBOX_GROUP, Keys
+from toolq.core.keys import OUTBOX_GROUP, Keys
 from toolq.topology.model import Topology
 from toolq.topology.nodes import ClusterNodes, Nodes, OneServer
 
@@ -47,7 +47,7 @@ HEARD = ("message", "unsubscribe")
 
 
 class Subscribed(Protocol):
-    """What a notice subscription answers (:class:`toolq.notify.Subscription`)."""
+    """What a notice subscription answers (:class:`toolq.adapters.notify.Subscription`)."""
 
     def get_message(self, timeout: float) -> dict[str, Any] | None: ...
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from toolq.layout import Layout
+from toolq.core.layout import Layout
 from toolq.topology.nodes import Nodes
 from toolq.topology.notices import Notices
 from toolq.topology.publish import Publish

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from toolq.ledger.cluster import AsyncLedgerCluster, InFlight, LedgerCluster
+from toolq.adapters.ledger.cluster import AsyncLedgerCluster, InFlight, LedgerCluster
 from toolq.topology.notices import CLUSTER, ONE_SERVER, Notices
 
 

@@ -1,9 +1,9 @@
 """How a deployment hears notices: the subscription classes of its mode.
 
 One server: one connection, one ``SSUBSCRIBE`` of every channel
-(:class:`~toolq.notify.Subscription`). A Cluster: one connection per primary
+(:class:`~toolq.adapters.notify.Subscription`). A Cluster: one connection per primary
 owning some of the channels, each channel subscribed there by itself
-(:class:`~toolq.notify.ShardedSubscription`). The notifiers and the services'
+(:class:`~toolq.adapters.notify.ShardedSubscription`). The notifiers and the services'
 listeners take the class they are given and never ask which mode it is.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolq.notify import (
+from toolq.adapters.notify import (
     AsyncNotifier,
     AsyncShardedSubscription,
     AsyncSubscription,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pydantic import SecretStr
 
-from toolq.redact import redact_url
+from toolq.core.redact import redact_url
 
 
 class Publish(ABC):

@@ -25,8 +25,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tests.integration.apps.store import ProcessClient
-from toolq import CallContext, ToolQueue, errors
-from toolq.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
+from toolq import CallContext, ToolQueue
+from toolq.core import errors
+from toolq.core.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
 
 APP = "tests.integration.apps.agents_app:tq"
 

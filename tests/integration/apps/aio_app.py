@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from toolq import CallContext, ToolQueue
-from toolq.settings import LeaseSettings, ToolqSettings
+from toolq.core.settings import LeaseSettings, ToolqSettings
 
 #: How long a gated tool waits for its gate before giving up (a test that forgot it).
 GATE_PATIENCE_S = 60.0

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from toolq import CallContext, ToolQueue
-from toolq.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
+from toolq.core.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
 
 settings = ToolqSettings(
     lease=LeaseSettings(seconds=1.5),

@@ -21,8 +21,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from tests.integration.apps.store import ProcessClient
-from toolq import CallContext, ToolQueue, errors
-from toolq.settings import (
+from toolq import CallContext, ToolQueue
+from toolq.core import errors
+from toolq.core.settings import (
     LeaseSettings,
     RecoverySettings,
     RelaySettings,

@@ -6,8 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from toolq import ToolQueue, errors
-from toolq.classify import classify_exception
+from toolq import ToolQueue
+from toolq.core import errors
+from toolq.core.classify import classify_exception
 
 APP = "tests.integration.apps.cli_app:tq"
 #: What the ``leak`` tool's exception carries; no log line may repeat it.

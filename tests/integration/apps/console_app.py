@@ -21,8 +21,9 @@ import redis
 from pydantic import BaseModel, Field
 
 from tests.integration.apps.store import ProcessClient
-from toolq import CallContext, ToolQueue, errors
-from toolq.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
+from toolq import CallContext, ToolQueue
+from toolq.core import errors
+from toolq.core.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
 
 APP = "tests.integration.apps.console_app:tq"
 

@@ -15,9 +15,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from toolq.loader import load_app
-from toolq.relay.outgoing import Outgoing
-from toolq.relay.service import Relay
+from toolq.edges.loader import load_app
+from toolq.services.relay.outgoing import Outgoing
+from toolq.services.relay.service import Relay
 
 OUTBOX_APP = "tests.integration.apps.outbox_app:tq"
 

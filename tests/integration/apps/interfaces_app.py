@@ -13,8 +13,9 @@ import redis
 from pydantic import BaseModel, Field
 
 from tests.integration.apps.store import ProcessClient
-from toolq import CallContext, ToolQueue, errors
-from toolq.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
+from toolq import CallContext, ToolQueue
+from toolq.core import errors
+from toolq.core.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
 
 APP = "tests.integration.apps.interfaces_app:tq"
 #: What the ``fail`` tool's crash carries; no interface may let it through.

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue
-from toolq.settings import (
+from toolq.core.settings import (
     LeaseSettings,
     QueueSettings,
     RecoverySettings,

@@ -13,8 +13,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from tests.integration.apps.store import ProcessClient
-from toolq import CallContext, ToolQueue, errors
-from toolq.settings import RecoverySettings, SchedulerSettings, ToolqSettings
+from toolq import CallContext, ToolQueue
+from toolq.core import errors
+from toolq.core.settings import RecoverySettings, SchedulerSettings, ToolqSettings
 
 settings = ToolqSettings(
     recovery=RecoverySettings(unclaimed_after=3.0),

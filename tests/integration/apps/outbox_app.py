@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue
-from toolq.settings import (
+from toolq.core.settings import (
     LeaseSettings,
     RecoverySettings,
     RelaySettings,

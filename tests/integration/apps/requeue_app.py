@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue
-from toolq.settings import QueueSettings, RecoverySettings, RelaySettings, ToolqSettings
+from toolq.core.settings import QueueSettings, RecoverySettings, RelaySettings, ToolqSettings
 
 APP = "tests.integration.apps.requeue_app:tq"
 

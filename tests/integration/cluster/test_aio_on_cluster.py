@@ -22,13 +22,15 @@ from tests.cluster import Cluster
 from tests.helpers import run_aio
 from tests.integration.apps import cells_app
 from tests.integration.cluster.conftest import CELLS, committed
-from toolq import ToolQueue, errors, monitor
-from toolq.aio import CONNECTIONS_PER_LOOP, _Bound
-from toolq.cells import cell_of
-from toolq.envelope import ToolError, ToolSuccess
-from toolq.keys import Keys
-from toolq.ledger.cluster import AsyncLedgerCluster
-from toolq.states import State
+from toolq import ToolQueue
+from toolq.adapters.ledger.cluster import AsyncLedgerCluster
+from toolq.client.aio import CONNECTIONS_PER_LOOP, _Bound
+from toolq.core import errors
+from toolq.core.cells import cell_of
+from toolq.core.envelope import ToolError, ToolSuccess
+from toolq.core.keys import Keys
+from toolq.core.states import State
+from toolq.edges import monitor
 
 APP = cells_app.APP
 

@@ -20,10 +20,11 @@ from redis.cluster import key_slot
 from tests.cluster import Cluster
 from tests.integration.apps import cells_app
 from tests.integration.cluster.conftest import CELLS, cells_env, committed, node_url
-from toolq import ToolQueue, errors
-from toolq.cells import cell_of
-from toolq.cli import main
-from toolq.keys import Keys
+from toolq import ToolQueue
+from toolq.core import errors
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
+from toolq.edges.cli import main
 
 APP = cells_app.APP
 

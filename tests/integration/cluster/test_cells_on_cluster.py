@@ -17,13 +17,13 @@ from redis.cluster import RedisCluster, key_slot
 
 from tests.cluster import Cluster
 from tests.contract.ops import LEASE, NOW, QUEUE, TOOL, submit
-from toolq.cells import DEFAULT_CELLS, cell_of
-from toolq.fixed import success_envelope
-from toolq.keys import Keys
-from toolq.ledger import Ledger, scripts
-from toolq.ledger.cluster import LedgerCluster
-from toolq.recovery.transition import Transition
-from toolq.states import State
+from toolq.adapters.ledger import Ledger, scripts
+from toolq.adapters.ledger.cluster import LedgerCluster
+from toolq.core.cells import DEFAULT_CELLS, cell_of
+from toolq.core.keys import Keys
+from toolq.core.own_envelopes import success_envelope
+from toolq.core.states import State
+from toolq.decisions.recovery.transition import Transition
 
 S = State
 REFS = [f"op-{i}" for i in range(64)]

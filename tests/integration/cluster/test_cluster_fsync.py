@@ -34,12 +34,13 @@ from tests.contract.ops import LEASE, NOW, submit
 from tests.helpers import run_aio
 from tests.integration.apps import cells_app
 from tests.integration.cluster.conftest import CELLS, deployment
-from toolq import ToolQueue, errors
-from toolq.cells import cell_of
-from toolq.keys import Keys
-from toolq.ledger import Ledger
-from toolq.ledger.cluster import LedgerCluster
-from toolq.states import State
+from toolq import ToolQueue
+from toolq.adapters.ledger import Ledger
+from toolq.adapters.ledger.cluster import LedgerCluster
+from toolq.core import errors
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
+from toolq.core.states import State
 
 
 @pytest.fixture(scope="module")

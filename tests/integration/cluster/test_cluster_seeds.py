@@ -29,10 +29,11 @@ from tests.integration.cluster.conftest import (
     committed,
     start_relay,
 )
-from toolq import ToolQueue, errors
-from toolq.cells import cell_of
-from toolq.envelope import ToolSuccess
-from toolq.keys import Keys
+from toolq import ToolQueue
+from toolq.core import errors
+from toolq.core.cells import cell_of
+from toolq.core.envelope import ToolSuccess
+from toolq.core.keys import Keys
 
 APP = cells_app.APP
 

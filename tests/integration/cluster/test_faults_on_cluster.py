@@ -44,12 +44,12 @@ from tests.integration.cluster.conftest import (
     start_relay,
 )
 from toolq import State, ToolQueue
-from toolq.cells import cell_of
-from toolq.keys import OUTBOX_GROUP, Keys
-from toolq.ledger import Ledger
-from toolq.ledger.aio import AsyncScripts
-from toolq.ledger.cluster import AsyncLedgerCluster, LedgerCluster
-from toolq.procs import pdeathsig_preexec
+from toolq.adapters.ledger import Ledger
+from toolq.adapters.ledger.aio import AsyncScripts
+from toolq.adapters.ledger.cluster import AsyncLedgerCluster, LedgerCluster
+from toolq.core.cells import cell_of
+from toolq.core.keys import OUTBOX_GROUP, Keys
+from toolq.process.procs import pdeathsig_preexec
 
 APP = cells_app.APP
 OUTBOXES = [Keys("toolq", c).outbox for c in range(CELLS)]

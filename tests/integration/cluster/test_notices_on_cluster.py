@@ -22,12 +22,9 @@ from redis.cluster import RedisCluster, key_slot
 
 from tests.cluster import HOST, Cluster, Node, wait_for
 from tests.contract.ops import LEASE, NOW, TOOL, submit
-from toolq.cells import DEFAULT_CELLS, cell_of
-from toolq.fixed import success_envelope
-from toolq.keys import Keys
-from toolq.ledger import Ledger
-from toolq.ledger.cluster import LedgerCluster
-from toolq.notify import (
+from toolq.adapters.ledger import Ledger
+from toolq.adapters.ledger.cluster import LedgerCluster
+from toolq.adapters.notify import (
     AsyncNotifier,
     AsyncShardedSubscription,
     Notifier,
@@ -36,8 +33,11 @@ from toolq.notify import (
     Waiter,
     Wake,
 )
-from toolq.recovery.transition import Transition
-from toolq.states import State
+from toolq.core.cells import DEFAULT_CELLS, cell_of
+from toolq.core.keys import Keys
+from toolq.core.own_envelopes import success_envelope
+from toolq.core.states import State
+from toolq.decisions.recovery.transition import Transition
 
 S = State
 CHANNELS = [Keys("toolq", c).notify for c in range(DEFAULT_CELLS)]

@@ -25,11 +25,11 @@ from tests.contract.ops import single_tag_ledger
 from tests.helpers import start_scheduler, start_worker, stop_process
 from tests.integration.apps import cells_app
 from tests.integration.cluster.conftest import CELLS, cells_client, cells_env, start_relay
-from toolq.cells import cell_of
-from toolq.cli import main
-from toolq.embedded import EmbeddedServer
-from toolq.keys import Keys
-from toolq.settings import ToolqSettings
+from toolq.adapters.embedded import EmbeddedServer
+from toolq.core.cells import cell_of
+from toolq.core.keys import Keys
+from toolq.core.settings import ToolqSettings
+from toolq.edges.cli import main
 
 APP = cells_app.APP
 

@@ -1,0 +1,146 @@
+"""The ledger on ``redis.asyncio``: what ``tq.aio`` reads and writes.
+
+The same scripts, KEYS and ARGV as the sync :class:`~toolq.adapters.ledger.store.Ledger`
+(built by the one :class:`~toolq.adapters.ledger.wire.Calls`), and the same reading
+of their replies; only the sending awaits. Clients write (submit, operator
+actions) and read: claiming, renewing and the scheduler's calls stay with the
+sync ledger that workers and the scheduler use.
+
+A redis.asyncio client belongs to the event loop it connects on, so one
+AsyncLedger serves one loop. On a Cluster
+(:class:`toolq.adapters.ledger.cluster.AsyncLedgerCluster`)
+every call by ref goes to its cell's node as the sync ledger's does: each
+command and script call names keys of one cell, so the client routes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from toolq.adapters.ledger.cluster import InFlight
+from toolq.adapters.ledger.durable import AsyncDurability, AsyncNodes
+from toolq.adapters.ledger.replies import (
+    SubmitResult,
+    fields_of,
+    history_of,
+    history_start,
+    record_of,
+    strs,
+    submit_result,
+)
+from toolq.adapters.ledger.routes import Routes, strategies
+from toolq.adapters.ledger.runner import AsyncScripts
+from toolq.adapters.ledger.wire import Push
+from toolq.core.keys import Keys
+from toolq.core.layout import Layout
+from toolq.core.record import HistoryEntry, OperationRecord
+from toolq.decisions.recovery.transition import Transition
+
+__all__ = ["AsyncLedger", "AsyncScripts"]
+
+
+class AsyncLedger(Routes):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str = "toolq",
+        durability: str = "none",
+        *,
+        outbox: bool = False,
+        cells: int | None = None,
+        in_flight: InFlight | None = None,
+        layout: Layout | None = None,
+        push: Push | None = None,
+        nodes: AsyncNodes | None = None,
+    ) -> None:
+        self.redis = client
+        #: Turns of at most so many commands out at once (None: no bound): a Cluster
+        #: client's node raises when it has no free connection instead of waiting for
+        #: one. The client takes turns of the same (AsyncLedgerCluster.in_flight).
+        self._in_flight = in_flight
+        #: A submit is on disk before it is acknowledged, as the sync ledger's is
+        #: (``ToolqSettings.durability``, :mod:`toolq.adapters.ledger.durability`).
+        self.durable = AsyncDurability(client, durability, nodes=nodes)
+        #: Where every call by ref goes (as the sync Ledger's).
+        flagged = strategies(prefix, outbox, None, cells)
+        self.route(layout or flagged[0], push or flagged[1], Keys(prefix))
+        self.scripts = AsyncScripts(client, replace=self.durable.nodes.replace_library)
+
+    async def record_cells(self) -> None:
+        """:meth:`toolq.adapters.ledger.store.Ledger.record_cells` (errors.RequestRefused)."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.ask_cells(pipe)
+        async with self._command():
+            answers = await pipe.execute()
+        self.cells_refused(answers)
+
+    @contextlib.asynccontextmanager
+    async def _command(self) -> AsyncIterator[None]:
+        """Around every command: its caller's cancellation is never lost in it, and
+        it waits for its turn while ``in_flight`` commands are out."""
+        if self._in_flight is None:
+            yield
+        else:
+            async with self._in_flight.turn():
+                yield
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Python 3.11's asyncio.wait_for, which redis-py sends every command
+            # through, returns the inner result when its caller is cancelled just
+            # as the send completes: the cancellation is swallowed (fixed in 3.12),
+            # and a cancelled wait would go on waiting. Raise it again.
+            raise asyncio.CancelledError
+
+    async def submit(self, **operation: Any) -> SubmitResult:
+        """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
+        keys, args = self.calls_of(operation["ref"]).submit(**operation)
+        async with self._command():
+            return submit_result(await self.durable.call(self.scripts, "submit", keys, args))
+
+    async def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
+        """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
+        results = [""] * len(transitions)
+        for cell, where in self.layout.group([t.ref for t in transitions]).items():
+            keys, args = self.calls_at(cell).apply([transitions[i] for i in where], now_ms)
+            async with self._command():
+                answers = strs(await self.scripts("apply", keys, args))
+            for i, res in zip(where, answers, strict=True):
+                results[i] = res
+        return results
+
+    async def apply_one(self, transition: Transition, now_ms: int) -> str:
+        return (await self.apply([transition], now_ms))[0]
+
+    async def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
+        async with self._command():
+            raw = await self.redis.hgetall(self.calls_of(ref).keys.op(ref))
+        return record_of(raw, with_history)
+
+    async def fields(self, ref: str, *names: str) -> dict[str, str]:
+        async with self._command():
+            values = await self.redis.hmget(self.calls_of(ref).keys.op(ref), list(names))
+        return fields_of(names, values)
+
+    async def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
+        """The history entries after the first ``after``; OperationNotFound for no operation."""
+        start = history_start(after)
+        async with self._command():
+            raw = await self.redis.hgetall(self.calls_of(ref).keys.op(ref))
+        return history_of(ref, raw, start)
+
+    async def state_of(self, ref: str) -> tuple[dict[str, str], int]:
+        """The record's state, rev and envelope, and how many history entries it has."""
+        names = ("state", "rev", "envelope", "hn")
+        async with self._command():
+            values = await self.redis.hmget(self.calls_of(ref).keys.op(ref), list(names))
+        fields = fields_of(names, values)
+        return fields, int(fields.pop("hn", None) or 0)
+
+    async def ping(self) -> None:
+        async with self._command():
+            await self.redis.ping()

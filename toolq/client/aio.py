@@ -1,0 +1,521 @@
+"""``tq.aio``: the client for asyncio programs (agent runtimes, the HTTP API, MCP).
+
+    env = await tq.aio.call("create_invoice", {...}, operation_ref="run_81/step_4")
+
+The sync client's names and semantics (:class:`toolq.client.queue.ToolQueue`), on
+``redis.asyncio``, sharing ``tq.app`` (tools, settings, Celery messages):
+
+- A wait costs no thread and no polling: it registers with its loop's one
+  notice subscription (:class:`toolq.adapters.notify.AsyncNotifier`), reads the record
+  once, and sleeps until a notice of its ref arrives. A notice carries the
+  state, the revision and the envelope, so a settled call needs no second
+  read. If no notice came for :data:`toolq.calls.FALLBACK_READ_S` it reads
+  once more, in case one was lost.
+- Connections belong to the event loop they were made on: each running loop
+  gets its own pool, ledger and subscription (made on first use, closed by
+  :meth:`AsyncToolQueue.aclose` or when the loop shuts down and cancels its
+  tasks, as ``asyncio.run``, ``anyio.run`` and servers do). Several loops in
+  several threads can share one ``tq.aio``.
+- A Redis restart mid-wait: the subscription comes back and wakes every
+  waiter to read its record again. A server that cannot be reached when a
+  call starts is :class:`toolq.core.errors.ServerUnavailable`, as in the sync client.
+- Cancelling the task that awaits a wait (or a call) ends the wait only; the
+  operation goes on, and can be waited for again by its ref.
+- Fair to the rest of the loop: at most :data:`CALLS_PER_PASS` calls begin in
+  one pass of the loop, at most :data:`CONNECTIONS_PER_LOOP` connections carry
+  the commands, and the subscription wakes waiters in batches, so 1,000 calls
+  started at once do not hold the loop (bench/aio_bench.py measures it). The
+  first use in a process freezes the import-time heap (:mod:`toolq.process.heap`), so a
+  full garbage collection does not walk Celery, kombu and pydantic on the loop.
+
+- On a Valkey/Redis Cluster (:class:`toolq.topology.nodes.ClusterNodes`) the loop's
+  client is :class:`toolq.adapters.ledger.cluster.AsyncLedgerCluster`: every call goes to the node
+  of its ref's cell, and the notice subscription holds a connection to each
+  primary that serves some of the cells (:class:`toolq.adapters.notify.AsyncSubscription`).
+
+Runs on asyncio (and anyio's asyncio backend); redis.asyncio has no trio support.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from toolq.adapters.ledger import lists
+from toolq.adapters.notify import Event, Progress, Waiter
+from toolq.adapters.outage import MISUSE, UNREACHABLE, server_errors, translated, unavailable
+from toolq.client.app import App
+from toolq.core import errors
+from toolq.core.envelope import ToolError, ToolSuccess
+from toolq.core.record import HistoryEntry, OperationPage, OperationRecord
+from toolq.core.states import SETTLED, State
+from toolq.decisions import operations as calls
+from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
+from toolq.decisions.recovery import operator
+from toolq.decisions.recovery.transition import Transition
+from toolq.process import heap
+from toolq.topology.ledger import async_ledger_for
+
+OnProgress = Callable[[Progress], Awaitable[None] | None]
+
+#: What a read that fails while the server is away raises: a wait keeps waiting.
+_AWAY: tuple[type[Exception], ...] = (*UNREACHABLE, OSError)
+
+
+#: Connections per event loop (on a Cluster, per node): one for the notice
+#: subscription, the others for commands (past them a command waits for a free
+#: one). Every command toolq sends is short, so a few dozen carry thousands of
+#: waiting calls; each one more costs a handshake, and every connection's reply
+#: can resume a task in the same pass of the loop.
+CONNECTIONS_PER_LOOP = 32
+
+#: Calls that begin in one pass of the event loop (the rest: the next passes).
+#: 1,000 calls started by one gather spent 89 ms of CPU in the loop's first pass,
+#: 220 ms of wall time on 2 busy CPUs, with nothing else on the loop running
+#: (each validates, builds its message and sends; bench/aio_bench.py). The loop's
+#: thread then ran at most, between two ticks of a 5 ms ticker (with as many
+#: notices dispatched per pass): 26-27 ms at 32 per pass, 12-22 ms at 16, 10-21 ms
+#: at 8, 7-13 ms at 4 (6 waves each, the same throughput; bench/RESULTS.md).
+CALLS_PER_PASS = 4
+
+#: On a Cluster: connections of each node that commands in turns (every command of
+#: the loop's client: AsyncLedgerCluster.in_flight) leave free, for what redis-py
+#: sends outside a turn (a map refresh); the notice subscription has its own.
+CLUSTER_SPARE_CONNECTIONS = 4
+
+
+class Turns:
+    """At most ``per_pass`` callers go on in one pass of the event loop; the others
+    wait for the next passes, in the order they came."""
+
+    def __init__(self, per_pass: int) -> None:
+        self.per_pass = per_pass
+        self._left = per_pass
+        self._queue: deque[asyncio.Future[None]] = deque()
+        self._pass_ends = False
+
+    async def take(self) -> None:
+        if self._left > 0 and not self._queue:
+            self._left -= 1
+            self._end_pass_soon()
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        self._end_pass_soon()
+        await turn
+
+    def _end_pass_soon(self) -> None:
+        # call_soon runs at the next pass of the loop: that is where a pass ends.
+        if not self._pass_ends:
+            self._pass_ends = True
+            asyncio.get_running_loop().call_soon(self._next_pass)
+
+    def _next_pass(self) -> None:
+        self._pass_ends = False
+        self._left = self.per_pass
+        while self._left > 0 and self._queue:
+            turn = self._queue.popleft()
+            if not turn.done():  # else its caller was cancelled while it waited
+                turn.set_result(None)
+                self._left -= 1
+        if self._queue:
+            self._end_pass_soon()
+
+
+class _Bound:
+    """One event loop's connections: a pool, the ledger on it, the notice subscription."""
+
+    def __init__(self, app: App, url: str, forget: Callable[[_Bound], None]) -> None:
+        self.url = url
+        self.redis = app.async_redis(max_connections=CONNECTIONS_PER_LOOP)
+        self.topology = t = app.topology
+        # A Cluster's nodes raise when out of connections (App.async_redis): every
+        # command on the loop's client, the ledger's and the reads outside it (a
+        # submit's liveness read, lists, views), waits for a turn below that.
+        in_flight = t.nodes.bound(self.redis, CONNECTIONS_PER_LOOP - CLUSTER_SPARE_CONNECTIONS)
+        self.ledger = async_ledger_for(t, self.redis, app.settings.durability, in_flight)
+        self.notifier = t.notices.async_notifier(
+            self.redis, t.layout.channels(), t.layout.channels(steps=True)
+        )
+        #: The number of cells (none: the single tag) is checked against the ledger's
+        #: meta once.
+        self.unchecked = True
+        self.turns = Turns(CALLS_PER_PASS)
+        self._forget = forget
+        self._closing = asyncio.Event()
+        # Closes the connections when the loop shuts down (its tasks are cancelled)
+        # or on aclose(): a pool left open would hold sockets of a closed loop.
+        self._keeper = asyncio.get_running_loop().create_task(self._keep(), name="toolq-aio")
+
+    async def _keep(self) -> None:
+        try:
+            await self._closing.wait()
+        finally:
+            self._forget(self)
+            await self.notifier.aclose()
+            await self.topology.nodes.aclose(self.redis)
+
+    async def aclose(self) -> None:
+        self._closing.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._keeper
+
+
+class AsyncToolQueue:
+    """``tq.aio``: submit, wait, get, call and operator actions, awaited."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._bound_to: dict[asyncio.AbstractEventLoop, _Bound] = {}
+        self._lock = threading.Lock()  # loops in several threads share the map
+
+    def __repr__(self) -> str:
+        return f"<AsyncToolQueue {self.app.name} loops={len(self._bound_to)}>"
+
+    # ------------------------------------------------------------------ this loop's connections
+
+    async def _bound(self) -> _Bound:
+        """This loop's connections, once it is this caller's turn (see :class:`Turns`)."""
+        loop = _running_loop()
+        url = self.app.redis_url
+        while True:
+            with self._lock:
+                b = self._bound_to.get(loop)
+                if b is None:
+                    self._drop_closed_loops()
+                    if self.app.settings.client.freeze_heap:
+                        heap.freeze_once()  # once per process: see toolq.process.heap
+                    b = self._bound_to[loop] = _Bound(self.app, url, self._forget)
+            if b.url == url:
+                await b.turns.take()
+                if b.unchecked:
+                    await b.ledger.record_cells()
+                    b.unchecked = False
+                return b
+            await b.aclose()  # configure() pointed the app elsewhere since
+
+    def _forget(self, b: _Bound) -> None:
+        with self._lock:
+            for loop, bound in list(self._bound_to.items()):
+                if bound is b:
+                    del self._bound_to[loop]
+
+    def _drop_closed_loops(self) -> None:
+        # A loop closed without cancelling its tasks never ran its keeper: nothing
+        # can be awaited on it any more, so only the reference goes.
+        for loop in [lp for lp in self._bound_to if lp.is_closed()]:
+            del self._bound_to[loop]
+
+    async def aclose(self) -> None:
+        """Close this loop's connections and subscription (others close with their loop)."""
+        b = self._bound_to.get(_running_loop())
+        if b is not None:
+            await b.aclose()
+
+    @server_errors
+    async def ping(self) -> None:
+        """Returns if this loop reaches Redis; :class:`errors.ServerUnavailable` if not."""
+        await (await self._bound()).ledger.ping()
+
+    async def client(self) -> aioredis.Redis:
+        """This loop's Redis client, for read-only views (:mod:`toolq.edges.monitor`, the
+        console)."""
+        return (await self._bound()).redis
+
+    def watching(self) -> int:
+        """Waits and watches registered on this loop (0 once they all ended)."""
+        b = self._bound_to.get(_running_loop())
+        return 0 if b is None else b.notifier.watching()
+
+    # ------------------------------------------------------------------ submit and call
+
+    @server_errors
+    async def submit(
+        self,
+        tool: str,
+        args: Any,
+        *,
+        operation_ref: str | None = None,
+        call_id: str | None = None,
+        run_id: str | None = None,
+        step: str | int | None = None,
+    ) -> Submission:
+        """Enqueue a call; as :meth:`toolq.client.queue.ToolQueue.submit`."""
+        b = await self._bound()
+        op = self.app.new_operation(
+            tool, args, operation_ref=operation_ref, call_id=call_id, run_id=run_id, step=step
+        )
+        res = await b.ledger.submit(**op.ledger_args())
+        sub = calls.submitted(op, res.outcome, res.state)
+        queue = op.queue or self.app.settings.queues.calls
+        return dataclasses.replace(sub, warnings=await self.app.liveness.acheck(b.redis, queue))
+
+    async def call(
+        self,
+        tool: str,
+        args: Any,
+        *,
+        operation_ref: str | None = None,
+        call_id: str | None = None,
+        timeout: float = 30.0,
+        on_progress: OnProgress | None = None,
+    ) -> ToolSuccess | ToolError:
+        """Submit and wait in one: the envelope (as :meth:`wait`)."""
+        deadline = asyncio.get_running_loop().time() + max(0.0, timeout)
+        try:
+            b = await self._bound()
+            op = self.app.new_operation(tool, args, operation_ref=operation_ref, call_id=call_id)
+            # Watch before submitting: every notice after the creation is heard, so a
+            # created operation needs no first read (revision 1 is what was written).
+            w = await b.notifier.watch(op.ref, progress=on_progress is not None)
+            try:
+                res = await b.ledger.submit(**op.ledger_args())
+                sub = calls.submitted(op, res.outcome, res.state)
+                seen = Seen.created(op) if sub.created else None
+                return await self._wait(b, w, op.ref, deadline, on_progress, seen)
+            finally:
+                b.notifier.unwatch(op.ref, w)
+        except UNREACHABLE as exc:
+            raise self._unavailable(exc) from exc
+
+    # ------------------------------------------------------------------ read and wait
+
+    @server_errors
+    async def get(self, ref: str) -> OperationRecord | None:
+        """The operation's record (state, attempt, envelope, history), or None."""
+        if not self._may_exist(ref):
+            return None
+        return await (await self._bound()).ledger.get(ref)
+
+    @server_errors
+    async def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
+        """The history entries after the first ``after`` (entry ``n`` is an event's ``seq``).
+
+        A reader that saw up to ``seq`` resumes with ``history(ref, after=seq)``.
+        """
+        self._require(ref)
+        return await (await self._bound()).ledger.history(ref, after)
+
+    async def wait(
+        self, ref: str, timeout: float = 30.0, *, on_progress: OnProgress | None = None
+    ) -> ToolSuccess | ToolError:
+        """Until the operation needs nothing more from the runtime; as ``ToolQueue.wait``.
+
+        On timeout, the current envelope if it has one (``OUTCOME_UNKNOWN`` while
+        verifying, ``RATE_LIMITED`` while waiting to retry); ``TimeoutError`` if
+        none. ``on_progress`` (plain or async) gets what the tool reports meanwhile;
+        an exception it raises ends the wait.
+        """
+        deadline = asyncio.get_running_loop().time() + max(0.0, timeout)
+        self._require(ref)
+        try:
+            b = await self._bound()
+            w = await b.notifier.watch(ref, progress=on_progress is not None)
+            try:
+                return await self._wait(b, w, ref, deadline, on_progress, None)
+            finally:
+                b.notifier.unwatch(ref, w)
+        except UNREACHABLE as exc:
+            raise self._unavailable(exc) from exc
+
+    def _on_cluster(self) -> bool:
+        return self.app.topology.on_cluster
+
+    def _unavailable(self, exc: Exception) -> errors.ServerUnavailable:
+        """What :func:`toolq.adapters.outage.server_errors` says, for the two calls that stay
+        pending: a try block costs a pending wait nothing, the decorator ~1 KiB."""
+        if isinstance(exc, MISUSE):
+            raise exc
+        return unavailable(lambda: self.app.redis_url, exc, self._on_cluster)
+
+    async def _wait(
+        self,
+        b: _Bound,
+        w: Waiter,
+        ref: str,
+        deadline: float,
+        on_progress: OnProgress | None,
+        seen: Seen | None,
+    ) -> ToolSuccess | ToolError:
+        loop = asyncio.get_running_loop()
+        if seen is None:
+            seen = Seen.read(ref, await b.ledger.fields(ref, *WAIT_FIELDS))
+        while (done := seen.result()) is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                seen = Seen.read(ref, await b.ledger.fields(ref, *WAIT_FIELDS))
+                return seen.result() or seen.timed_out()
+            heard = await w.wait(min(remaining, FALLBACK_READ_S))
+            events, reread = w.take()
+            for ev in events:
+                if ev.progress is not None:
+                    if on_progress is not None:
+                        await _called(on_progress, ev.progress)
+                elif ev.state is not None:
+                    now = seen.heard(ev.state, ev.rev, ev.envelope)
+                    reread = reread or now is None
+                    seen = now or seen
+            if reread or not heard:
+                seen = await self._reread(b, ref, seen)
+        return done
+
+    async def _reread(self, b: _Bound, ref: str, seen: Seen) -> Seen:
+        """Read the record; while the server is away, keep what was known (the
+        subscription wakes everyone to read again once it is back)."""
+        try:
+            return Seen.read(ref, await b.ledger.fields(ref, *WAIT_FIELDS))
+        except _AWAY:
+            return seen
+
+    async def watch(self, ref: str) -> AsyncIterator[Event]:
+        """Every notice for ``ref``: first the state it is in now, then each state it
+        enters (``seq`` numbers its history entry) and each progress report; ends
+        after a settled state. ``OperationNotFound`` if there is no such operation.
+
+        Use ``contextlib.aclosing`` to stop watching before it ends.
+        """
+        self._require(ref)
+        with translated(lambda: self.app.redis_url, self._on_cluster):
+            b = await self._bound()
+            w = await b.notifier.watch(ref, progress=True)
+        try:
+            with translated(lambda: self.app.redis_url, self._on_cluster):
+                last = await self._now(b, ref)
+            yield last
+            while last.state not in SETTLED:
+                heard = await w.wait(FALLBACK_READ_S)
+                events, reread = w.take()
+                for ev in events:
+                    if last.state in SETTLED:
+                        break
+                    if ev.kind == "progress":
+                        yield ev
+                    elif ev.rev > last.rev:
+                        last = ev
+                        yield ev
+                if (reread or not heard) and last.state not in SETTLED:
+                    with contextlib.suppress(*_AWAY):
+                        now = await self._now(b, ref)
+                        if now.rev > last.rev:
+                            last = now
+                            yield now
+        finally:
+            b.notifier.unwatch(ref, w)
+
+    async def _now(self, b: _Bound, ref: str) -> Event:
+        """The state the operation is in, as an event (its seq: the history's length)."""
+        f, seq = await b.ledger.state_of(ref)
+        if "state" not in f:
+            raise errors.OperationNotFound(f"no operation {ref[:80]!r}")
+        rev, env = int(f.get("rev") or 0), f.get("envelope", "")
+        return Event("state", state=State(f["state"]), rev=rev, envelope=env, seq=seq, ref=ref)
+
+    # ------------------------------------------------------------------ operator actions
+
+    @server_errors
+    async def approve(self, ref: str, *, by: str = "operator:approve") -> State:
+        """Approve an operation awaiting approval, bound to its current arguments."""
+        b, v = await self._view(ref)
+        return await self._apply(b, self.app.approval(v, by))
+
+    @server_errors
+    async def provide_input(self, ref: str, args: Any, *, by: str = "operator:input") -> State:
+        """Replace the arguments of an operation that needs input; identical ones are refused."""
+        b, v = await self._view(ref)
+        return await self._apply(b, self.app.new_input(v, args, by))
+
+    @server_errors
+    async def cancel(self, ref: str, *, by: str = "operator:cancel") -> State:
+        """Cancel an operation that has not started a write (queued or waiting on someone)."""
+        b, v = await self._view(ref)
+        t = operator.cancel(v, self.app.policy, by)
+        return State.CANCELLED if t is None else await self._apply(b, t)
+
+    @server_errors
+    async def retry_now(self, ref: str, *, by: str = "operator:retry") -> State:
+        """Dispatch an operation waiting to retry now: the same operation_ref, one more
+        attempt counted (escalated instead if its budget is spent). Only from waiting_retry."""
+        b, v = await self._view(ref)
+        return await self._apply(b, self.app.retry_now(v, by))
+
+    @server_errors
+    async def verify_now(self, ref: str, *, by: str = "operator:verify") -> State:
+        """Check an operation in verifying now rather than at its next check."""
+        b, v = await self._view(ref)
+        return await self._apply(b, self.app.verify_now(v, by))
+
+    # ------------------------------------------------------------------ lists
+
+    @server_errors
+    async def list_operations(
+        self,
+        state: str,
+        *,
+        tool: str | None = None,
+        code: str | None = None,
+        ref_contains: str | None = None,
+        older_than_s: float | None = None,
+        cursor: str | None = None,
+        limit: int = lists.DEFAULT_LIMIT,
+        newest_first: bool = False,
+    ) -> OperationPage:
+        """One page of the operations in ``state``, oldest first (see
+        :mod:`toolq.adapters.ledger.lists`).
+
+        Pass the page's ``next_cursor`` back for the next one. A bad filter is
+        :class:`errors.InvalidArguments` naming the fields.
+        """
+        q = self.app.list_query(
+            state,
+            tool=tool,
+            code=code,
+            ref_contains=ref_contains,
+            older_than_s=older_than_s,
+            cursor=cursor,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        b = await self._bound()
+        # Every cell's page, merged (the single tag: one cell, its page as it is).
+        return await lists.aread_page_cells(b.redis, q, b.topology.layout.every_cell())
+
+    async def _view(self, ref: str) -> tuple[_Bound, operator.View]:
+        self._require(ref)
+        b = await self._bound()
+        return b, operator.View.from_fields(ref, await b.ledger.fields(ref, *operator.FIELDS))
+
+    async def _apply(self, b: _Bound, t: Transition) -> State:
+        return calls.applied(t, await b.ledger.apply_one(t, self.app.now_ms()))
+
+    # ------------------------------------------------------------------ refs
+
+    def _may_exist(self, ref: object) -> bool:
+        return self.app.settings.limits.is_ref(ref)
+
+    def _require(self, ref: object) -> None:
+        """A ref no operation can have is answered as one that does not exist."""
+        if not self._may_exist(ref):
+            raise errors.OperationNotFound("no operation with that ref")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "tq.aio runs on a running asyncio event loop (with anyio: the asyncio backend)"
+        ) from None
+
+
+async def _called(fn: OnProgress, progress: Progress) -> None:
+    result = fn(progress)
+    if inspect.isawaitable(result):
+        await result

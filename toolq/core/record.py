@@ -1,0 +1,143 @@
+"""The operation record as callers see it (``tq.get``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolq.core.envelope import ToolError, ToolSuccess, parse_envelope
+from toolq.core.states import PENDING_RECOVERY, SETTLED, TERMINAL, State
+
+
+def ms_to_dt(ms: int | float) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def load_envelope(raw: str | bytes) -> ToolSuccess | ToolError:
+    """Parse an envelope the ledger stored: it was checked against its tool's
+    allowlist when it was written, so its own ``safe_details`` keys are allowed."""
+    data = json.loads(raw)
+    keys = frozenset((data.get("safe_details") or {}).keys())
+    return parse_envelope(data, safe_detail_keys=keys)
+
+
+class HistoryEntry(BaseModel):
+    """One transition, as appended by the ledger's scripts."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    at: int
+    from_: State | None = Field(default=None, alias="from")
+    to: State
+    attempt: int = 0
+    by: str = ""
+    code: str | None = None
+
+    @property
+    def at_time(self) -> datetime:
+        return ms_to_dt(self.at)
+
+
+class OperationRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    operation_ref: str
+    tool: str
+    args: dict[str, Any]
+    call_id: str | None
+    state: State
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    updated_at: datetime
+    entered_at: datetime
+    deadline: datetime | None
+    lease_holder: str | None
+    lease_until: datetime | None
+    envelope: ToolSuccess | ToolError | None
+    history: list[HistoryEntry]
+
+    @property
+    def settled(self) -> bool:
+        return self.state in SETTLED
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def pending_recovery(self) -> bool:
+        return self.state in PENDING_RECOVERY
+
+    @classmethod
+    def from_fields(cls, f: dict[str, str], history: list[HistoryEntry]) -> OperationRecord:
+        def ms(name: str) -> int:
+            return int(float(f.get(name) or 0))
+
+        raw_env = f.get("envelope")
+        return cls(
+            operation_ref=f["ref"],
+            tool=f["tool"],
+            args=json.loads(f.get("args") or "{}"),
+            call_id=f.get("call_id") or None,
+            state=State(f["state"]),
+            attempt=int(f.get("attempt") or 0),
+            max_attempts=int(f.get("max_attempts") or 0),
+            created_at=ms_to_dt(ms("created")),
+            updated_at=ms_to_dt(ms("updated")),
+            entered_at=ms_to_dt(ms("entered")),
+            deadline=ms_to_dt(ms("deadline")) if ms("deadline") else None,
+            lease_holder=f.get("lease_holder") or None,
+            lease_until=ms_to_dt(ms("lease_until")) if ms("lease_until") else None,
+            envelope=load_envelope(raw_env) if raw_env else None,
+            history=history,
+        )
+
+
+class OperationSummary(BaseModel):
+    """One row of a list of operations in a state (``tq.aio.list_operations``).
+
+    Read from the state's index (the entry time) and a few fields of the
+    record; the arguments, history and envelope stay with :class:`OperationRecord`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    operation_ref: str
+    tool: str
+    state: State
+    #: When the operation entered ``state`` (ms since the epoch): the index's score.
+    entered_ms: int
+    attempt: int
+    max_attempts: int
+    #: The code of the operation's latest envelope (``RATE_LIMITED``, ...); None for a success.
+    code: str | None = None
+    #: The envelope's ``retry.not_before`` (ms): the earliest the caller was told to retry.
+    not_before_ms: int | None = None
+    #: When the scheduler looks at the operation next (ms; None: nothing is due for it):
+    #: a waiting retry's dispatch, a verification's next check, an approval's timeout.
+    due_ms: int | None = None
+
+
+class OperationPage(BaseModel):
+    """A page of :class:`OperationSummary`, oldest first unless asked otherwise.
+
+    ``next_cursor`` continues after the last index entry this page examined;
+    None when there is nothing after it. ``total`` is the number of operations
+    the list holds (under the ``older_than`` bound), None when a filter the
+    index cannot count (``code``, ``ref_contains``) is set. A filtered read
+    examines a bounded number of entries: ``partial`` says it stopped there
+    before the page was full (more may match past ``next_cursor``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    items: list[OperationSummary]
+    next_cursor: str | None
+    total: int | None
+    partial: bool = False
+    #: Index entries examined for this page.
+    scanned: int = 0

@@ -1,0 +1,268 @@
+"""What every command shares: finding the app and the server, and failing in one line."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import click
+import redis
+
+from toolq.adapters.stack_state import read_state, recorded_mode, recorded_url, with_mode
+from toolq.core.redact import redact_url
+
+if TYPE_CHECKING:
+    from toolq.core.errors import RequestRefused
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_APP = "toolq.examples.invoices:tq"
+
+
+def raised(name: str) -> tuple[type[BaseException], ...]:
+    """``toolq.core.errors.<name>`` to catch, if that module is loaded; else nothing to catch.
+
+    No toolq error can have been raised before the module was imported, and not
+    importing it (the envelope's pydantic models) keeps ~50 ms off ``toolq status``.
+    """
+    errors = sys.modules.get("toolq.core.errors")
+    return (getattr(errors, name),) if errors is not None else ()
+
+
+#: What redis-py's Cluster clients raise with a node away, beside ConnectionError and
+#: TimeoutError (toolq.adapters.outage.CLUSTER_UNREACHABLE, without importing toolq.core.errors
+#: here).
+CLUSTER_AWAY: tuple[type[Exception], ...] = (
+    redis.exceptions.RedisClusterException,
+    redis.exceptions.ClusterError,
+)
+#: A server (a Cluster's node) away: what a long-running process starting waits out.
+AWAY: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, *CLUSTER_AWAY)
+#: Any failure of a check of the server, away or answering with an error.
+FAILED: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
+
+
+def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str | None:
+    """The line for a server (a Cluster's node) that is away; None if ``exc`` is not that."""
+    from toolq.adapters.outage import message, unreachable
+
+    return message(url or "", exc, cluster=cluster) if unreachable(exc) else None
+
+
+class CliError(click.ClickException):
+    """One clear line on stderr and a non-zero exit (2 unless told)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        # click declares exit_code a class variable; this instance differs.
+        vars(self)["exit_code"] = exit_code
+
+
+def app_option(f: F) -> F:
+    return click.option(
+        "--app",
+        "app_path",
+        envvar="TOOLQ_APP",
+        default=None,
+        metavar="MODULE:ATTR",
+        help="Where the ToolQueue is (env TOOLQ_APP; else the app `toolq up` recorded here; "
+        f"else {DEFAULT_APP}).",
+    )(f)
+
+
+def redis_option(f: F) -> F:
+    return click.option(
+        "--redis-url",
+        envvar="TOOLQ_REDIS_URL",
+        default=None,
+        metavar="URL",
+        help="Redis/Valkey URL (env TOOLQ_REDIS_URL; else the server `toolq up` recorded in "
+        "--state-dir).",
+    )(f)
+
+
+def state_dir_option(f: F) -> F:
+    return click.option(
+        "--state-dir",
+        envvar="TOOLQ_STATE_DIR",
+        default=".toolq",
+        show_default=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Where `toolq up` records the server URL and app path.",
+    )(f)
+
+
+def resolve_url(redis_url: str | None, state_dir: Path | None) -> str | None:
+    """``--redis-url``, else what a running ``toolq up`` recorded in ``state_dir``.
+
+    One line naming the state file if the ``toolq up`` that recorded it is gone.
+    """
+    if redis_url:
+        return redis_url
+    try:
+        return recorded_url(state_dir, "start it again or pass --redis-url")
+    except raised("RequestRefused") as exc:
+        raise CliError(cast("RequestRefused", exc).message) from None
+
+
+def resolve_app_path(app_path: str | None, state_dir: Path | None) -> str:
+    if app_path:
+        return app_path
+    data = read_state(state_dir)
+    recorded = data.get("app") if data else None
+    return recorded if isinstance(recorded, str) else DEFAULT_APP
+
+
+def load_app(app_path: str, redis_url: str | None = None) -> Any:
+    """Import ``MODULE:ATTR`` and return the ToolQueue, pointed at ``redis_url`` if given."""
+    from toolq.edges.loader import load_app as load
+
+    try:
+        return load(app_path, redis_url)
+    except raised("ToolqError") as exc:
+        raise CliError(str(exc)) from None
+
+
+def open_app(
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path | None,
+    *,
+    publishes: bool = True,
+    away: str = "exit",
+) -> Any:
+    """Load the app and check the server answers; one clear line if it does not.
+
+    A server found in ``state_dir`` brings the mode its ``toolq up`` recorded
+    (:func:`toolq.adapters.stack_state.with_mode`; ``publishes``: whether this command may send
+    messages, and so needs the broker's URL). The ledger's number of cells is checked
+    against the app's: on another layout every read would answer "nothing".
+
+    ``away`` is what a server that does not answer means: ``exit`` (a command: one
+    line, exit 2), ``wait`` (a long-running process that needs it: wait for it, one
+    line when the wait starts and one when it ends), ``serve`` (the API, the MCP
+    server: start anyway, say so once; requests answer QUEUE_UNAVAILABLE meanwhile).
+    """
+    url = resolve_url(redis_url, state_dir)
+    tq = load_app(resolve_app_path(app_path, state_dir), url)
+    if url and not redis_url:
+        tq.app.adopt(recorded_settings(tq.settings, state_dir, publishes=publishes))
+    while True:
+        if away == "wait":
+            wait_for_server(tq)
+        try:
+            tq.redis.ping()
+            if not tq.app.ledger.cells_checked:
+                tq.app.ledger.record_cells()
+            return tq
+        except raised("RequestRefused") as exc:
+            raise CliError(cast("RequestRefused", exc).message) from None
+        except FAILED as exc:
+            if away == "wait" and isinstance(exc, AWAY):  # gone between the wait and the check
+                continue
+            if away == "serve":
+                _start_log().warning(
+                    "the ledger's server at %s does not answer (%s); serving anyway: requests "
+                    "answer 503 QUEUE_UNAVAILABLE until it does",
+                    redact_url(tq.redis_url),
+                    type(exc).__name__,
+                )
+                return tq
+            raise CliError(
+                f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
+            ) from None
+
+
+def recorded_settings(settings: Any, state_dir: Path | None, *, publishes: bool) -> Any:
+    """``settings`` with the mode the ``toolq up`` in ``state_dir`` recorded; one line
+    where they disagree (:func:`toolq.adapters.stack_state.with_mode`)."""
+    from toolq.core.errors import RequestRefused
+
+    try:
+        return with_mode(settings, recorded_mode(state_dir), publishes=publishes, path=state_dir)
+    except RequestRefused as exc:
+        raise CliError(exc.message) from None
+
+
+def wait_for_server(tq: Any) -> None:
+    """Ping until the server answers, with a capped backoff (:mod:`toolq.process.waiting`):
+    a long-running process started while it is away waits instead of exiting."""
+    from toolq.process.waiting import Outage, Waiter
+
+    waiter = Waiter(Outage(f"the ledger's server at {redact_url(tq.redis_url)}"), _start_log())
+    while True:
+        try:
+            tq.redis.ping()
+        except raised("RequestRefused") as exc:  # no URL, a refused setting: said at once
+            raise CliError(cast("RequestRefused", exc).message) from None
+        except AWAY as exc:
+            waiter.failed(exc)
+            continue
+        waiter.answered()
+        return
+
+
+def _start_log() -> logging.Logger:
+    """The logger of a process starting. Before any logging is set up (a worker sets
+    Celery's up later) its lines go to stderr on a handler of its own."""
+    log = logging.getLogger("toolq.start")
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/%(name)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+def parse_json_args(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--args is not valid JSON: {exc.msg} at position {exc.pos}") from None
+
+
+def handle_errors(f: F) -> F:
+    """Turn toolq's refusals and Redis failures into one line and a non-zero exit."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except raised("RequestRefused") as exc:
+            refused = cast("RequestRefused", exc)
+            fields = getattr(refused, "field_errors", None) or []
+            detail = "; ".join(f"{fe.field}: {fe.rule}" for fe in fields[:5])
+            raise CliError(
+                f"{refused.code}: {refused.message}" + (f" ({detail})" if detail else "")
+            ) from None
+        except raised("ToolqError") as exc:
+            raise CliError(str(exc)) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise CliError(
+                f"cannot reach Redis/Valkey ({type(exc).__name__}): check --redis-url "
+                "(or TOOLQ_REDIS_URL) and that the server is up"
+            ) from None
+        except CLUSTER_AWAY as exc:  # a RedisClusterException is no RedisError
+            # --redis-url reads TOOLQ_REDIS_URL too: the seeds, when not the node's
+            line = unreachable_line(kwargs.get("redis_url"), exc, cluster=True)
+            if line is None:
+                raise
+            raise CliError(line) from None
+        except redis.RedisError as exc:
+            raise CliError(f"redis error: {type(exc).__name__}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))

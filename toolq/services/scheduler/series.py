@@ -1,0 +1,180 @@
+"""A small time series of the ledger, kept in Redis by the scheduler, for charts.
+
+Every :data:`EVERY_S` a scheduler writes one sample into a hash
+(:attr:`toolq.core.keys.Keys.series`), field = the interval's start (ms): the
+ledger's cumulative counters summed over tools (:data:`COUNTED`) and the
+number of operations in each pending-recovery state. ``HSETNX``: when several
+schedulers run, the first to sample an interval writes it and the others
+leave it. Samples older than :data:`KEEP_S` are deleted as new ones are
+written, so the hash holds at most a day of minutes (1,440 short fields).
+
+Any process draws the chart from it (:func:`read_series`): one ``HMGET`` of
+the fields an interval apart, and per point the counts since the sample
+before (cumulative counters make a sample missed while no scheduler ran cost
+resolution, never a wrong total).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from toolq.core.keys import Keys
+from toolq.core.states import State
+
+#: Seconds between samples.
+EVERY_S = 60
+#: Seconds of samples kept.
+KEEP_S = 24 * 3600
+#: The ledger's counters (``<tool>|<name>`` in the stats hash) a sample sums.
+COUNTED: tuple[str, ...] = ("submitted", "succeeded", "failed", "escalated")
+#: States whose size a sample records: what waits on recovery, and what a person must see.
+GAUGED: tuple[str, ...] = (
+    State.WAITING_RETRY.value,
+    State.VERIFYING.value,
+    State.NEEDS_INPUT.value,
+    State.AWAITING_APPROVAL.value,
+    State.ESCALATED.value,
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One interval of the chart."""
+
+    #: The interval's start (ms).
+    at_ms: int
+    #: Counts in the interval since the sample before (``interval_ms`` earlier):
+    #: submitted, succeeded, failed, escalated. Empty for the first point.
+    counts: dict[str, int]
+    interval_ms: int
+    #: Operations in each state of :data:`GAUGED` at the sample.
+    pending: dict[str, int]
+
+    @property
+    def pending_recovery(self) -> int:
+        """Operations waiting on recovery (escalated ones are finished: not counted)."""
+        return sum(n for s, n in self.pending.items() if s != State.ESCALATED.value)
+
+
+def bucket(now_ms: int, every_s: int = EVERY_S) -> int:
+    every = every_s * 1000
+    return now_ms // every * every
+
+
+def sample_of(stats: dict[str, int], sizes: dict[str, int], at_ms: int) -> dict[str, Any]:
+    """The sample written for ``at_ms``: counters summed over tools, and state sizes. Pure."""
+    totals = dict.fromkeys(COUNTED, 0)
+    for key, n in stats.items():
+        name = key.partition("|")[2]
+        if name in totals:
+            totals[name] += int(n)
+    return {"at": at_ms, "totals": totals, "pending": {s: sizes.get(s, 0) for s in GAUGED}}
+
+
+def points(samples: Sequence[dict[str, Any] | None]) -> list[Point]:
+    """Chart points from samples in time order (None: not sampled). Pure.
+
+    A counter that went down (the stats hash was reset) counts from 0 again.
+    """
+    out: list[Point] = []
+    before: dict[str, Any] | None = None
+    for s in samples:
+        if s is None:
+            continue
+        counts: dict[str, int] = {}
+        interval = 0
+        if before is not None:
+            interval = int(s["at"]) - int(before["at"])
+            for name in COUNTED:
+                now, then = int(s["totals"].get(name, 0)), int(before["totals"].get(name, 0))
+                counts[name] = now - then if now >= then else now
+        pending = {st: int(s["pending"].get(st, 0)) for st in GAUGED}
+        out.append(Point(int(s["at"]), counts, interval, pending))
+        before = s
+    return out
+
+
+def parse_sample(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("totals"), dict)
+    return data if ok and isinstance(data.get("pending"), dict) else None
+
+
+def series_fields(now_ms: int, hours: float, every_s: int = EVERY_S) -> list[int]:
+    """The sample fields of the last ``hours``, oldest first, plus the one before
+    (the first point's counts are measured from it)."""
+    every = every_s * 1000
+    last = bucket(now_ms, every_s)
+    n = int(hours * 3600 * 1000) // every
+    return [last - k * every for k in range(n + 1, -1, -1)]
+
+
+@dataclass
+class Sampler:
+    """Writes a sample when an interval begins (the scheduler calls :meth:`maybe`)."""
+
+    client: Callable[[], redis.Redis]
+    keys: Keys
+    clock: Callable[[], float]
+    every_s: int = EVERY_S
+    keep_s: int = KEEP_S
+    #: Cells mode: the keys of every cell, whose counts a sample sums (none: ``keys``').
+    cells: list[Keys] = field(default_factory=list)
+    _last: int = field(default=-1, init=False)
+
+    def maybe(self) -> bool:
+        """Sample if this interval has not been sampled by this process; True if it did."""
+        at = bucket(int(self.clock() * 1000), self.every_s)
+        if at == self._last:
+            return False
+        self.sample(at)
+        self._last = at
+        return True
+
+    def sample(self, at_ms: int) -> None:
+        """Write the sample for the interval starting ``at_ms`` (if no one has) and trim."""
+        r = self.client()
+        cells = self.cells or [self.keys]
+        pipe = r.pipeline(transaction=False)
+        for keys in cells:
+            pipe.smembers(keys.tools)
+            pipe.hgetall(keys.stats)
+        pipe.hkeys(self.keys.series)
+        *read, fields = pipe.execute()
+        tools = sorted({_s(t) for members in read[0::2] for t in members})
+        stats: dict[str, int] = {}
+        for raw_stats in read[1::2]:  # summed over the cells
+            for k, v in raw_stats.items():
+                stats[_s(k)] = stats.get(_s(k), 0) + int(v)
+        pipe = r.pipeline(transaction=False)
+        for tool in tools:
+            for keys in cells:
+                for state in GAUGED:
+                    pipe.zcard(keys.index(tool, state))
+        cards = iter(pipe.execute())
+        sizes = dict.fromkeys(GAUGED, 0)
+        for _ in range(len(tools) * len(cells)):
+            for state in GAUGED:
+                sizes[state] += int(next(cards))
+        point = sample_of(stats, sizes, at_ms)
+        cutoff = at_ms - self.keep_s * 1000
+        old = [f for f in (_s(x) for x in fields) if f.isdigit() and int(f) < cutoff]
+        pipe = r.pipeline(transaction=False)
+        pipe.hsetnx(self.keys.series, str(at_ms), json.dumps(point, separators=(",", ":")))
+        if old:
+            pipe.hdel(self.keys.series, *old)
+        pipe.execute()
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

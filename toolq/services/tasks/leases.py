@@ -1,0 +1,138 @@
+"""Lease renewal: one background thread per worker process renews, in one
+script call, every lease the process holds, while its tools run."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import redis
+
+from toolq.adapters.ledger.store import Ledger
+
+log = logging.getLogger("toolq.leases")
+
+_HOST = socket.gethostname()
+
+
+def process_holder() -> str:
+    """This process's id: host, pid and a token against pid reuse."""
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def holder_is_dead(holder: str) -> bool:
+    """True when ``holder`` is a process on this host that no longer runs.
+
+    A holder on another host cannot be checked from here: its lease expiry
+    decides (the scheduler's lease sweep).
+    """
+    parts = holder.split(":")
+    if len(parts) < 3 or parts[0] != _HOST:
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        ledger: Ledger,
+        lease_ms: int,
+        clock: Callable[[], float],
+        *,
+        renew_every: float,
+    ) -> None:
+        self.ledger = ledger
+        self.lease_ms = lease_ms
+        #: Seconds between renewals: ``LeaseSettings.renew_every``, passed in by the App.
+        self.renew_every = renew_every
+        self.clock = clock
+        self.holder = process_holder()
+        self._seq = itertools.count(1)
+        self._held: dict[tuple[str, int, str, str], int] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._stop = threading.Event()
+
+    def _ensure(self) -> None:
+        if self._pid != os.getpid():  # forked: a new process holds nothing yet
+            self.holder = process_holder()
+            self._seq = itertools.count(1)
+            self._held = {}
+            self._lock = threading.Lock()
+            self._thread = None
+            self._pid = os.getpid()
+            self._stop = threading.Event()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="toolq-leases", daemon=True)
+            self._thread.start()
+
+    def new_holder(self) -> str:
+        """A lease-holder id for one delivery: this process's id and a sequence number.
+
+        Per delivery, not per process, so that two deliveries of one message to
+        two threads of one process are told apart by the claim.
+        """
+        with self._lock:
+            self._ensure()
+            return f"{self.holder}:{next(self._seq)}"
+
+    @contextmanager
+    def hold(self, ref: str, attempt: int, kind: str, holder: str) -> Iterator[None]:
+        with self._lock:
+            self._ensure()
+            key = (ref, attempt, kind, holder)
+            self._held[key] = self._held.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held[key] -= 1
+                if not self._held[key]:
+                    del self._held[key]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        every = self.renew_every
+        while not self._stop.wait(every):
+            with self._lock:
+                held = list(self._held)
+            if not held:
+                continue
+            try:
+                lost = self.ledger.renew(int(self.clock() * 1000), self.lease_ms, held)
+            except redis.RedisError as exc:
+                log.warning("lease renewal failed (%s); retrying", type(exc).__name__)
+                time.sleep(min(every, 0.5))
+                continue
+            for ref in lost:
+                log.warning("lease lost for %s: the operation moved on without this worker", ref)

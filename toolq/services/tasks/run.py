@@ -1,0 +1,351 @@
+"""The Celery task bodies: claim, call, record. Thin on purpose.
+
+A body claims its attempt in the ledger before it calls the tool, holds a
+lease while the tool runs, and records the envelope after. A delivery whose
+attempt is already claimed does not call the tool: if the holder is alive it
+is dropped; if the holder died or its lease expired, a write goes to
+verification and a read runs again. A claim that cannot reach the ledger's server
+raises :class:`LedgerAway`: the tool was not called, and the task body gives the
+delivery back to its queue (:mod:`toolq.client.app`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+from toolq.adapters.broker.messages import REFUSED, Delivery, Outcome
+from toolq.adapters.ledger.replies import Claimed
+from toolq.adapters.ledger.store import Claim, Ledger
+from toolq.adapters.notify import ProgressPublisher
+from toolq.adapters.observe import observe_recovery
+from toolq.core.errors import NotDurable, ToolFailure
+from toolq.core.record import ms_to_dt
+from toolq.core.states import State
+from toolq.core.tools import CallContext, Registry, Tool
+from toolq.decisions.recovery import outcome
+from toolq.decisions.recovery.transition import Transition
+from toolq.services.tasks.leases import LeaseKeeper, holder_is_dead
+
+log = logging.getLogger("toolq.worker")
+
+T = TypeVar("T")
+
+#: How long a worker keeps trying to record an outcome while Redis is away.
+#: Past it the lease sweep and verification settle the attempt.
+RECORD_PATIENCE_S = 60.0
+#: How long a delivery keeps trying to claim its attempt while Redis is away. Past
+#: it the delivery goes back to its queue (:class:`LedgerAway`), so each copy of a
+#: message waits this long first: a redelivery is not a hot loop.
+CLAIM_PATIENCE_S = 10.0
+
+#: What a ledger call raises while the ledger's server is away (or a Cluster's node
+#: is, before its failover): retried with backoff by :func:`_patient`.
+AWAY = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.BusyLoadingError,  # a ConnectionError; named for the reader
+    redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException,
+)
+
+
+class LedgerAway(Exception):
+    """A delivery could not claim its attempt: the ledger's server did not answer
+    within :data:`CLAIM_PATIENCE_S`. The tool was not called. Raised from the
+    redis error; the task body turns it into a requeue of the delivery.
+
+    (The claim may have been written and its reply lost: the copy then finds the
+    attempt held by this process, and the lease sweep settles it, as before.)
+    """
+
+    def __init__(self, ref: str, attempt: int, cause: BaseException) -> None:
+        super().__init__(
+            f"{ref} attempt {attempt}: the ledger's server did not take the claim within "
+            f"{CLAIM_PATIENCE_S:g} s ({type(cause).__name__}); the tool was not called"
+        )
+
+
+class Runtime:
+    def __init__(
+        self,
+        registry: Registry,
+        ledger: Ledger,
+        messages: outcome.Messages,
+        policy: outcome.Policy,
+        lease_ms: int,
+        clock: Callable[[], float] = time.time,
+        *,
+        renew_every: float,
+        messages_for: Callable[[str], outcome.Messages] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.ledger = ledger
+        self.messages = messages
+        #: One tool's message builders (its messages name it, for Flower); else ``messages``.
+        self.messages_for = messages_for or (lambda _tool: messages)
+        self.policy = policy
+        self.lease_ms = lease_ms
+        self.clock = clock
+        self.leases = LeaseKeeper(ledger, lease_ms, clock, renew_every=renew_every)
+        # Each notice goes to the steps channel of its ref's cell (the single tag: its own).
+        self.progress = ProgressPublisher(
+            ledger.redis, lambda ref: ledger.keys_of(ref).notify_steps
+        )
+        self.rng = random.Random()
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ---------------------------------------------------------------- attempts
+
+    def run_attempt(self, ref: str, attempt: int, delivery: str | None = None) -> str:
+        """Serve one delivery of ``toolq.run``; returns what happened (for logs and tests).
+
+        ``delivery``: its Celery delivery tag, when the ledger's server is the broker
+        too. The ledger call that ends the delivery (a refused claim, or the record)
+        then acknowledges it in the same step, and the worker's own ack sends nothing
+        (:mod:`toolq.adapters.broker.transport`): one round trip less per call.
+        """
+        holder = self.leases.new_holder()
+        try:
+            claim = _claimed(
+                ref,
+                attempt,
+                lambda: self.ledger.claim(
+                    ref, attempt, holder, self.now_ms(), self.lease_ms, "run", ack=delivery
+                ),
+            )
+        except NotDurable:
+            # The server took the claim but did not confirm it on disk (or, on a Cluster,
+            # on a replica): a power loss or a failover could still undo it and let
+            # another delivery run the tool again. Not called; the attempt goes back to
+            # queued (if that is lost too, or the lease ran out meanwhile, the lease
+            # sweep takes it).
+            log.warning(
+                "%s attempt %d: claim not confirmed on disk or by a replica; left queued",
+                ref,
+                attempt,
+            )
+            self._give_back(ref, attempt, holder, delivery)
+            return Delivery.NOT_DURABLE
+        if claim.outcome == Claimed.HELD:
+            return self._held(ref, attempt, claim, holder, delivery)
+        if claim.outcome != Claimed.CLAIMED:
+            log.info(
+                "delivery of %s attempt %d refused: %s", ref, attempt, claim.state or claim.outcome
+            )
+            return Delivery(claim.outcome.value)
+        tool = self._tool_or_release(ref, attempt, claim, holder, delivery)
+        if tool is None:
+            return Delivery.UNKNOWN_TOOL
+        a = outcome.Attempt(
+            ref=ref,
+            tool=tool,
+            call_id=claim.call_id,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            deadline_ms=claim.deadline_ms,
+            fp=claim.fp,
+            vcheck=claim.vcheck,
+            holder=holder,
+        )
+        refused = outcome.before_call(a, self.now_ms(), self.policy)
+        if refused is not None:
+            # Delivered past the deadline (late, or after a long queue): never call the tool.
+            log.warning("%s attempt %d not started: %s", ref, attempt, refused.code)
+            return self._record(refused, delivery)
+        ctx = self._context(ref, tool, claim, attempt)
+        with self.leases.hold(ref, attempt, "run", holder):
+            try:
+                result = tool.invoke(ctx.args, ctx)  # awaited here if the tool is async
+                t = outcome.after_success(a, result, self.now_ms(), self.policy)
+            except Exception as exc:
+                _log_failure(tool.name, ref, attempt, exc)
+                t = outcome.after_failure(
+                    a, exc, self.now_ms(), self.policy, self.messages_for(tool.name), self.rng
+                )
+            return self._record(t, delivery)
+
+    def _held(self, ref: str, attempt: int, claim: Claim, holder: str, delivery: str | None) -> str:
+        """Another process claimed this attempt. Drop the copy, unless that process is gone."""
+        if claim.lease_until_ms > self.now_ms() and not holder_is_dead(claim.holder):
+            log.info(
+                "duplicate delivery of %s attempt %d dropped (held by a live worker)", ref, attempt
+            )
+            return Delivery.DUPLICATE
+        tool = self.registry.get(claim.tool) if claim.tool in self.registry else None
+        # A "held" claim does not carry the deadline; a read that runs again needs it
+        # (rare: only when the holder died), and it never changes, so a plain read will do.
+        # Nothing is recorded yet: a server away here sends the delivery back too.
+        deadline = _claimed(ref, attempt, lambda: self.ledger.fields(ref, "deadline")).get(
+            "deadline"
+        )
+        lost = outcome.Lost(
+            ref=ref,
+            tool=tool,
+            tool_name=claim.tool,
+            call_id=claim.call_id,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            deadline_ms=int(float(deadline or 0)),
+            vcheck=claim.vcheck,
+            expect={"running": {"attempt": str(attempt), "lease_holder": claim.holder}},
+            by=f"{holder}:redelivery",
+        )
+        t = outcome.lease_lost(lost, self.now_ms(), self.policy, self.messages_for(claim.tool))
+        log.warning(
+            "%s attempt %d: its worker died mid-call; %s",
+            ref,
+            attempt,
+            "verifying" if t.to == "verifying" else t.to,
+        )
+        return self._record(t, delivery)
+
+    def _tool_or_release(
+        self, ref: str, attempt: int, claim: Claim, holder: str, delivery: str | None
+    ) -> Tool[Any] | None:
+        if claim.tool in self.registry:
+            return self.registry.get(claim.tool)
+        # This worker was started without the tool: give the attempt back untouched.
+        log.error("tool %s is not registered in this worker; %s left queued", claim.tool, ref)
+        self._give_back(ref, attempt, holder, delivery)
+        return None
+
+    def _give_back(self, ref: str, attempt: int, holder: str, delivery: str | None) -> None:
+        """Return a claimed attempt to ``queued`` untouched; the scheduler republishes it."""
+        self._record(
+            Transition(
+                ref=ref,
+                states=(State.RUNNING,),
+                to=State.QUEUED,
+                by=holder,
+                expect={"running": {"attempt": str(attempt), "lease_holder": holder}},
+                delete=("lease_holder", "lease_until"),
+                due_ms=self.now_ms() + self.policy.unclaimed_after_ms,
+            ),
+            delivery,
+        )
+
+    def _context(self, ref: str, tool: Tool[Any], claim: Claim, attempt: int) -> CallContext:
+        return CallContext(
+            operation_ref=ref,
+            tool=tool.name,
+            call_id=claim.call_id or None,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            approved=bool(claim.approved_fp) and claim.approved_fp == claim.fp,
+            args=tool.args_model.model_validate_json(claim.args),
+            deadline=ms_to_dt(claim.deadline_ms) if claim.deadline_ms else None,
+            progress_cb=self.progress.reporter(ref),
+        )
+
+    # ---------------------------------------------------------------- verification
+
+    def run_check(self, ref: str, attempt: int, vcheck: int, delivery: str | None = None) -> str:
+        """Serve one delivery of ``toolq.verify``: look the operation up, record the
+        verdict (``delivery``: as in :meth:`run_attempt`)."""
+        holder = self.leases.new_holder()
+        claim = _claimed(
+            ref,
+            attempt,
+            lambda: self.ledger.claim(
+                ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck, delivery
+            ),
+        )
+        if claim.outcome != Claimed.CLAIMED:
+            return claim.outcome
+        if claim.tool not in self.registry:
+            log.error(
+                "tool %s is not registered in this worker; %s not verified here", claim.tool, ref
+            )
+            if delivery:  # nothing recorded: acknowledged on its own (its lease runs out)
+                _patient(lambda: self.ledger.ack(delivery), 10.0)
+            return Delivery.UNKNOWN_TOOL
+        tool = self.registry.get(claim.tool)
+        c = outcome.Check(
+            ref=ref,
+            tool=tool,
+            call_id=claim.call_id,
+            attempt=attempt,
+            max_attempts=claim.max_attempts,
+            deadline_ms=claim.deadline_ms,
+            vcheck=vcheck,
+            vfail=claim.vfail,
+            uncertain_at_ms=claim.uncertain_at_ms,
+            holder=holder,
+        )
+        ctx = self._context(ref, tool, claim, attempt)
+        with self.leases.hold(ref, attempt, "verify", holder):
+            try:
+                # A worker whose tool lost its verifier fails the check: bounded, then escalated.
+                found = tool.lookup(ctx)
+            except Exception:
+                log.warning("verifier of %s failed for %s", tool.name, ref, exc_info=True)
+                t = outcome.verifier_failed(c, self.now_ms(), self.policy)
+            else:
+                if found is None:
+                    m = self.messages_for(tool.name)
+                    t = outcome.verified_not_found(c, self.now_ms(), self.policy, m)
+                else:
+                    t = outcome.verified_found(c, found, self.now_ms(), self.policy)
+            res = self._record(t, delivery)
+            if res == t.to and not t.quiet:
+                self._observe_recovery(tool.name, (self.now_ms() - c.uncertain_at_ms) / 1000)
+            return res
+
+    @staticmethod
+    def _observe_recovery(tool: str, seconds: float) -> None:
+        """Time an operation spent verifying, for the metrics histogram (this process only)."""
+        observe_recovery(tool, seconds, state="verifying")
+
+    # ---------------------------------------------------------------- recording
+
+    def _record(self, t: Transition, delivery: str | None = None) -> str:
+        res = _patient(lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S)
+        if res != "ok":
+            log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
+            return f"{REFUSED}{res}"
+        return Outcome(t.to, t.code)  # with its code, for what Flower shows
+
+
+def _log_failure(tool: str, ref: str, attempt: int, exc: Exception) -> None:
+    """A failure the tool reported on purpose is routine: one line. Anything else
+    gets its traceback, in the log only (keyed by operation_ref, never in an envelope)."""
+    if isinstance(exc, ToolFailure):
+        log.info("tool %s: %s attempt %d: %s", tool, ref, attempt, exc.code)
+    else:
+        log.warning(
+            "tool %s failed unexpectedly for %s attempt %d", tool, ref, attempt, exc_info=exc
+        )
+
+
+def _claimed(ref: str, attempt: int, fn: Callable[[], T]) -> T:
+    """:func:`_patient` for what a delivery does before it calls anything (its claim):
+    the server still away after :data:`CLAIM_PATIENCE_S` raises :class:`LedgerAway`."""
+    try:
+        return _patient(fn, CLAIM_PATIENCE_S)
+    except AWAY as exc:
+        raise LedgerAway(ref, attempt, exc) from exc
+
+
+def _patient(fn: Callable[[], T], patience_s: float) -> T:
+    """Call ``fn``, retrying connection errors with backoff for up to ``patience_s``.
+
+    Every ledger call is a compare-and-set, so a repeat after a lost reply is safe.
+    """
+    deadline = time.monotonic() + patience_s
+    delay = 0.05
+    while True:
+        try:
+            return fn()
+        except AWAY:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -1,0 +1,70 @@
+"""Worker entry point: Celery stays the process supervisor."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+from toolq.core.settings import QueueSettings
+from toolq.core.tools import Registry
+
+log = logging.getLogger("toolq.worker")
+
+
+def worker_argv(
+    q: QueueSettings,
+    *,
+    queues: str | None = None,
+    concurrency: int | None = None,
+    pool: str | None = None,
+    autoscale: str | None = None,
+    loglevel: str = "INFO",
+    hostname: str | None = None,
+    events: bool = False,
+) -> list[str]:
+    argv = [
+        "worker",
+        "-Q",
+        queues or f"{q.calls},{q.verify}",
+        "--loglevel",
+        loglevel,
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    if pool:
+        argv += ["--pool", pool]
+    if autoscale:
+        argv += ["--autoscale", autoscale]
+    if hostname:
+        argv += ["--hostname", hostname]
+    if events:
+        argv.append("--task-events")  # Celery's -E: for Flower
+    return argv
+
+
+def run_worker(celery: Celery, registry: Registry, q: QueueSettings, **options: Any) -> None:
+    """Run a Celery worker for toolq's queues in the foreground. Refused
+    (errors.RequestRefused) before it consumes anything if its number of cells is not
+    the ledger's: without TOOLQ_CELLS on a ledger moved into cells, every claim would
+    find its operation missing and the delivery would be acknowledged, lost."""
+    app = getattr(celery, "toolq_app", None)
+    if app is not None:
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+            app.ledger.record_cells()  # a server not up yet: Celery waits for it anyway
+
+    @signals.worker_ready.connect(weak=False)
+    def _ready(sender: Any = None, **_: Any) -> None:
+        registry.warn_unverifiable()
+        if app is not None:
+            # A server that cannot hold a claim on disk is said as the worker starts,
+            # not at its first claim (toolq.adapters.ledger.durability).
+            with contextlib.suppress(redis.RedisError):
+                app.ledger.durable.current()
+
+    celery.worker_main(worker_argv(q, **options))
