@@ -134,8 +134,8 @@ class AsyncToolQueue:
         )
         res = await b.ledger.submit(**op.ledger_args())
         sub = calls.submitted(op, res.outcome, res.state)
-        queue = op.queue or self.app.settings.queues.calls
-        return dataclasses.replace(sub, warnings=await self.app.liveness.acheck(b.redis, queue))
+        warnings = await self.app.liveness.acheck(b.redis, self.app.queue_of(op))
+        return dataclasses.replace(sub, warnings=warnings)
 
     async def call(
         self,
