@@ -349,9 +349,13 @@ class App:
                 self._liveness = liveness.Liveness(keys.workers, keys.schedulers)
             return self._liveness
 
+    def queue_of(self, op: calls.NewOperation) -> str:
+        """The queue a submit's message goes to: its tool's own, else the calls queue."""
+        return op.queue or self.settings.queues.calls
+
     def warnings_for(self, op: calls.NewOperation) -> tuple[str, ...]:
         """Advisory, for a submit: nothing serves its queue (read at most every few s)."""
-        return self.liveness.check(self.redis, op.queue or self.settings.queues.calls)
+        return self.liveness.check(self.redis, self.queue_of(op))
 
     def _make_celery(self) -> Celery:
         url: str | None

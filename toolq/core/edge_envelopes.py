@@ -131,6 +131,30 @@ def refused_envelope(
     )
 
 
+def may_be_queued(
+    code: str,
+    category: Category,
+    ref: str,
+    tool: str | None,
+    call_id: str | None,
+    follow_tool: str,
+) -> ToolError:
+    """A write the edge may have queued and cannot confirm: the agent follows the ref
+    with ``follow_tool`` before anything else (``unknown``: toolq verifies it)."""
+    return edge_error(
+        code,
+        category,
+        ref,
+        tool,
+        call_id,
+        f"The call may have been queued. Follow operation_ref with {follow_tool} "
+        "before calling the tool again.",
+        "I could not confirm whether this was queued; I am checking.",
+        unknown=True,
+        safe_details={"verification_tool": follow_tool},
+    )
+
+
 def unexpected_envelope(
     ref: str,
     tool: str | None,
@@ -144,18 +168,8 @@ def unexpected_envelope(
     ``OUTCOME_UNKNOWN``, a ``dependency`` failure when the edge lost its server
     (else internal); anything else escalates."""
     if may_have_submitted:
-        return edge_error(
-            "OUTCOME_UNKNOWN",
-            Category.DEPENDENCY if dependency else Category.INTERNAL,
-            ref,
-            tool,
-            call_id,
-            f"The call may have been queued. Follow operation_ref with {follow_tool} "
-            "before calling the tool again.",
-            "I could not confirm whether this was queued; I am checking.",
-            unknown=True,
-            safe_details={"verification_tool": follow_tool},
-        )
+        category = Category.DEPENDENCY if dependency else Category.INTERNAL
+        return may_be_queued("OUTCOME_UNKNOWN", category, ref, tool, call_id, follow_tool)
     return edge_error(
         "INTERNAL_ERROR",
         Category.INTERNAL,

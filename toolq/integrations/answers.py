@@ -175,17 +175,8 @@ def unavailable_envelope(
     """toolq's server did not answer. A write may have been queued: follow the ref
     before anything else (kind PENDING); a read was not: try later (PENDING too)."""
     if writes:
-        return edge_envelopes.edge_error(
-            "QUEUE_UNAVAILABLE",
-            Category.DEPENDENCY,
-            ref,
-            tool,
-            call_id,
-            f"The call may have been queued. Follow operation_ref with {FOLLOW_TOOL} "
-            "before calling the tool again.",
-            "I could not confirm whether this was queued; I am checking.",
-            unknown=True,
-            safe_details={"verification_tool": FOLLOW_TOOL},
+        return edge_envelopes.may_be_queued(
+            "QUEUE_UNAVAILABLE", Category.DEPENDENCY, ref, tool, call_id, FOLLOW_TOOL
         )
     now = datetime.now(UTC)
     return edge_envelopes.edge_error(

@@ -132,14 +132,34 @@ class WakeListener(ABC):
         self.drop()
 
 
-class WakeLists(WakeListener):
+class _OwnConnection:
+    """A connection of its own for blocking reads (a blocked command holds it), made on
+    first use with a read timeout 10 s past the longest block, closed with its owner."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._url = redis_url
+        self._blocking: redis.Redis | None = None
+
+    def _own(self, longest_block_s: float) -> redis.Redis:
+        if self._blocking is None:
+            self._blocking = redis.Redis.from_url(
+                self._url, socket_timeout=longest_block_s + 10, socket_connect_timeout=5
+            )
+        return self._blocking
+
+    def close(self) -> None:
+        if self._blocking is not None:
+            self._blocking.close()
+            self._blocking = None
+
+
+class WakeLists(_OwnConnection, WakeListener):
     """One server: one ``BLPOP`` of the cells' wake lists, on a connection of its own."""
 
     def __init__(self, stop: threading.Event, redis_url: str, max_sleep: float) -> None:
-        super().__init__(stop)
-        self._url = redis_url
+        WakeListener.__init__(self, stop)
+        _OwnConnection.__init__(self, redis_url)
         self._max_sleep = max_sleep
-        self._blocking: redis.Redis | None = None
 
     def wait(self, seconds: float, cells: Sequence[Keys]) -> None:
         wakes = [k.wake for k in cells]
@@ -166,16 +186,7 @@ class WakeLists(WakeListener):
 
     def blocking_client(self) -> redis.Redis:
         """The blocking reads' connection, with a read timeout past the longest sleep."""
-        if self._blocking is None:
-            self._blocking = redis.Redis.from_url(
-                self._url, socket_timeout=self._max_sleep + 10, socket_connect_timeout=5
-            )
-        return self._blocking
-
-    def close(self) -> None:
-        if self._blocking is not None:
-            self._blocking.close()
-            self._blocking = None
+        return self._own(self._max_sleep)
 
 
 class NoticeWake(WakeListener):
@@ -245,16 +256,15 @@ def _pairs(reply: Any) -> list[tuple[str, Any]]:
     return [(_s(name), raw) for name, raw in pairs]
 
 
-class BlockingOutboxes(OutboxReader):
+class BlockingOutboxes(_OwnConnection, OutboxReader):
     """One server: one ``XREADGROUP`` of every outbox, blocking while they are empty (no
     polling tick) on a connection of its own; acknowledged in one transaction."""
 
     def __init__(
         self, client: redis.Redis, streams: Sequence[str], consumer: str, redis_url: str
     ) -> None:
-        super().__init__(client, streams, consumer)
-        self._url = redis_url
-        self._blocking: redis.Redis | None = None
+        OutboxReader.__init__(self, client, streams, consumer)
+        _OwnConnection.__init__(self, redis_url)
         #: Its blocking reads' longest wait, for the connection's read timeout.
         self.block_s = 0.0
 
@@ -278,16 +288,7 @@ class BlockingOutboxes(OutboxReader):
         pipe.execute()
 
     def blocking_client(self, block_ms: int) -> redis.Redis:
-        if self._blocking is None:
-            self._blocking = redis.Redis.from_url(
-                self._url, socket_timeout=block_ms / 1000 + 10, socket_connect_timeout=5
-            )
-        return self._blocking
-
-    def close(self) -> None:
-        if self._blocking is not None:
-            self._blocking.close()
-            self._blocking = None
+        return self._own(block_ms / 1000)
 
 
 class NoticeOutboxes(OutboxReader):

@@ -33,10 +33,9 @@ from toolq.adapters.ledger.replies import (
     strs,
     submit_result,
 )
-from toolq.adapters.ledger.routes import Routes, strategies
+from toolq.adapters.ledger.routes import Routes
 from toolq.adapters.ledger.runner import AsyncScripts
 from toolq.adapters.ledger.wire import Push
-from toolq.core.keys import Keys
 from toolq.core.layout import Layout
 from toolq.core.record import HistoryEntry, OperationRecord
 from toolq.decisions.recovery.transition import Transition
@@ -67,8 +66,7 @@ class AsyncLedger(Routes):
         #: (``ToolqSettings.durability``, :mod:`toolq.adapters.ledger.durability`).
         self.durable = AsyncDurability(client, durability, nodes=nodes)
         #: Where every call by ref goes (as the sync Ledger's).
-        flagged = strategies(prefix, outbox, None, cells)
-        self.route(layout or flagged[0], push or flagged[1], Keys(prefix))
+        self.route_by(prefix, None, layout, push, outbox=outbox, cells=cells)
         self.scripts = AsyncScripts(client, replace=self.durable.nodes.replace_library)
 
     async def record_cells(self) -> None:

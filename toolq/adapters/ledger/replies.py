@@ -152,6 +152,15 @@ def sleep_ms(raw: Any) -> int:
     return int(float(raw))
 
 
+def number(raw: Any) -> int:
+    """A field read back as an integer (Lua may write a float); 0 when it is missing or
+    not a number (a field a newer or older writer left out)."""
+    try:
+        return int(float(raw or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
 def _s(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode()

@@ -54,6 +54,21 @@ class Routes:
     calls: Calls
     keys: Keys
 
+    def route_by(
+        self,
+        prefix: str,
+        cell: int | None,
+        layout: Layout | None,
+        push: Push | None,
+        *,
+        outbox: bool,
+        cells: int | None,
+    ) -> None:
+        """Route by the topology's ``layout`` and ``push`` (a process's ledger), else
+        by the flags (:func:`strategies`); the home keys are ``cell``'s (None: none)."""
+        flagged = strategies(prefix, outbox, cell, cells)
+        self.route(layout or flagged[0], push or flagged[1], Keys(prefix, cell))
+
     def route(self, layout: Layout, push: Push, home: Keys) -> None:
         self.layout = layout
         self._push = push

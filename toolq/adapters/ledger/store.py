@@ -82,8 +82,7 @@ class Ledger(Routes, SchedulerCalls):
         self.durable = Durability(client, durability, nodes=nodes)
         #: Where every call by ref goes; the per-cell keys (due, wake, stats, tools,
         #: indexes, outbox) are each cell's (:meth:`in_cell`).
-        flagged = strategies(prefix, outbox, cell, cells)
-        self.route(layout or flagged[0], push or flagged[1], Keys(prefix, cell))
+        self.route_by(prefix, cell, layout, push, outbox=outbox, cells=cells)
         self.scripts = Scripts(client, replace=self.durable.nodes.replace_library)
         #: :meth:`record_cells` ran: the number of cells (or none) is the ledger's.
         self.cells_checked = False

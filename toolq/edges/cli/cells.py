@@ -22,6 +22,16 @@ if TYPE_CHECKING:
     from toolq.adapters.ledger.spread import Move
 
 
+#: The ledger's key prefix, for the commands that move cells (``migrate``, ``balance``).
+prefix_option = click.option(
+    "--prefix",
+    envvar="TOOLQ_PREFIX",
+    default="toolq",
+    show_default=True,
+    help="The ledger's key prefix (env TOOLQ_PREFIX).",
+)
+
+
 @click.group()
 def cells() -> None:
     """The ledger's cells: what a Valkey Cluster spreads over its nodes."""
@@ -37,13 +47,7 @@ def cells() -> None:
     required=True,
     help="How many cells (fixed for the ledger's life; then run with TOOLQ_CELLS=N).",
 )
-@click.option(
-    "--prefix",
-    envvar="TOOLQ_PREFIX",
-    default="toolq",
-    show_default=True,
-    help="The ledger's key prefix (env TOOLQ_PREFIX).",
-)
+@prefix_option
 @click.option(
     "--force",
     is_flag=True,
@@ -134,13 +138,7 @@ def adopt(redis_url: str | None, state_dir: str, joining: list[str]) -> None:
 @cells.command()
 @redis_option
 @state_dir_option
-@click.option(
-    "--prefix",
-    envvar="TOOLQ_PREFIX",
-    default="toolq",
-    show_default=True,
-    help="The ledger's key prefix (env TOOLQ_PREFIX).",
-)
+@prefix_option
 @click.option("--dry-run", is_flag=True, help="Print the plan; move nothing.")
 @handle_errors
 def balance(redis_url: str | None, state_dir: str, prefix: str, dry_run: bool) -> None:

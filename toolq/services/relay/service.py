@@ -35,19 +35,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 
-from toolq.adapters.ledger import Ledger
 from toolq.adapters.outage import UNREACHABLE
 from toolq.core import errors
 from toolq.core.keys import OUTBOX_GROUP
-from toolq.core.settings import ToolqSettings
 from toolq.process.waiting import Outage, Waiter
+from toolq.services.parts import Parts as Parts  # what the relay runs on
 from toolq.services.relay.brokers import BrokerUnavailable, broker_errors, publisher_for
 from toolq.services.relay.outgoing import Outgoing, lag_ms, outgoing
-from toolq.topology import Topology
 from toolq.topology.listen import FULL_READ_S, OutboxReader, outbox_reader
 
 log = logging.getLogger("toolq.relay")
@@ -65,25 +63,6 @@ __all__ = ["FULL_READ_S", "BrokerUnavailable", "Relay"]
 Entry = tuple[str, str, Outgoing | None]
 
 Hook = Callable[[Sequence[Outgoing]], None]
-
-
-class Parts(Protocol):
-    """What the relay runs on (:class:`toolq.client.app.App` has all of it)."""
-
-    settings: ToolqSettings
-    clock: Callable[[], float]
-
-    @property
-    def redis(self) -> redis.Redis: ...
-
-    @property
-    def redis_url(self) -> str: ...
-
-    @property
-    def ledger(self) -> Ledger: ...
-
-    @property
-    def topology(self) -> Topology: ...
 
 
 class Relay:

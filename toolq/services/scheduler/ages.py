@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 import redis
 
@@ -20,6 +20,7 @@ from toolq.adapters.broker.app import transport_options
 from toolq.adapters.broker.depth import Depths
 from toolq.adapters.broker.messages import message_head
 from toolq.adapters.ledger import Ledger, outbox
+from toolq.adapters.ledger.replies import number
 from toolq.core.settings import ToolqSettings
 from toolq.decisions.recovery.policy import Queues, Waiting, oldest_waiting
 from toolq.topology.model import Topology
@@ -95,9 +96,9 @@ class ListHeads(QueueAges):
                         ref=ref,
                         seq=seq,
                         redelivered=redelivered,
-                        record_seq=None if mine is None else _int(mine),
-                        republished=not verify and _int(repubs) > 0,
-                        published_ms=_int(published),
+                        record_seq=None if mine is None else number(mine),
+                        republished=not verify and number(repubs) > 0,
+                        published_ms=number(published),
                     )
                 )
             return out
@@ -142,10 +143,3 @@ def ages_for(topology: Topology, app: Parts) -> QueueAges:
         Outbox: lambda: OutboxAges(app, _broker_depths(app.settings, str(publish.broker(None)))),
     }
     return build[type(publish)]()
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(float(value or 0))
-    except (TypeError, ValueError):
-        return 0

@@ -28,47 +28,31 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
-import redis
 from redis.exceptions import NoScriptError, TryAgainError
 
-from toolq.adapters.ledger import Ledger
 from toolq.adapters.outage import UNREACHABLE
 from toolq.core import errors
-from toolq.core.settings import ToolqSettings
 from toolq.core.states import PENDING_RECOVERY, TERMINAL
 from toolq.core.tools import Registry
 from toolq.decisions.recovery import outcome
 from toolq.decisions.recovery.actions import for_decision
 from toolq.decisions.recovery.policy import Action, Snapshot, Timeouts, decide, sleep_seconds
 from toolq.process.waiting import Outage, Waiter
+from toolq.services import parts
 from toolq.services.scheduler.ages import ages_for
 from toolq.services.scheduler.batch import Batch, TickStats
 from toolq.services.scheduler.series import Sampler
 from toolq.services.scheduler.share import share_for
-from toolq.topology import Topology
 from toolq.topology.listen import wake_listener
 
 __all__ = ["LEDGER_DOWN", "Parts", "Scheduler", "TickStats"]
 
 
-class Parts(Protocol):
-    """What the scheduler runs on (:class:`toolq.client.app.App` has all of it)."""
+class Parts(parts.Parts, Protocol):
+    """What the scheduler runs on (:class:`toolq.client.app.App` has all of it): a
+    relay's parts, its tools and its recovery policy."""
 
-    settings: ToolqSettings
     registry: Registry
-    clock: Callable[[], float]
-
-    @property
-    def redis(self) -> redis.Redis: ...
-
-    @property
-    def redis_url(self) -> str: ...
-
-    @property
-    def ledger(self) -> Ledger: ...
-
-    @property
-    def topology(self) -> Topology: ...
 
     @property
     def outbound(self) -> outcome.Messages: ...

@@ -26,6 +26,7 @@ from typing import Any
 import redis
 
 from toolq.adapters.ledger import Ledger
+from toolq.adapters.ledger.replies import number
 from toolq.core.keys import Keys
 from toolq.core.layout import Cells, Layout, SingleTag
 from toolq.services.scheduler.batch import Batch, Rounds
@@ -165,7 +166,7 @@ class LeasedCells(Share):
         ledger = self.ledger
         oldest = self._clock_ms() - self.ttl_ms
         beats = ledger.redis.hgetall(ledger.keys.schedulers)
-        live = {_s(sid) for sid, beat in beats.items() if _int(beat) >= oldest} | {self.holder}
+        live = {_s(sid) for sid, beat in beats.items() if number(beat) >= oldest} | {self.holder}
         held = ledger.hold_cells(self.holder, self._held, self.ttl_ms, len(live))
         if held != self._held:
             log.info(
@@ -216,13 +217,6 @@ def share_for(
         Cells: lambda: LeasedCells(ledger, holder, ttl_ms, clock_ms),
     }
     return build[type(layout)]()
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(float(value or 0))
-    except (TypeError, ValueError):
-        return 0
 
 
 def _s(value: Any) -> str:
