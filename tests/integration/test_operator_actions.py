@@ -19,7 +19,7 @@ from toolq import ToolQueue
 from toolq.core import errors
 from toolq.core.record import HistoryEntry
 from toolq.core.states import State
-from toolq.decisions import operations as calls
+from toolq.decisions import operations
 from toolq.decisions.recovery import actions, operator
 from toolq.decisions.recovery.policy import Action, Decision, Snapshot
 from toolq.decisions.recovery.transition import Transition
@@ -106,9 +106,11 @@ def test_retry_now_and_the_schedulers_dispatch_of_one_revision_move_it_once(
         winner, loser = (
             (by_scheduler, by_operator) if first == "scheduler" else (by_operator, by_scheduler)
         )
-        assert calls.applied(winner, tq.ledger.apply_one(winner, tq.app.now_ms())) is State.QUEUED
+        assert (
+            operations.applied(winner, tq.ledger.apply_one(winner, tq.app.now_ms())) is State.QUEUED
+        )
         with pytest.raises(errors.InvalidState, match="changed meanwhile"):
-            calls.applied(loser, tq.ledger.apply_one(loser, tq.app.now_ms()))
+            operations.applied(loser, tq.ledger.apply_one(loser, tq.app.now_ms()))
         assert tq.wait(ref, timeout=30).ok
         rec = tq.get(ref)
         assert rec is not None and rec.attempt == 2 and seen(tq, ref) == [1, 2]

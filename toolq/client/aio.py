@@ -61,7 +61,7 @@ from toolq.core import errors
 from toolq.core.envelope import ToolError, ToolSuccess
 from toolq.core.record import HistoryEntry, OperationPage, OperationRecord
 from toolq.core.states import SETTLED, State
-from toolq.decisions import operations as calls
+from toolq.decisions import operations
 from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.decisions.recovery import operator
 from toolq.decisions.recovery.transition import Transition
@@ -133,7 +133,7 @@ class AsyncToolQueue:
             tool, args, operation_ref=operation_ref, call_id=call_id, run_id=run_id, step=step
         )
         res = await b.ledger.submit(**op.ledger_args())
-        sub = calls.submitted(op, res.outcome, res.state)
+        sub = operations.submitted(op, res.outcome, res.state)
         warnings = await self.app.liveness.acheck(b.redis, self.app.queue_of(op))
         return dataclasses.replace(sub, warnings=warnings)
 
@@ -157,7 +157,7 @@ class AsyncToolQueue:
             w = await b.notifier.watch(op.ref, progress=on_progress is not None)
             try:
                 res = await b.ledger.submit(**op.ledger_args())
-                sub = calls.submitted(op, res.outcome, res.state)
+                sub = operations.submitted(op, res.outcome, res.state)
                 seen = Seen.created(op) if sub.created else None
                 return await self._wait(b, w, op.ref, deadline, on_progress, seen)
             finally:
@@ -372,7 +372,7 @@ class AsyncToolQueue:
         return b, operator.View.from_fields(ref, await b.ledger.fields(ref, *operator.FIELDS))
 
     async def _apply(self, b: _Bound, t: Transition) -> State:
-        return calls.applied(t, await b.ledger.apply_one(t, self.app.now_ms()))
+        return operations.applied(t, await b.ledger.apply_one(t, self.app.now_ms()))
 
     # ------------------------------------------------------------------ refs
 

@@ -34,7 +34,7 @@ from toolq.core.redact import redact_url
 from toolq.core.settings import ToolqSettings
 from toolq.core.states import State
 from toolq.core.tools import Registry, fingerprint
-from toolq.decisions import operations as calls
+from toolq.decisions import operations
 from toolq.decisions.recovery import operator, outcome
 from toolq.decisions.recovery.transition import Transition
 from toolq.services.tasks.celery import register_tasks
@@ -256,15 +256,15 @@ class App:
         call_id: str | None = None,
         run_id: str | None = None,
         step: str | int | None = None,
-    ) -> calls.NewOperation:
+    ) -> operations.NewOperation:
         """The operation a submit creates, checked: UnknownTool, InvalidArguments if not."""
         limits = self.settings.limits
         t = self.registry.get(tool)
-        canonical = calls.canonical_args(t, args, limits)
-        ref = calls.operation_ref(operation_ref, run_id, step, limits)
-        cid = calls.check_call_id(call_id, limits)
+        canonical = operations.canonical_args(t, args, limits)
+        ref = operations.operation_ref(operation_ref, run_id, step, limits)
+        cid = operations.check_call_id(call_id, limits)
         run = functools.partial(self.messages.run, tool=t.name)
-        return calls.new_operation(t, canonical, ref, cid, self.now_ms(), self.policy, run)
+        return operations.new_operation(t, canonical, ref, cid, self.now_ms(), self.policy, run)
 
     def approval(self, v: operator.View, by: str) -> Transition:
         return operator.approve(v, self.now_ms(), self.policy, self.outbound_for(v.tool), by)
@@ -277,7 +277,7 @@ class App:
 
     def new_input(self, v: operator.View, args: Any, by: str) -> Transition:
         v.require(State.NEEDS_INPUT)
-        canonical = calls.canonical_args(self.registry.get(v.tool), args, self.settings.limits)
+        canonical = operations.canonical_args(self.registry.get(v.tool), args, self.settings.limits)
         fp = fingerprint(canonical)
         return operator.provide_input(
             v, canonical, fp, self.now_ms(), self.policy, self.outbound_for(v.tool), by
@@ -349,11 +349,11 @@ class App:
                 self._liveness = liveness.Liveness(keys.workers, keys.schedulers)
             return self._liveness
 
-    def queue_of(self, op: calls.NewOperation) -> str:
+    def queue_of(self, op: operations.NewOperation) -> str:
         """The queue a submit's message goes to: its tool's own, else the calls queue."""
         return op.queue or self.settings.queues.calls
 
-    def warnings_for(self, op: calls.NewOperation) -> tuple[str, ...]:
+    def warnings_for(self, op: operations.NewOperation) -> tuple[str, ...]:
         """Advisory, for a submit: nothing serves its queue (read at most every few s)."""
         return self.liveness.check(self.redis, self.queue_of(op))
 

@@ -31,7 +31,7 @@ from toolq.core.record import OperationPage, OperationRecord
 from toolq.core.settings import ToolqSettings
 from toolq.core.states import State
 from toolq.core.tools import Tool, ToolOptions, args_model_for
-from toolq.decisions import operations as calls
+from toolq.decisions import operations
 from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.decisions.recovery import operator
 from toolq.decisions.recovery.transition import Transition
@@ -175,7 +175,7 @@ class ToolQueue:
             tool, args, operation_ref=operation_ref, call_id=call_id, run_id=run_id, step=step
         )
         res = self.ledger.submit(**op.ledger_args())
-        sub = calls.submitted(op, res.outcome, res.state)
+        sub = operations.submitted(op, res.outcome, res.state)
         return dataclasses.replace(sub, warnings=self.app.warnings_for(op))
 
     @server_errors
@@ -195,7 +195,7 @@ class ToolQueue:
         ev = self.app.notifier.watch(op.ref)
         try:
             res = self.ledger.submit(**op.ledger_args())
-            sub = calls.submitted(op, res.outcome, res.state)
+            sub = operations.submitted(op, res.outcome, res.state)
             return self._wait(ev, op.ref, deadline, Seen.created(op) if sub.created else None)
         finally:
             self.app.notifier.unwatch(op.ref, ev)
@@ -281,4 +281,4 @@ class ToolQueue:
         return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))
 
     def _apply(self, t: Transition) -> State:
-        return calls.applied(t, self.ledger.apply_one(t, self.app.now_ms()))
+        return operations.applied(t, self.ledger.apply_one(t, self.app.now_ms()))

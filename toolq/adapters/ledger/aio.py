@@ -1,7 +1,7 @@
 """The ledger on ``redis.asyncio``: what ``tq.aio`` reads and writes.
 
 The same scripts, KEYS and ARGV as the sync :class:`~toolq.adapters.ledger.store.Ledger`
-(built by the one :class:`~toolq.adapters.ledger.wire.Calls`), and the same reading
+(built by the one :class:`~toolq.adapters.ledger.wire.ScriptArgs`), and the same reading
 of their replies; only the sending awaits. Clients write (submit, operator
 actions) and read: claiming, renewing and the scheduler's calls stay with the
 sync ledger that workers and the scheduler use.

@@ -1,5 +1,5 @@
 """Which keys a ledger call names: the layout (:mod:`toolq.core.layout`) maps a ref to its
-cell's keys, and :class:`Routes` keeps the :class:`~toolq.adapters.ledger.wire.Calls` of each.
+cell's keys, and :class:`Routes` keeps the :class:`~toolq.adapters.ledger.wire.ScriptArgs` of each.
 Shared by the sync and the async ledger.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from toolq.adapters.ledger.wire import Calls, InlinePush, OutboxPush, Push
+from toolq.adapters.ledger.wire import InlinePush, OutboxPush, Push, ScriptArgs
 from toolq.core import errors
 from toolq.core.keys import Keys
 from toolq.core.layout import Layout, layout_of
@@ -51,7 +51,7 @@ class Routes:
     the deployment-wide ones (schedulers, workers, meta: no cell), or one cell's."""
 
     layout: Layout
-    calls: Calls
+    calls: ScriptArgs
     keys: Keys
 
     def route_by(
@@ -72,7 +72,7 @@ class Routes:
     def route(self, layout: Layout, push: Push, home: Keys) -> None:
         self.layout = layout
         self._push = push
-        self._calls: dict[Keys, Calls] = {}
+        self._calls: dict[Keys, ScriptArgs] = {}
         self.calls = self.calls_at(home)
         self.keys = self.calls.keys
 
@@ -81,14 +81,14 @@ class Routes:
         """The number of cells (None: the single tag), as :attr:`layout` says."""
         return self.layout.cells
 
-    def calls_at(self, keys: Keys) -> Calls:
+    def calls_at(self, keys: Keys) -> ScriptArgs:
         """The calls on ``keys`` (made once, shared by every copy of the ledger)."""
         found = self._calls.get(keys)
         if found is None:
-            found = self._calls[keys] = Calls(keys, self._push)
+            found = self._calls[keys] = ScriptArgs(keys, self._push)
         return found
 
-    def calls_of(self, ref: str) -> Calls:
+    def calls_of(self, ref: str) -> ScriptArgs:
         """The calls on ``ref``'s keys (its cell's in cells mode)."""
         return self.calls_at(self.layout.keys_of(ref))
 

@@ -15,7 +15,7 @@ from redis.connection import Connection
 
 from toolq.adapters.ledger.replies import due_rows, sleep_ms, strs
 from toolq.adapters.ledger.runner import Scripts, lost_scripts
-from toolq.adapters.ledger.wire import Call, Calls
+from toolq.adapters.ledger.wire import Call, ScriptArgs
 from toolq.core.cells import lease_plan
 from toolq.core.keys import Keys
 from toolq.decisions.recovery.transition import Transition
@@ -29,10 +29,10 @@ class SchedulerCalls:
 
     redis: redis.Redis
     scripts: Scripts
-    calls: Calls
+    calls: ScriptArgs
     layout: Layout
 
-    def calls_at(self, keys: Keys) -> Calls:
+    def calls_at(self, keys: Keys) -> ScriptArgs:
         raise NotImplementedError
 
     def claim_due(self, now_ms: int, limit: int, hold_ms: int) -> list[dict[str, str]]:
@@ -94,7 +94,7 @@ class SchedulerCalls:
             calls = [self._cell(c).cell_lease(holder, 0, "release") for c in held]
             self._on_cells("cell_lease", calls)
 
-    def _cell(self, cell: int) -> Calls:
+    def _cell(self, cell: int) -> ScriptArgs:
         return self.calls_at(Keys(self.calls.keys.prefix, cell))
 
     def _cells(self) -> range:

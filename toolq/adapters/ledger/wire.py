@@ -1,6 +1,6 @@
 """The ledger's wire: the KEYS and ARGV of every script call, built without I/O.
 
-:class:`Calls` builds them for one cell's keys (the single tag's, or a cell's),
+:class:`ScriptArgs` builds them for one cell's keys (the single tag's, or a cell's),
 once for the sync :class:`toolq.adapters.ledger.store.Ledger` and the async one
 (:class:`toolq.adapters.ledger.aio.AsyncLedger`), which differ only in how they send them.
 Where a Celery message goes is a strategy the caller passes (the topology picks
@@ -136,7 +136,7 @@ def to_wire(
 Call = tuple[list[Any], list[Any]]
 
 
-class Calls:
+class ScriptArgs:
     """The KEYS and ARGV of the script calls on one cell's keys (``keys``)."""
 
     def __init__(self, keys: Keys, push: Push) -> None:
