@@ -43,6 +43,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from toolq.core.text import as_text
+
 log = logging.getLogger("toolq.liveness")
 
 #: Seconds between a worker's beats.
@@ -135,7 +137,7 @@ def assess(
 
 def worker_beats(raw: Mapping[Any, Any]) -> dict[str, int]:
     """The workers hash as read: queue -> last beat (ms)."""
-    return {_s(k): int(float(v)) for k, v in raw.items()}
+    return {as_text(k): int(float(v)) for k, v in raw.items()}
 
 
 class Liveness:
@@ -366,7 +368,3 @@ def _on_shutdown(sender: Any = None, **_: Any) -> None:
     beat = _beats.pop(id(getattr(sender, "app", None)), None)
     if beat is not None:
         beat.stop()
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

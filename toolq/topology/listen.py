@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import redis
 
 from toolq.core.keys import OUTBOX_GROUP, Keys
+from toolq.core.text import as_text
 from toolq.topology.model import Topology
 from toolq.topology.nodes import ClusterNodes, Nodes, OneServer
 
@@ -55,10 +56,6 @@ class Subscribed(Protocol):
 
 
 Subscribe = Callable[[list[str]], Subscribed]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Notices:
@@ -93,7 +90,7 @@ class Notices:
         msg = self._sub.get_message(timeout=timeout)
         while msg is not None:
             if msg.get("type") in HEARD:
-                heard.add(_s(msg.get("channel", "")))
+                heard.add(as_text(msg.get("channel", "")))
             msg = self._sub.get_message(timeout=0.0)
         return heard
 
@@ -253,7 +250,7 @@ def _pairs(reply: Any) -> list[tuple[str, Any]]:
     if not reply:
         return []
     pairs = reply.items() if isinstance(reply, dict) else reply
-    return [(_s(name), raw) for name, raw in pairs]
+    return [(as_text(name), raw) for name, raw in pairs]
 
 
 class BlockingOutboxes(_OwnConnection, OutboxReader):

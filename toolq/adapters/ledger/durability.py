@@ -85,6 +85,7 @@ from typing import Any
 import redis
 
 from toolq.core import errors
+from toolq.core.text import as_text
 
 log = logging.getLogger("toolq.durability")
 
@@ -116,7 +117,7 @@ class Persistence:
     @classmethod
     def from_config(cls, reply: Mapping[Any, Any]) -> Persistence:
         """From ``CONFIG GET append*``."""
-        got = {_s(k): _s(v) for k, v in reply.items()}
+        got = {as_text(k): as_text(v) for k, v in reply.items()}
         aof = got.get("appendonly")
         return cls(
             appendonly=None if aof is None else aof == "yes",
@@ -286,7 +287,3 @@ class Plans:
             if fresh:
                 log.warning("%s", text)
         return p
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -10,6 +10,7 @@ from typing import Any
 from toolq.adapters.ledger.list_query import ListQuery, Position, encode_cursor, not_before_ms
 from toolq.core.keys import Keys
 from toolq.core.record import OperationPage, OperationSummary
+from toolq.core.text import as_text
 
 # --------------------------------------------------------------------------- the walk (Lua)
 
@@ -247,11 +248,7 @@ def page_of(raw: Any, q: ListQuery) -> OperationPage:
 
 
 def tools_of(q: ListQuery, members: Any) -> list[str]:
-    return [q.tool] if q.tool is not None else sorted(_s(t) for t in members)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return [q.tool] if q.tool is not None else sorted(as_text(t) for t in members)
 
 
 def empty_page(q: ListQuery) -> OperationPage:

@@ -36,6 +36,7 @@ from redis.cluster import RedisCluster
 from toolq.core import errors
 from toolq.core.keys import Keys
 from toolq.core.layout import Cells, Layout, SingleTag
+from toolq.core.text import as_text
 
 #: Keys read or moved per round trip.
 CHUNK = 1000
@@ -94,7 +95,7 @@ def to_cells(
     moved.records = _records(client, old, new)
     moved.due = _split(client, old.due, new, lambda k: k.due)
     for key in list(client.scan_iter(match=_glob(old.index_prefix) + "*", count=CHUNK)):
-        name = _s(key)
+        name = as_text(key)
         moved.indexes += 1
         moved.indexed += _split(client, name, new, _index_in(name[len(old.index_prefix) :]))
     moved.counters, moved.tools = _into_cell_zero(client, old, new.every_cell()[0])
@@ -108,13 +109,13 @@ def running_writers(client: redis.Redis, keys: Keys, now_ms: int) -> list[str]:
     found = []
     for sid, beat in client.hgetall(keys.schedulers).items():
         if now_ms - int(float(beat)) <= ALIVE_MS:
-            found.append(f"scheduler {_s(sid)}")
+            found.append(f"scheduler {as_text(sid)}")
     for queue, beat in client.hgetall(keys.workers).items():
         if now_ms - int(float(beat)) <= ALIVE_MS:
-            found.append(f"a worker on {_s(queue)}")
+            found.append(f"a worker on {as_text(queue)}")
     for rid, raw in client.hgetall(keys.relays).items():
         if _beat_at(raw) >= now_ms - ALIVE_MS:
-            found.append(f"relay {_s(rid)}")
+            found.append(f"relay {as_text(rid)}")
     return found
 
 
@@ -132,7 +133,7 @@ def _records(client: redis.Redis, old: Keys, new: Layout) -> int:
 
     # Renamed keys leave the pattern; a SCAN may still return a key twice: read first.
     for key in list(client.scan_iter(match=_glob(old.op_prefix) + "*", count=CHUNK)):
-        batch.append(_s(key))
+        batch.append(as_text(key))
         moved += 1
         if len(batch) >= CHUNK:
             flush()
@@ -155,7 +156,7 @@ def _split(client: redis.Redis, key: str, new: Layout, name: Callable[[Keys], st
         chunk.clear()
 
     for member, score in client.zscan_iter(key, count=CHUNK):
-        ref = _s(member)
+        ref = as_text(member)
         chunk[name(new.keys_of(ref))][ref] = score
         moved += 1
         if moved % CHUNK == 0:
@@ -178,7 +179,7 @@ def _into_cell_zero(client: redis.Redis, old: Keys, zero: Keys) -> tuple[int, in
     tools = client.scard(old.tools)
     pipe = client.pipeline(transaction=True)
     for field, value in stats.items():
-        pipe.hincrby(zero.stats, _s(field), int(value))
+        pipe.hincrby(zero.stats, as_text(field), int(value))
     pipe.sunionstore(zero.tools, [zero.tools, old.tools])
     pipe.delete(old.stats, old.tools)
     pipe.execute()
@@ -195,7 +196,3 @@ def _beat_at(raw: Any) -> int:
 def _glob(text: str) -> str:
     """``text`` as a literal SCAN pattern (a tag may hold ``[`` or ``*``)."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from toolq.core.keys import Keys
+from toolq.core.text import as_text
 
 
 def entry_ms(entry_id: str | bytes) -> int:
@@ -65,7 +66,7 @@ def parse_status(
             try:
                 if isinstance(wait, dict):
                     waiting.append(
-                        {"id": _s(rid), "for": str(wait["for"]), "since": int(wait["since"])}
+                        {"id": as_text(rid), "for": str(wait["for"]), "since": int(wait["since"])}
                     )
             except (KeyError, TypeError, ValueError):
                 pass
@@ -77,7 +78,3 @@ def parse_status(
         "lag_ms": max(lags) if lags else None,
         "waiting": waiting,
     }
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

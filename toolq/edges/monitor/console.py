@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 
+from toolq.core.text import as_text
 from toolq.edges.monitor.read import (
     Sources,
     broker_depths,
@@ -30,10 +31,6 @@ from toolq.services.scheduler.series import Point
 
 if TYPE_CHECKING:
     from toolq.client.aio import AsyncToolQueue
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 #: The chart shows at most this many hours (what the series keeps).
@@ -75,7 +72,7 @@ async def aread_status(
     snap["workers"] = shape_workers(common["nodes"], now_ms)
     snap["waiting"] = waiting(snap, now_ms)
     oldest_escalated = {
-        t: (_s(first[0][0]), int(first[0][1])) for t, first in escalated.items() if first
+        t: (as_text(first[0][0]), int(first[0][1])) for t, first in escalated.items() if first
     }
     return shape_overview(snap, oldest_escalated, samples.points(sampled), now_ms)
 

@@ -23,6 +23,7 @@ from toolq.core.keys import KOMBU_UNACKED, Keys
 from toolq.core.layout import Layout, SingleTag
 from toolq.core.settings import ToolqSettings
 from toolq.core.states import State
+from toolq.core.text import as_text
 from toolq.edges.monitor.shape import AGED, STATES, shape, shape_workers, waiting
 from toolq.topology import topology_for
 from toolq.topology.publish import Inline, Outbox, Publish
@@ -258,9 +259,9 @@ def parse_common(replies: Iterator[Any], src: Sources, now_ms: int) -> dict[str,
     backlog = due_now = 0
     earliest: int | None = None
     for _ in src.cell_keys:  # summed over the cells (one without)
-        tools |= {_s(t) for t in next(replies)}
+        tools |= {as_text(t) for t in next(replies)}
         for k, v in next(replies).items():
-            stats[_s(k)] = stats.get(_s(k), 0) + int(v)
+            stats[as_text(k)] = stats.get(as_text(k), 0) + int(v)
         backlog, due_now, first = (
             backlog + int(next(replies)),
             due_now + int(next(replies)),
@@ -268,7 +269,7 @@ def parse_common(replies: Iterator[Any], src: Sources, now_ms: int) -> dict[str,
         )
         if first and (earliest is None or int(first[0][1]) < earliest):
             earliest = int(first[0][1])
-    schedulers = {_s(k): int(float(v)) for k, v in next(replies).items()}
+    schedulers = {as_text(k): int(float(v)) for k, v in next(replies).items()}
     beats = worker_beats(next(replies))
     nodes = worker_nodes(next(replies))
     out: dict[str, Any] = {
@@ -302,7 +303,7 @@ def parse_tool(
         for state in AGED:
             first = next(replies)
             if first and (state not in oldest or int(first[0][1]) < oldest[state][1]):
-                oldest[state] = (_s(first[0][0]), int(first[0][1]))
+                oldest[state] = (as_text(first[0][0]), int(first[0][1]))
     return counts, oldest
 
 
@@ -319,10 +320,6 @@ def parse_escalated(replies: Iterator[Any], src: Sources) -> Any:
         if first and (not found or int(first[0][1]) < int(found[0][1])):
             found = first
     return found
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class _Background:

@@ -42,6 +42,7 @@ import redis
 from toolq.adapters.outage import UNREACHABLE
 from toolq.core import errors
 from toolq.core.keys import OUTBOX_GROUP
+from toolq.core.text import as_text
 from toolq.process.waiting import Outage, Waiter
 from toolq.services.parts import Parts as Parts  # what the relay runs on
 from toolq.services.relay.brokers import BrokerUnavailable, broker_errors, publisher_for
@@ -296,7 +297,7 @@ class Relay:
             except redis.ResponseError:  # no group (yet)
                 continue
             for c in consumers:
-                name = _s(c.get("name", ""))
+                name = as_text(c.get("name", ""))
                 gone = int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > FORGET_BEAT_MS
                 if gone and name != self.id:
                     self.app.redis.xgroup_delconsumer(stream, OUTBOX_GROUP, name)
@@ -322,14 +323,10 @@ def _entries(stream: str, raw: Any) -> list[Entry]:
     """Stream entries as (stream, id, message); a message is None when the entry holds none."""
     out: list[Entry] = []
     for entry_id, fields in raw or ():
-        eid = _s(entry_id)
-        decoded = {_s(k): _s(v) for k, v in (fields or {}).items()}
+        eid = as_text(entry_id)
+        decoded = {as_text(k): as_text(v) for k, v in (fields or {}).items()}
         message = outgoing(eid, decoded)
         if message is None:
             log.error("outbox entry %s holds no message; dropped", eid)
         out.append((stream, eid, message))
     return out
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -25,6 +25,7 @@ import redis
 
 from toolq.core.keys import Keys
 from toolq.core.states import State
+from toolq.core.text import as_text
 
 #: Seconds between samples.
 EVERY_S = 60
@@ -151,11 +152,11 @@ class Sampler:
             pipe.hgetall(keys.stats)
         pipe.hkeys(self.keys.series)
         *read, fields = pipe.execute()
-        tools = sorted({_s(t) for members in read[0::2] for t in members})
+        tools = sorted({as_text(t) for members in read[0::2] for t in members})
         stats: dict[str, int] = {}
         for raw_stats in read[1::2]:  # summed over the cells
             for k, v in raw_stats.items():
-                stats[_s(k)] = stats.get(_s(k), 0) + int(v)
+                stats[as_text(k)] = stats.get(as_text(k), 0) + int(v)
         pipe = r.pipeline(transaction=False)
         for tool in tools:
             for keys in cells:
@@ -168,13 +169,9 @@ class Sampler:
                 sizes[state] += int(next(cards))
         point = sample_of(stats, sizes, at_ms)
         cutoff = at_ms - self.keep_s * 1000
-        old = [f for f in (_s(x) for x in fields) if f.isdigit() and int(f) < cutoff]
+        old = [f for f in (as_text(x) for x in fields) if f.isdigit() and int(f) < cutoff]
         pipe = r.pipeline(transaction=False)
         pipe.hsetnx(self.keys.series, str(at_ms), json.dumps(point, separators=(",", ":")))
         if old:
             pipe.hdel(self.keys.series, *old)
         pipe.execute()
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -21,7 +21,6 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
@@ -29,6 +28,7 @@ from toolq.adapters.ledger import Ledger
 from toolq.adapters.ledger.replies import number
 from toolq.core.keys import Keys
 from toolq.core.layout import Cells, Layout, SingleTag
+from toolq.core.text import as_text
 from toolq.services.scheduler.batch import Batch, Rounds
 
 log = logging.getLogger("toolq.scheduler")
@@ -166,7 +166,9 @@ class LeasedCells(Share):
         ledger = self.ledger
         oldest = self._clock_ms() - self.ttl_ms
         beats = ledger.redis.hgetall(ledger.keys.schedulers)
-        live = {_s(sid) for sid, beat in beats.items() if number(beat) >= oldest} | {self.holder}
+        live = {as_text(sid) for sid, beat in beats.items() if number(beat) >= oldest} | {
+            self.holder
+        }
         held = ledger.hold_cells(self.holder, self._held, self.ttl_ms, len(live))
         if held != self._held:
             log.info(
@@ -217,7 +219,3 @@ def share_for(
         Cells: lambda: LeasedCells(ledger, holder, ttl_ms, clock_ms),
     }
     return build[type(layout)]()
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
