@@ -192,6 +192,13 @@ def test_health_answers_while_hundreds_of_long_polls_wait(
     with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
         for ref in refs:
             invoke(c, "create_note", {"body": "held", "gate": True}, ref)
+
+    def running(ref: str) -> bool:
+        rec = tq.get(ref)
+        return rec is not None and rec.state is State.RUNNING
+
+    # (the worker, started with the module, may not have claimed them yet)
+    assert wait_until(lambda: all(running(r) for r in refs), 60), [tq.get(r) for r in refs]
     threads_before = threading.active_count()
 
     async def scenario() -> tuple[list[httpx.Response], httpx.Response, int, int]:
