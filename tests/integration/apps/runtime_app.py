@@ -42,9 +42,13 @@ provider = ProcessClient(tq)
 
 
 def commit(ref: str) -> None:
-    p = provider()
-    p.rpush("provider:effects", ref)
-    p.set(f"provider:committed:{ref}", "1")
+    # One transaction, as a real provider's write and what its lookup finds are one
+    # commit: a worker killed between two separate commands here left an effect the
+    # verifier could not find, and the tests counted a second write that was the stub's.
+    with provider().pipeline(transaction=True) as pipe:
+        pipe.rpush("provider:effects", ref)
+        pipe.set(f"provider:committed:{ref}", "1")
+        pipe.execute()
 
 
 @tq.tool(writes=True, consistency_window=0.5, max_attempts=5, verify_checks=3, verify_backoff=0.1)
