@@ -48,9 +48,12 @@ def _attempt(ctx: CallContext) -> None:
 
 
 def _commit(ctx: CallContext) -> None:
-    p = provider()
-    p.rpush("provider:effects", ctx.operation_ref)
-    p.set(f"provider:committed:{ctx.operation_ref}", "1")
+    # One transaction: a worker killed between two commands would leave an effect
+    # the verifier cannot find (runtime_app says why).
+    with provider().pipeline(transaction=True) as pipe:
+        pipe.rpush("provider:effects", ctx.operation_ref)
+        pipe.set(f"provider:committed:{ctx.operation_ref}", "1")
+        pipe.execute()
 
 
 class Booking(BaseModel):

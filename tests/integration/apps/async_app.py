@@ -67,8 +67,10 @@ async def apay(args: Pay, ctx: CallContext) -> dict[str, Any]:
     await where(ctx.operation_ref)
     await p.rpush(f"provider:seen:{ctx.operation_ref}", f"{ctx.attempt}:{time.time()}")
     await asyncio.sleep(0.01)  # a real suspension: the coroutine runs on the loop
-    await p.rpush("provider:effects", ctx.operation_ref)
-    await p.set(f"provider:committed:{ctx.operation_ref}", "1")
+    async with p.pipeline(transaction=True) as pipe:  # one commit (runtime_app says why)
+        pipe.rpush("provider:effects", ctx.operation_ref)
+        pipe.set(f"provider:committed:{ctx.operation_ref}", "1")
+        await pipe.execute()
     if args.mode == "lost_reply":  # committed, but the reply never arrives
         raise ConnectionResetError("connection reset by peer")
     return {"paid": ctx.operation_ref, "attempt": ctx.attempt}

@@ -58,8 +58,10 @@ def make(settings: ToolqSettings) -> ToolQueue:
         p = provider()
         if args.mode == "rate_limited" and ctx.attempt < 3:
             raise errors.RateLimited(retry_after=0.3)
-        p.rpush("provider:effects", ctx.operation_ref)
-        p.set(f"provider:committed:{ctx.operation_ref}", "1")
+        with p.pipeline(transaction=True) as pipe:  # one commit (runtime_app says why)
+            pipe.rpush("provider:effects", ctx.operation_ref)
+            pipe.set(f"provider:committed:{ctx.operation_ref}", "1")
+            pipe.execute()
         if args.sleep:
             time.sleep(args.sleep)  # inside the write: after the side effect, before the reply
         if args.mode == "lost_reply" and ctx.attempt == 1:

@@ -45,8 +45,10 @@ class Pay(BaseModel):
 def pay(args: Pay, ctx: CallContext) -> dict[str, Any]:
     p = provider()
     p.rpush(f"provider:seen:{ctx.operation_ref}", f"{ctx.attempt}:{time.time()}")
-    p.rpush("provider:effects", ctx.operation_ref)
-    p.set(f"provider:committed:{ctx.operation_ref}", "1")
+    with p.pipeline(transaction=True) as pipe:  # one commit (runtime_app says why)
+        pipe.rpush("provider:effects", ctx.operation_ref)
+        pipe.set(f"provider:committed:{ctx.operation_ref}", "1")
+        pipe.execute()
     if args.sleep:
         time.sleep(args.sleep)  # inside the write: after the side effect, before the reply
     return {"paid": ctx.operation_ref, "attempt": ctx.attempt}

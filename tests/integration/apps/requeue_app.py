@@ -36,8 +36,10 @@ class Pay(BaseModel):
 
 @tq.tool(writes=True, max_attempts=3)
 def pay(args: Pay, ctx: CallContext) -> dict[str, Any]:
-    provider().rpush("provider:effects", ctx.operation_ref)
-    provider().set(f"provider:committed:{ctx.operation_ref}", "1")
+    with provider().pipeline(transaction=True) as pipe:  # one commit (runtime_app says why)
+        pipe.rpush("provider:effects", ctx.operation_ref)
+        pipe.set(f"provider:committed:{ctx.operation_ref}", "1")
+        pipe.execute()
     return {"paid": ctx.operation_ref, "attempt": ctx.attempt}
 
 
