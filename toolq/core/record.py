@@ -59,6 +59,10 @@ class OperationRecord(BaseModel):
     lease_until: datetime | None
     envelope: ToolSuccess | ToolError | None
     history: list[HistoryEntry]
+    #: The record's revision: an operator action may name the one it was decided on.
+    rev: int = 0
+    #: Attempts operators added after an escalation (``tq.resolve(..., "retry")``).
+    operator_retries: int = 0
 
     @property
     def settled(self) -> bool:
@@ -94,6 +98,8 @@ class OperationRecord(BaseModel):
             lease_until=ms_to_dt(ms("lease_until")) if ms("lease_until") else None,
             envelope=load_envelope(raw_env) if raw_env else None,
             history=history,
+            rev=int(f.get("rev") or 0),
+            operator_retries=int(f.get("op_retries") or 0),
         )
 
 

@@ -147,7 +147,8 @@ ITEM_HEAD = (
 # KEYS: fixed, then the op of item 1, of item 2, ..., then the queues pushed to[, then
 # kombu's unacked hash and index when the array ends with a delivery tag to acknowledge].
 # ARGV: notify now items blob...  where items is one flat JSON array: the number of
-# items, then each item's ITEM_HEAD fields (code and ttl false for none; quiet a
+# items, then each item's ITEM_HEAD fields (code and ttl false for none, ttl 0 to drop
+# the record's TTL; quiet a
 # boolean; attempt_incr 0 for none; envelope and push_message blob numbers, 0 for
 # none, blob k being ARGV[3 + k]; push_queue a KEYS index (in outbox mode the outbox's)
 # and push_name the blob of the queue's name (0 but in outbox mode); due false for
@@ -232,7 +233,10 @@ for i = 1, A[1] do
         if due < 0 then bdue(ref, false) else bdue(ref, due, true) end
       end
       for j = stats, stats + nstats - 1 do bstat(tool, A[j]) end
-      if ttl then redis.call('EXPIRE', key, ttl) end
+      -- ttl 0: the record lives again (an escalated operation an operator retried)
+      if ttl then
+        if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
+      end
       if seq then notify(to, ref, rev, seq, envelope) end
       out[i] = 'ok'
     end
