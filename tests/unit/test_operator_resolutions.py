@@ -81,6 +81,14 @@ def test_each_resolution_is_one_guarded_move_out_of_escalated(
     assert t.expect == {"*": {"rev": "7"}}  # bound to the revision read
     assert t.stats == (f"resolved_{how.value}",)
     assert code in RESOLUTIONS
+    # the history entry keeps why, and where it was seen
+    assert t.note == {"reason": "checked the provider's dashboard", **said}
+
+
+def test_the_note_is_one_line_and_redacts_what_looks_like_a_credential() -> None:
+    t = settle(S.NOT_COMMITTED, reason="checked  with\nkey sk-abcdef1234567890abcdef")
+    assert "\n" not in t.note["reason"] and "sk-abcdef" not in t.note["reason"]
+    assert "reference" not in t.note
 
 
 def test_committed_says_an_operator_confirmed_it() -> None:

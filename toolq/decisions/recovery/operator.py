@@ -52,6 +52,7 @@ from toolq.core.own_envelopes import (
     resolved_not_committed_envelope,
 )
 from toolq.core.record import ms_to_dt
+from toolq.core.redact import scrub
 from toolq.core.states import State
 from toolq.decisions.recovery.budget import Budgeted, Path, check
 from toolq.decisions.recovery.moves import (
@@ -265,8 +266,10 @@ class Resolution:
     reference: str = ""
 
     def note(self) -> dict[str, str]:
-        """The words the history row keeps beside who acted."""
-        return {"reason": self.reason, **({"reference": self.reference} if self.reference else {})}
+        """The words the history entry keeps beside who acted: the reason and the
+        reference, folded to one line and anything like a credential redacted."""
+        said = {"reason": self.reason, "reference": self.reference}
+        return {k: scrub(v) for k, v in said.items() if v}
 
 
 def _checked(v: View, r: Resolution) -> Guard:
@@ -296,6 +299,11 @@ def _checked(v: View, r: Resolution) -> Guard:
     return Guard(ref=v.ref, states=(State.ESCALATED,), by=r.by, expect={"*": {"rev": v.rev}})
 
 
+def _noted(t: Transition, r: Resolution) -> Transition:
+    t.note = r.note()
+    return t
+
+
 def resolve_committed(
     v: View, now_ms: int, policy: Policy, r: Resolution, result: Any = None
 ) -> Transition:
@@ -311,14 +319,16 @@ def resolve_committed(
         )
     shown = result if result is not None else {"reference": r.reference}
     env = operator_confirmed_envelope(v.ref, v.tool, v.call_id, shown, ms_to_dt(now_ms), r.by)
-    return terminal(guard.to(State.SUCCEEDED, envelope=env, stats=("resolved_committed",)), policy)
+    t = guard.to(State.SUCCEEDED, envelope=env, stats=("resolved_committed",))
+    return _noted(terminal(t, policy), r)
 
 
 def resolve_not_committed(v: View, now_ms: int, policy: Policy, r: Resolution) -> Transition:
     """The operator checked the provider and nothing was written: ``failed``, for good."""
     guard = replace(_checked(v, r), code="RESOLVED_NOT_COMMITTED")
     env = resolved_not_committed_envelope(v.ref, v.tool, v.call_id)
-    return terminal(guard.to(State.FAILED, envelope=env, stats=("resolved_not_committed",)), policy)
+    t = guard.to(State.FAILED, envelope=env, stats=("resolved_not_committed",))
+    return _noted(terminal(t, policy), r)
 
 
 def retry_escalated(
@@ -356,7 +366,7 @@ def retry_escalated(
         stats=("resolved_retry",),
     )
     t.ttl = 0  # the record lives again: escalated set its retention TTL
-    return t
+    return _noted(t, r)
 
 
 def resolve(
