@@ -351,14 +351,15 @@ def retry_escalated(
             state=str(v.state),
         )
     guard = replace(guard, code="RESOLVED_RETRY", delete=("envelope",))
+    deadline_ms = now_ms + window_ms if v.deadline_ms else 0
     budget = {
         "op_retries": str(v.op_retries + 1),
         "max_attempts": str(v.attempt + 1),
-        **({"deadline": str(now_ms + window_ms)} if v.deadline_ms else {}),
+        **({"deadline": str(deadline_ms)} if deadline_ms else {}),
     }
     t = next_attempt(
         guard,
-        replace(v, max_attempts=v.attempt + 1, deadline_ms=now_ms + window_ms),
+        replace(v, max_attempts=v.attempt + 1, deadline_ms=deadline_ms),
         now_ms,
         policy,
         messages,
