@@ -40,6 +40,10 @@ EXPECTED = {
     (S.VERIFYING, S.SUCCEEDED),
     (S.VERIFYING, S.QUEUED),
     (S.VERIFYING, S.ESCALATED),
+    # an operator's resolution only (RESOLUTIONS)
+    (S.ESCALATED, S.SUCCEEDED),
+    (S.ESCALATED, S.FAILED),
+    (S.ESCALATED, S.QUEUED),
 }
 
 
@@ -49,15 +53,19 @@ def test_transition_table(current: State, target: State) -> None:
     assert allowed(current, target) is ((current, target) in EXPECTED)
 
 
-def test_terminal_states_have_no_way_out() -> None:
-    assert all(not ALLOWED[s] for s in TERMINAL)
+def test_terminal_states_have_no_way_out_but_an_operators_resolution() -> None:
+    assert all(not ALLOWED[s] for s in TERMINAL - {S.ESCALATED})
+    assert ALLOWED[S.ESCALATED] == {S.SUCCEEDED, S.FAILED, S.QUEUED}
     assert TERMINAL < SETTLED
+    with pytest.raises(ValueError, match="only an operator's resolution"):
+        Transition(ref="r", states=(S.ESCALATED,), to=S.FAILED, by="t", code="FAILED")
+    Transition(ref="r", states=(S.ESCALATED,), to=S.FAILED, by="t", code="RESOLVED_NOT_COMMITTED")
 
 
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        (S.SUCCEEDED, {S.RUNNING, S.VERIFYING}),
+        (S.SUCCEEDED, {S.RUNNING, S.VERIFYING, S.ESCALATED}),
         (S.CANCELLED, {S.QUEUED, S.WAITING_RETRY, S.NEEDS_INPUT, S.AWAITING_APPROVAL}),
         (S.RUNNING, {S.QUEUED}),
     ],

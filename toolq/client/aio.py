@@ -331,6 +331,33 @@ class AsyncToolQueue:
         b, v = await self._view(ref)
         return await self._apply(b, self.app.verify_now(v, by))
 
+    @server_errors
+    async def resolve(
+        self,
+        ref: str,
+        outcome: str,
+        *,
+        reason: str,
+        by: str = "operator:resolve",
+        result: Any = None,
+        reference: str = "",
+        rev: str | int = "",
+    ) -> State:
+        """Settle an escalated operation after a person checked the provider.
+
+        ``outcome``: ``committed`` (the write happened: ``succeeded``, with ``result``
+        or ``reference`` as its result and ``evidence_ref`` ``operator:<by>``),
+        ``not_committed`` (``failed``: nothing was written, nothing will be sent) or
+        ``retry`` (nothing was written: one attempt more under the same operation_ref,
+        at most ``recovery.operator_retries`` times). ``reason`` is required; ``rev``,
+        the revision the operator read, refuses the action if the operation moved on
+        (``StaleRevision``). Only from ``escalated``.
+        """
+        how = operator.Settle.parse(outcome)
+        r = operator.Resolution(by=by, reason=reason, rev=str(rev), reference=reference)
+        b, v = await self._view(ref)
+        return await self._apply(b, self.app.resolution(v, how, r, result))
+
     # ------------------------------------------------------------------ lists
 
     @server_errors

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import threading
 import time
@@ -33,7 +34,7 @@ from toolq.core.keys import Keys
 from toolq.core.redact import redact_url
 from toolq.core.settings import ToolqSettings
 from toolq.core.states import State
-from toolq.core.tools import Registry, fingerprint
+from toolq.core.tools import Registry, ToolOptions, fingerprint, jsonable
 from toolq.decisions import operations
 from toolq.decisions.recovery import operator, outcome
 from toolq.decisions.recovery.transition import Transition
@@ -225,6 +226,7 @@ class App:
             approval_timeout_ms=int(r.approval_timeout * 1000),
             input_timeout_ms=int(r.input_timeout * 1000),
             retention_s=r.retention,
+            operator_retries=r.operator_retries,
         )
 
     @property
@@ -274,6 +276,38 @@ class App:
 
     def verify_now(self, v: operator.View, by: str) -> Transition:
         return operator.verify_now(v, self.now_ms(), self.policy, self.outbound_for(v.tool), by)
+
+    def resolution(
+        self, v: operator.View, how: operator.Settle, r: operator.Resolution, result: Any
+    ) -> Transition:
+        # An operator's retry gets the tool's own deadline from now (the default where
+        # this process does not know the tool).
+        t = self.registry.get(v.tool) if v.tool in self.registry else None
+        window_s = (t.options if t is not None else ToolOptions()).deadline
+        messages = self.outbound_for(v.tool)
+        return operator.resolve(
+            v, how, self.now_ms(), self.policy, messages, r,
+            result=self._operator_result(result),
+            window_ms=int(window_s * 1000),
+        )  # fmt: skip
+
+    def _operator_result(self, result: Any) -> Any:
+        """An operator's result for a resolved write, as JSON data, within the size
+        arguments may have; anything else is refused as the caller's mistake."""
+        if result is None:
+            return None
+        try:
+            text = json.dumps(jsonable(result), allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise errors.InvalidArguments(
+                f"the result is not JSON data ({type(exc).__name__})", code_hint="BAD_RESULT"
+            ) from None
+        if len(text.encode()) > self.settings.limits.max_args_bytes:
+            raise errors.InvalidArguments(
+                f"the result is over {self.settings.limits.max_args_bytes} bytes",
+                code_hint="RESULT_TOO_LARGE",
+            )
+        return json.loads(text)
 
     def new_input(self, v: operator.View, args: Any, by: str) -> Transition:
         v.require(State.NEEDS_INPUT)

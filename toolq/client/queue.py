@@ -271,6 +271,23 @@ class ToolQueue:
         return self._apply(self.app.verify_now(self._view(ref), by))
 
     @server_errors
+    def resolve(
+        self,
+        ref: str,
+        outcome: str,
+        *,
+        reason: str,
+        by: str = "operator:resolve",
+        result: Any = None,
+        reference: str = "",
+        rev: str | int = "",
+    ) -> State:
+        """Settle an escalated operation (as :meth:`AsyncToolQueue.resolve`)."""
+        how = operator.Settle.parse(outcome)
+        r = operator.Resolution(by=by, reason=reason, rev=str(rev), reference=reference)
+        return self._apply(self.app.resolution(self._view(ref), how, r, result))
+
+    @server_errors
     def list_operations(self, state: str, **filters: Any) -> OperationPage:
         """One page of the operations in ``state`` (as :meth:`AsyncToolQueue.list_operations`)."""
         q = self.app.list_query(state, **filters)

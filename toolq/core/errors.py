@@ -20,6 +20,8 @@ One root, two branches::
         ├── IdempotencyKeyReused
         ├── OperationNotFound
         ├── InvalidState
+        │   ├── StaleRevision                the operation moved on since the operator read it
+        │   └── OperatorRetriesSpent         an escalated write's operator retries are used up
         └── ServerUnavailable                the ledger's server did not answer; a write
             └── NotDurable                   may have happened: the same call again (same
                                              operation_ref) is safe
@@ -239,6 +241,20 @@ class OperationNotFound(RequestRefused):
 
 class InvalidState(RequestRefused):
     code = "INVALID_STATE"
+
+
+class StaleRevision(InvalidState):
+    """An operator acted on a revision of the operation that is no longer current:
+    read it again (what they decided on may have changed)."""
+
+    code = "STALE_REVISION"
+
+
+class OperatorRetriesSpent(InvalidState):
+    """An escalated operation was retried by operators as many times as
+    ``recovery.operator_retries`` allows; resolve it as committed or not committed."""
+
+    code = "OPERATOR_RETRIES_SPENT"
 
 
 class ServerUnavailable(RequestRefused):

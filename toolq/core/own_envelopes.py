@@ -92,6 +92,15 @@ FIXED: dict[str, tuple[Category, CommitState, NextAction, str, str]] = {
         "The operation was cancelled before it ran; nothing was sent.",
         "This was cancelled.",
     ),
+    # An escalated write an operator checked at the provider and found not written.
+    "RESOLVED_NOT_COMMITTED": (
+        _C.DEPENDENCY,
+        _S.NOT_COMMITTED,
+        _A.REREAD_STATE,
+        "An operator confirmed that the write did not happen; nothing will be sent "
+        "for this operation_ref.",
+        "This was not done; a person checked and nothing was sent.",
+    ),
     "IDEMPOTENCY_KEY_REUSED": (
         _C.CONFLICT,
         _S.NOT_COMMITTED,
@@ -138,6 +147,23 @@ def success_envelope(
         result=jsonable(result),
         verification=Verification(checked_at=now, evidence_ref=evidence_ref),
     )
+
+
+#: How an operator-confirmed success names its evidence: ``operator:<who>``.
+OPERATOR_EVIDENCE = "operator:"
+
+
+def operator_confirmed_envelope(
+    ref: str, tool: str, call_id: str | None, result: Any, now: datetime, by: str
+) -> ToolSuccess:
+    """A write an operator confirmed at the provider: ``verification.evidence_ref`` is
+    ``operator:<who>`` (a verifier's is ``verification:<tool>``), so the agent can tell."""
+    evidence = (OPERATOR_EVIDENCE + by)[:200]
+    return success_envelope(ref, tool, call_id, result, now, evidence_ref=evidence)
+
+
+def resolved_not_committed_envelope(ref: str, tool: str, call_id: str | None) -> ToolError:
+    return fixed_envelope("RESOLVED_NOT_COMMITTED", ref, tool, call_id)
 
 
 def unknown_envelope(

@@ -35,6 +35,8 @@ class HistoryEntry(BaseModel):
     attempt: int = 0
     by: str = ""
     code: str | None = None
+    #: Extra words the transition wrote (a verification check's result, ...): safe words only.
+    note: dict[str, str] = Field(default_factory=dict)
 
     @property
     def at_time(self) -> datetime:
@@ -59,6 +61,10 @@ class OperationRecord(BaseModel):
     lease_until: datetime | None
     envelope: ToolSuccess | ToolError | None
     history: list[HistoryEntry]
+    #: The record's revision: an operator action may name the one it was decided on.
+    rev: int = 0
+    #: Attempts operators added after an escalation (``tq.resolve(..., "retry")``).
+    operator_retries: int = 0
 
     @property
     def settled(self) -> bool:
@@ -94,6 +100,8 @@ class OperationRecord(BaseModel):
             lease_until=ms_to_dt(ms("lease_until")) if ms("lease_until") else None,
             envelope=load_envelope(raw_env) if raw_env else None,
             history=history,
+            rev=int(f.get("rev") or 0),
+            operator_retries=int(f.get("op_retries") or 0),
         )
 
 

@@ -45,6 +45,10 @@ class RecoverySettings(BaseModel):
     input_timeout: float = Field(default=86400.0, gt=0)
     #: Records of finished operations are kept this long.
     retention: int = Field(default=7 * 86400, ge=60)
+    #: Attempts operators may add to one escalated operation ("retry" after a person
+    #: confirmed nothing was written). Each retry follows a person's check at the
+    #: provider; past a few, the write is settled as committed or not, not tried again.
+    operator_retries: int = Field(default=3, ge=0, le=100)
 
 
 class SchedulerSettings(BaseModel):

@@ -18,6 +18,10 @@ class State(StrEnum):
     CANCELLED = "cancelled"
 
 
+#: States the runtime never moves an operation out of. ``escalated`` is left only by
+#: a person's resolution (``toolq.decisions.recovery.operator``: resolved as committed,
+#: as not committed, or retried), which :class:`~toolq.decisions.recovery.transition.Transition`
+#: enforces by its code; the others have no way out.
 TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.ESCALATED, State.CANCELLED})
 
 #: States an operation is created in: queued, or awaiting_approval for a tool
@@ -60,7 +64,9 @@ ALLOWED: dict[State, frozenset[State]] = {
     _S.VERIFYING: frozenset({_S.VERIFYING, _S.SUCCEEDED, _S.QUEUED, _S.ESCALATED}),
     _S.SUCCEEDED: frozenset(),
     _S.FAILED: frozenset(),
-    _S.ESCALATED: frozenset(),
+    # Only an operator's resolution (see TERMINAL): committed, not committed, retried
+    # under the same operation_ref.
+    _S.ESCALATED: frozenset({_S.SUCCEEDED, _S.FAILED, _S.QUEUED}),
     _S.CANCELLED: frozenset(),
 }
 

@@ -40,6 +40,8 @@ class Policy:
     approval_timeout_ms: int
     input_timeout_ms: int
     retention_s: int
+    #: Attempts operators may add to one escalated operation (``recovery.operator_retries``).
+    operator_retries: int = 3
 
 
 def terminal(t: Transition, policy: Policy) -> Transition:

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from toolq.core.envelope import ToolError, ToolSuccess
 from toolq.core.states import ALLOWED, State
 
+#: The codes of the only transitions out of ``escalated``: a person's resolution
+#: (:mod:`toolq.decisions.recovery.operator`). The runtime never moves an escalated
+#: operation; the ledger's table allows these moves, the codes say who may make them.
+RESOLUTIONS = frozenset({"RESOLVED_COMMITTED", "RESOLVED_NOT_COMMITTED", "RESOLVED_RETRY"})
+
 
 @dataclass
 class Transition:
@@ -31,17 +36,29 @@ class Transition:
     remove_due: bool = False
     push: tuple[str, str] | None = None
     stats: tuple[str, ...] = ()
+    #: Seconds the record is kept from now (a terminal move); 0 drops its TTL (an
+    #: escalated operation an operator retried is live again); None leaves it.
     ttl: int | None = None
     #: A field update without a state change: no history, no notification.
     #: ``to`` must then be every state in ``states`` (the ledger refuses it otherwise).
     quiet: bool = False
+    #: Extra words for the history entry this transition appends (``"note"`` in it):
+    #: safe words only (codes, counts, allowlisted details), never upstream text. A
+    #: quiet update with a note appends an entry (from == to) and announces it to
+    #: watchers (the steps channel), never to waiters.
+    note: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, value in self.note.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError(f"a note holds words: {name!r}: {value!r}")
         for state in self.states:
             if self.quiet and self.to != state:
                 raise ValueError(f"a quiet update stays in its state, not {state} -> {self.to}")
             if not self.quiet and self.to not in ALLOWED[state]:
                 raise ValueError(f"transition {state} -> {self.to} is not allowed")
+            if state is State.ESCALATED and not self.quiet and self.code not in RESOLUTIONS:
+                raise ValueError("only an operator's resolution moves an escalated operation")
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,7 @@ class Guard:
         push: tuple[str, str] | None = None,
         stats: tuple[str, ...] = (),
         quiet: bool = False,
+        note: dict[str, str] | None = None,
     ) -> Transition:
         return Transition(
             ref=self.ref,
@@ -84,4 +102,5 @@ class Guard:
             push=push,
             stats=stats,
             quiet=quiet,
+            note={} if note is None else note,
         )

@@ -10,6 +10,8 @@ Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
     POST /v1/operations/{ref}:cancel      queued or waiting -> cancelled         scope cancel
     POST /v1/operations/{ref}:retry       waiting_retry -> queued now            scope approve
     POST /v1/operations/{ref}:verify      verifying: the next check now          scope approve
+    POST /v1/operations/{ref}:resolve     escalated -> succeeded, failed or      scope resolve
+                                          queued (body: outcome, reason, ...)
     GET  /v1/operations?state=..          a page of a state's list (cursor)      scope read
     GET  /v1/tools                        each tool's input schema, writes       scope read
     GET  /v1/status                       ``toolq status --json``, plus overview scope read
@@ -47,8 +49,8 @@ Settings (:class:`ApiSettings`, env prefix ``TOOLQ_API_``)::
     TOOLQ_API_MAX_URL_BYTES=4096   414 for a longer path and query, before any work
     TOOLQ_API_MAX_HEADER_BYTES=8192   431 for larger headers (:mod:`toolq.edges.api.sizes`)
 
-Scopes: ``read``, ``invoke``, ``approve``, ``input``, ``cancel``; ``*`` is all
-of them. Tokens are at least 16 characters and compared in constant time.
+Scopes: ``read``, ``invoke``, ``approve``, ``input``, ``cancel``, ``resolve``;
+``*`` is all of them. Tokens are at least 16 characters and compared in constant time.
 Without tokens there is no authentication, so :func:`serve_api` binds
 loopback only and refuses any other host.
 

@@ -22,7 +22,7 @@ from toolq.edges.api.events import EventStream, open_stream
 from toolq.edges.api.guard import ERROR_RESPONSES, ApiError, install
 from toolq.edges.api.hosts import HostGuard, allowed_hosts, wildcard_note
 from toolq.edges.api.sizes import SizeGuard
-from toolq.edges.api.views import OperationView, tool_view, view_response
+from toolq.edges.api.views import OperationView, ResolveRequest, tool_view, view_response
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
@@ -207,6 +207,25 @@ def create_app(
         """Check an operation in verifying now, not at its next check. 409 in any other
         state, or while a check of it runs."""
         await tq.aio.verify_now(ref, by=by)
+        return await view(ref)
+
+    # Settling an escalated write is a person's word about the provider: a scope of
+    # its own (resolve), which an approver's token does not carry unless given it.
+    @app.post("/v1/operations/{ref:path}:resolve", **route, dependencies=[_require("resolve")])
+    async def resolve(ref: RefPath, body: ResolveRequest, by: By) -> JSONResponse:
+        """Settle an escalated operation after checking the provider: ``committed``
+        (succeeded, ``evidence_ref`` ``operator:<who>``), ``not_committed`` (failed) or
+        ``retry`` (one attempt more, same operation_ref, within the operator budget).
+        409 in any other state, past the budget, or if ``rev`` is not the current one."""
+        await tq.aio.resolve(
+            ref,
+            body.outcome,
+            reason=body.reason,
+            result=body.result,
+            reference=body.reference,
+            rev="" if body.rev is None else body.rev,
+            by=by,
+        )
         return await view(ref)
 
     @app.get(

@@ -21,7 +21,9 @@ from toolq.edges.api.hosts import allowed_hosts
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-SCOPES = frozenset({"read", "invoke", "approve", "input", "cancel"})
+#: ``resolve`` settles an escalated operation (committed, not committed, retried): a
+#: person's word about what happened at the provider, which approving does not imply.
+SCOPES = frozenset({"read", "invoke", "approve", "input", "cancel", "resolve"})
 MIN_TOKEN_LENGTH = 16
 
 

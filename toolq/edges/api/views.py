@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolq.core import own_envelopes as fixed
 from toolq.core.envelope import ToolError, ToolSuccess, to_dict
@@ -32,6 +32,26 @@ class OperationView(BaseModel):
     poll_interval: float | None = None
     created_at: datetime
     updated_at: datetime
+    #: The record's revision: ``:resolve`` may name the one it was decided on.
+    rev: int = 0
+
+
+class ResolveRequest(BaseModel):
+    """How an operator settles an escalated operation (``:resolve``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: committed: succeeded, with ``result`` or ``reference``; not_committed: failed;
+    #: retry: one attempt more under the same operation_ref.
+    outcome: Literal["committed", "not_committed", "retry"]
+    #: What was checked (kept in the history with who acted).
+    reason: str = Field(min_length=1, max_length=500)
+    #: The write's result, for committed.
+    result: Any = None
+    #: Where it was seen: the provider's id, a ticket.
+    reference: str = Field(default="", max_length=200)
+    #: The revision read (the view's ``rev``): refused with 409 if it moved on since.
+    rev: int | None = Field(default=None, ge=0)
 
 
 def view_body(
@@ -55,6 +75,7 @@ def view_body(
         poll_interval=None if settled else poll,
         created_at=rec.created_at,
         updated_at=rec.updated_at,
+        rev=rec.rev,
     )
     return body.model_dump(mode="json", exclude_none=True)
 

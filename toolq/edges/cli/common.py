@@ -222,11 +222,11 @@ def _start_log() -> logging.Logger:
     return log
 
 
-def parse_json_args(text: str) -> Any:
+def parse_json_args(text: str, option: str = "--args") -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CliError(f"--args is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        raise CliError(f"{option} is not valid JSON: {exc.msg} at position {exc.pos}") from None
 
 
 def handle_errors(f: F) -> F:

@@ -1,4 +1,4 @@
-"""Operation commands: submit, show, approve, input, cancel, retry, verify."""
+"""Operation commands: submit, show, approve, input, cancel, retry, verify, resolve."""
 
 from __future__ import annotations
 
@@ -214,6 +214,61 @@ verify = _operator_action(
 )
 
 
+@click.command()
+@click.argument("ref")
+@click.option(
+    "--committed",
+    "outcome",
+    flag_value="committed",
+    help="You checked the provider: the write happened (give --result or --reference).",
+)
+@click.option(
+    "--not-committed",
+    "outcome",
+    flag_value="not_committed",
+    help="You checked the provider: nothing was written; the operation fails for good.",
+)
+@click.option(
+    "--retry",
+    "outcome",
+    flag_value="retry",
+    help="You checked the provider: nothing was written; run one attempt more, same ref.",
+)
+@click.option("--reason", required=True, help="What you checked (kept in the history).")
+@click.option("--result", "result_json", metavar="JSON", help="The write's result (--committed).")
+@click.option("--reference", default="", help="Where you saw it: the provider's id, a ticket.")
+@click.option("--rev", default="", help="The revision you read (toolq show --json): refused if "
+              "the operation moved on since.")  # fmt: skip
+@_common
+@handle_errors
+def resolve(
+    ref: str,
+    outcome: str | None,
+    reason: str,
+    result_json: str | None,
+    reference: str,
+    rev: str,
+    app_path: str | None,
+    redis_url: str | None,
+    state_dir: Path,
+) -> None:
+    """Settle an escalated operation: --committed, --not-committed or --retry."""
+    if outcome is None:
+        raise click.UsageError("say what you found: --committed, --not-committed or --retry")
+    result = None if result_json is None else parse_json_args(result_json, "--result")
+    tq = open_app(app_path, redis_url, state_dir)
+    state = tq.resolve(
+        ref,
+        outcome,
+        reason=reason,
+        result=result,
+        reference=reference,
+        rev=rev,
+        by=_actor("resolve"),
+    )
+    click.echo(state)
+
+
 def _actor(action: str) -> str:
     """Who the history says acted: the operator's login name, from this terminal."""
     try:
@@ -224,4 +279,4 @@ def _actor(action: str) -> str:
     return f"cli:{name}:{action}" if name else f"cli:{action}"
 
 
-COMMANDS = [submit, show, approve, input_, cancel, retry, verify]
+COMMANDS = [submit, show, approve, input_, cancel, retry, verify, resolve]

@@ -19,6 +19,8 @@ Actions (POST, CSRF-checked; each through ``tq.aio`` with ``by="console:<who>"``
     /ui/actions/verify     verifying -> checked now              scope approve
     /ui/actions/cancel     queued or waiting -> cancelled        scope cancel
     /ui/actions/input      needs_input -> queued (the form)      scope input
+    /ui/actions/resolve    escalated -> succeeded, failed or     scope resolve
+                           queued (outcome, reason, result...)
     /ui/actions/bulk       approve, retry or cancel many refs    that action's scope
 
 Log in with an API token (``TOOLQ_API_TOKENS``); the session is a signed,

@@ -1,10 +1,11 @@
-"""The console's actions: an operator's approve, retry, verify, cancel (one ref or many)
-and new arguments for an operation that needs input; each through ``tq.aio`` with
-``by="console:<who>"``, CSRF checked, in the scope it needs.
+"""The console's actions: an operator's approve, retry, verify, cancel (one ref or many),
+new arguments for an operation that needs input, and settling an escalated one; each
+through ``tq.aio`` with ``by="console:<who>"``, CSRF checked, in the scope it needs.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -12,7 +13,7 @@ from starlette.responses import Response
 
 from toolq.core import errors
 from toolq.core.redact import scrub
-from toolq.edges.api.console import forms
+from toolq.edges.api.console import forms, resolutions
 from toolq.edges.api.console.verbs import ACTIONS, MAX_BULK, Action
 from toolq.edges.api.console.web import (
     Refusal,
@@ -140,6 +141,53 @@ class Actions:
             status=422,
             visitor=visitor,
         )
+
+    async def resolve(self, request: Request) -> Response:
+        """Settle an escalated operation: committed, not committed or retry, with a
+        reason (and a result or reference for committed), bound to the revision shown."""
+        visitor, form = await self.web.form_visitor(request, resolutions.SCOPE, FORM_FIELDS)
+        ref = form_text(form.get("ref"))
+        outcome = form_text(form.get("outcome"))
+        back = with_query(f"{base_path(request)}/operation", ref=ref)
+        label = dict((o, label) for o, label, _ in resolutions.CHOICES).get(outcome, "Resolve")
+        try:
+            state = await self.tq.aio.resolve(
+                ref,
+                outcome,
+                reason=form_text(form.get("reason")),
+                result=_json_field(form_text(form.get("result"))),
+                reference=form_text(form.get("reference")).strip(),
+                rev=form_text(form.get("rev")),
+                by=visitor.actor,
+            )
+        except errors.RequestRefused as exc:
+            if isinstance(exc, errors.ServerUnavailable):
+                raise
+            message = f"Could not {label.lower()}: {_refusal_text(exc)}"
+            if wants_json(request):
+                return json_answer(False, message, _status(exc))
+            return self.web.redirect(request, back, [("error", message)])
+        message = f"{ref}: {label.lower()} by {visitor.actor} (now {state})."
+        if wants_json(request):
+            return json_answer(True, message, state=str(state))
+        return self.web.redirect(request, back, [("ok", message)])
+
+
+def _json_field(text: str) -> Any:
+    """A form's JSON field: None when empty; refused (typed) when it is not JSON."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise errors.InvalidArguments(
+            f"the result is not valid JSON ({exc.msg} at position {exc.pos})",
+            code_hint="BAD_RESULT",
+        ) from None
+
+
+def _status(exc: errors.RequestRefused) -> int:
+    return next((s for cls, s in _REFUSAL_STATUS.items() if isinstance(exc, cls)), 409)
 
 
 _REFUSAL_STATUS: dict[type[errors.RequestRefused], int] = {

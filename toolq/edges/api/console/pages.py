@@ -16,7 +16,7 @@ from toolq.core import errors
 from toolq.core.redact import scrub
 from toolq.core.states import State
 from toolq.edges import monitor
-from toolq.edges.api.console import forms, present
+from toolq.edges.api.console import forms, present, resolutions
 from toolq.edges.api.console.verbs import actions_for
 from toolq.edges.api.console.web import Refusal, Visitor, Web, base_path, with_query
 from toolq.services.scheduler.series import COUNTED, GAUGED
@@ -193,6 +193,9 @@ class Pages:
             "input_errors": input_errors or {},
             "input_message": message,
             "tool_known": schema is not None,
+            "resolutions": resolutions.resolutions(rec),
+            "resolve_choices": resolutions.CHOICES,
+            "operator_retries": self.tq.settings.recovery.operator_retries,
             "events_url": with_query(f"{base_path(request)}/events", ref=rec.operation_ref),
             "live_url": with_query(f"{base_path(request)}/operation/live", ref=rec.operation_ref),
         }

@@ -90,6 +90,7 @@ class Console:
             Route("/logout", g(self.logout, unsafe=True), methods=["POST"]),
             Route("/actions/input", g(actions.provide_input, unsafe=True), methods=["POST"]),
             Route("/actions/bulk", g(actions.bulk, unsafe=True), methods=["POST"]),
+            Route("/actions/resolve", g(actions.resolve, unsafe=True), methods=["POST"]),
             Route("/actions/{action}", g(actions.act, unsafe=True), methods=["POST"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
