@@ -25,6 +25,7 @@ if cur[2] then
     -- write, unchanged, so that the WAITAOF/WAIT after it on this connection cover
     -- the first write too (they count this connection's writes; replication is ordered).
     redis.call('HSET', key, 'submit_fp', fp)
+    stat(tool, 'duplicate_submits')
     return {'exists', cur[2]}
   end
   return {'conflict', cur[2]}
@@ -203,6 +204,12 @@ for i = 1, A[1] do
       out[i] = state
     else
       local tool = cur[2]
+      -- Leaving a pending-recovery state: how long it took (a call that never enters
+      -- recovery reads nothing more).
+      local spent
+      if not quiet and to ~= state and RECOVERING[state] then
+        spent = NOW - (tonumber(redis.call('HGET', key, 'entered')) or NOW)
+      end
       local attempt = tonumber(cur[3])
       if incr > 0 then attempt = attempt + incr end
       local rev = (tonumber(cur[4]) or 0) + 1
@@ -232,6 +239,7 @@ for i = 1, A[1] do
         if due < 0 then bdue(ref, false) else bdue(ref, due, true) end
       end
       for j = stats, stats + nstats - 1 do bstat(tool, A[j]) end
+      if spent then recovery_spent(tool, state, spent) end
       if ttl then redis.call('EXPIRE', key, ttl) end
       if seq then notify(to, ref, rev, seq, envelope) end
       out[i] = 'ok'

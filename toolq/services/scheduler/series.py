@@ -8,6 +8,14 @@ schedulers run, the first to sample an interval writes it and the others
 leave it. Samples older than :data:`KEEP_S` are deleted as new ones are
 written, so the hash holds at most a day of minutes (1,440 short fields).
 
+A sample also holds each tool's own cumulative counters (``tools``: the trust
+counters of :data:`toolq.core.stats.TRUST_COUNTERS`, :data:`COUNTED`, and the
+recovery-time buckets; only those not 0), which the trust figures
+(:mod:`toolq.services.scheduler.trust`) are computed from. A coarser tier keeps the
+first sample of every hour for :data:`KEEP_HOURLY_S` (8 days, 192 fields:
+:attr:`toolq.core.keys.Keys.series_hourly`), for figures over 7 days: written
+with the same ``HSETNX``, once an hour per scheduler, and trimmed then.
+
 Any process draws the chart from it (:func:`read_series`): one ``HMGET`` of
 the fields an interval apart, and per point the counts since the sample
 before (cumulative counters make a sample missed while no scheduler ran cost
@@ -25,14 +33,20 @@ import redis
 
 from toolq.core.keys import Keys
 from toolq.core.states import State
+from toolq.core.stats import TRUST_COUNTERS, is_recovery_field
 from toolq.core.text import as_text
 
 #: Seconds between samples.
 EVERY_S = 60
 #: Seconds of samples kept.
 KEEP_S = 24 * 3600
+#: Seconds between samples of the coarse tier, and how long it keeps them.
+HOURLY_S = 3600
+KEEP_HOURLY_S = 8 * 24 * 3600
 #: The ledger's counters (``<tool>|<name>`` in the stats hash) a sample sums.
 COUNTED: tuple[str, ...] = ("submitted", "succeeded", "failed", "escalated")
+#: The counters a sample keeps per tool (and every recovery-time bucket).
+PER_TOOL: tuple[str, ...] = tuple(dict.fromkeys((*COUNTED, *TRUST_COUNTERS)))
 #: States whose size a sample records: what waits on recovery, and what a person must see.
 GAUGED: tuple[str, ...] = (
     State.WAITING_RETRY.value,
@@ -68,13 +82,22 @@ def bucket(now_ms: int, every_s: int = EVERY_S) -> int:
 
 
 def sample_of(stats: dict[str, int], sizes: dict[str, int], at_ms: int) -> dict[str, Any]:
-    """The sample written for ``at_ms``: counters summed over tools, and state sizes. Pure."""
+    """The sample written for ``at_ms``: counters summed over tools, each tool's own
+    (:data:`PER_TOOL` and the recovery-time buckets, those not 0), and state sizes. Pure."""
     totals = dict.fromkeys(COUNTED, 0)
+    tools: dict[str, dict[str, int]] = {}
     for key, n in stats.items():
-        name = key.partition("|")[2]
+        tool, _, name = key.partition("|")
         if name in totals:
             totals[name] += int(n)
-    return {"at": at_ms, "totals": totals, "pending": {s: sizes.get(s, 0) for s in GAUGED}}
+        if int(n) and (name in PER_TOOL or is_recovery_field(name)):
+            tools.setdefault(tool, {})[name] = int(n)
+    return {
+        "at": at_ms,
+        "totals": totals,
+        "pending": {s: sizes.get(s, 0) for s in GAUGED},
+        "tools": tools,
+    }
 
 
 def points(samples: Sequence[dict[str, Any] | None]) -> list[Point]:
@@ -120,6 +143,25 @@ def series_fields(now_ms: int, hours: float, every_s: int = EVERY_S) -> list[int
     return [last - k * every for k in range(n + 1, -1, -1)]
 
 
+def window_fields(now_ms: int, window_s: int) -> tuple[list[int], list[int]]:
+    """The fields a window's figures are read from: of the minute tier (every minute
+    of a window of an hour or less; else the few minutes up to its start, where the
+    baseline is) and of the hourly tier (every hour of a longer window, and the one
+    before). The last point is read live, not sampled."""
+    every = EVERY_S * 1000
+    start = bucket(now_ms - window_s * 1000)
+    minutes = [start - k * every for k in range(5, 0, -1)]
+    if window_s <= HOURLY_S:
+        minutes += list(range(start, bucket(now_ms) + 1, every))
+    else:
+        minutes.append(start)
+    hours: list[int] = []
+    if window_s > HOURLY_S:
+        first = bucket(now_ms - window_s * 1000, HOURLY_S) - HOURLY_S * 1000
+        hours = list(range(first, bucket(now_ms, HOURLY_S) + 1, HOURLY_S * 1000))
+    return minutes, hours
+
+
 @dataclass
 class Sampler:
     """Writes a sample when an interval begins (the scheduler calls :meth:`maybe`)."""
@@ -131,7 +173,10 @@ class Sampler:
     keep_s: int = KEEP_S
     #: Cells mode: the keys of every cell, whose counts a sample sums (none: ``keys``').
     cells: list[Keys] = field(default_factory=list)
+    hourly_s: int = HOURLY_S
+    keep_hourly_s: int = KEEP_HOURLY_S
     _last: int = field(default=-1, init=False)
+    _last_hour: int = field(default=-1, init=False)
 
     def maybe(self) -> bool:
         """Sample if this interval has not been sampled by this process; True if it did."""
@@ -167,11 +212,22 @@ class Sampler:
         for _ in range(len(tools) * len(cells)):
             for state in GAUGED:
                 sizes[state] += int(next(cards))
-        point = sample_of(stats, sizes, at_ms)
+        point = json.dumps(sample_of(stats, sizes, at_ms), separators=(",", ":"))
         cutoff = at_ms - self.keep_s * 1000
         old = [f for f in (as_text(x) for x in fields) if f.isdigit() and int(f) < cutoff]
         pipe = r.pipeline(transaction=False)
-        pipe.hsetnx(self.keys.series, str(at_ms), json.dumps(point, separators=(",", ":")))
+        pipe.hsetnx(self.keys.series, str(at_ms), point)
         if old:
             pipe.hdel(self.keys.series, *old)
-        pipe.execute()
+        hour = bucket(at_ms, self.hourly_s)
+        if hour != self._last_hour:
+            # The coarse tier: the first sample of the hour (any scheduler's) stays.
+            pipe.hsetnx(self.keys.series_hourly, str(hour), point)
+            pipe.hkeys(self.keys.series_hourly)
+        replies = pipe.execute()
+        if hour != self._last_hour:
+            self._last_hour = hour
+            gone = at_ms - self.keep_hourly_s * 1000
+            stale = [f for f in map(as_text, replies[-1]) if f.isdigit() and int(f) < gone]
+            if stale:
+                r.hdel(self.keys.series_hourly, *stale)
