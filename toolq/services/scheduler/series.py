@@ -81,9 +81,13 @@ def bucket(now_ms: int, every_s: int = EVERY_S) -> int:
     return now_ms // every * every
 
 
-def sample_of(stats: dict[str, int], sizes: dict[str, int], at_ms: int) -> dict[str, Any]:
+def sample_of(
+    stats: dict[str, int], sizes: dict[str, int], at_ms: int, read_ms: int | None = None
+) -> dict[str, Any]:
     """The sample written for ``at_ms``: counters summed over tools, each tool's own
-    (:data:`PER_TOOL` and the recovery-time buckets, those not 0), and state sizes. Pure."""
+    (:data:`PER_TOOL` and the recovery-time buckets, those not 0), state sizes, and
+    when the counters were read (``read``: a sample is labelled with its interval's
+    start but read a little later; the trust figures order samples by it). Pure."""
     totals = dict.fromkeys(COUNTED, 0)
     tools: dict[str, dict[str, int]] = {}
     for key, n in stats.items():
@@ -97,6 +101,7 @@ def sample_of(stats: dict[str, int], sizes: dict[str, int], at_ms: int) -> dict[
         "totals": totals,
         "pending": {s: sizes.get(s, 0) for s in GAUGED},
         "tools": tools,
+        "read": at_ms if read_ms is None else read_ms,
     }
 
 
@@ -212,7 +217,8 @@ class Sampler:
         for _ in range(len(tools) * len(cells)):
             for state in GAUGED:
                 sizes[state] += int(next(cards))
-        point = json.dumps(sample_of(stats, sizes, at_ms), separators=(",", ":"))
+        read_ms = int(self.clock() * 1000)
+        point = json.dumps(sample_of(stats, sizes, at_ms, read_ms), separators=(",", ":"))
         cutoff = at_ms - self.keep_s * 1000
         old = [f for f in (as_text(x) for x in fields) if f.isdigit() and int(f) < cutoff]
         pipe = r.pipeline(transaction=False)

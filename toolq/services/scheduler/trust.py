@@ -66,17 +66,23 @@ def growth(samples: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
 def window_samples(
     samples: Iterable[Mapping[str, Any]], now_ms: int, window_s: int
 ) -> list[Mapping[str, Any]]:
-    """The samples a window is measured on, oldest first: the last one at or before its
-    start (else the oldest there is: the window is only partly covered), and every later
-    one up to ``now_ms``. Samples of both tiers may be mixed; one per time."""
-    by_at = {int(s["at"]): s for s in samples if int(s["at"]) <= now_ms}
-    ordered = [by_at[at] for at in sorted(by_at)]
+    """The samples a window is measured on, in the order their counters were read: the
+    last one read at or before its start (else the first there is: the window is only
+    partly covered), and every later one read up to ``now_ms`` (a sample read after
+    the console's own reading of the counters is left out: its counts would look like
+    a reset). Samples of both tiers may be mixed; one per time."""
+    by_read = {_read(s): s for s in samples if _read(s) <= now_ms}
+    ordered = [by_read[t] for t in sorted(by_read)]
     start = now_ms - window_s * 1000
     first = 0
     for i, s in enumerate(ordered):
-        if int(s["at"]) <= start:
+        if _read(s) <= start:
             first = i
     return ordered[first:]
+
+
+def _read(sample: Mapping[str, Any]) -> int:
+    return int(sample.get("read", sample["at"]))
 
 
 def quantile_le_s(buckets: Mapping[str, int], q: float) -> float | None:
@@ -135,11 +141,11 @@ def trust_figures(
         for name, n in counts.items():
             every[name] = every.get(name, 0) + n
     tools = sorted({t for s in used for t in (s.get("tools") or {})})
-    since = int(used[0]["at"]) if used else None
+    since = _read(used[0]) if used else None
     return {
         "window_s": window_s,
         "since_ms": since,
-        "span_s": (int(used[-1]["at"]) - since) / 1000 if used and since is not None else 0.0,
+        "span_s": (_read(used[-1]) - since) / 1000 if used and since is not None else 0.0,
         "complete": since is not None and since <= now_ms - window_s * 1000,
         "tools": {t: figures_of(grown.get(t, {})) for t in tools},
         "all": figures_of(every),
