@@ -154,7 +154,7 @@ def test_a_window_that_is_not_offered_is_refused(rt: ToolQueue) -> None:
     answer = client.get("/v1/trust", params={"window": "2h"})
 
     assert answer.status_code == 422
-    assert answer.json()["code"] == "INVALID_ARGUMENTS"
+    assert answer.json()["code"] == "INVALID_REQUEST"
     assert "window" in json.dumps(answer.json())
 
 

@@ -5,7 +5,8 @@ into the library by :mod:`toolq.adapters.ledger.scripts`; their KEYS and ARGV ar
 
 from __future__ import annotations
 
-# Create an operation, or answer for the one that holds its ref (writing nothing).
+# Create an operation, or answer for the one that holds its ref (writing nothing but the
+# count of repeats, duplicate_submits).
 # KEYS: fixed, op[, queue]  ARGV: notify ref tool args fp call_id now max_attempts
 #   deadline state due msg [qname]  (the queue is a key only when msg is not empty;
 #   in outbox mode it is the outbox and qname the queue's name)

@@ -259,7 +259,7 @@ def create_app(
         return await overview(tq.aio)
 
     @app.get("/v1/trust", responses=ERROR_RESPONSES, dependencies=[_require("read")])
-    async def trust(window: str = "1h") -> dict[str, Any]:
+    async def trust(window: Literal["1h", "24h", "7d"] = "1h") -> dict[str, Any]:
         """The trust figures per tool over ``window`` (``1h``, ``24h`` or ``7d``):
         unknown outcomes and how verification resolved them, duplicates the ledger
         prevented, time in each recovery state (p50/p95), escalations and operator

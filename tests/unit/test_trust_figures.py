@@ -70,8 +70,8 @@ def fig(samples: list[dict[str, Any]], window_s: int = 3600, tool: str = "pay") 
         ),
         # a sample read after the counters now (labelled earlier: its interval's start)
         # is left out: against the reading now its counts would look like a reset
-        ([s(NOW - H), {**s(NOW - M, pay={"unknown": 9}), "read": NOW + 5}, s(NOW, pay={"unknown": 7})],
-         {"unknown": 7}),
+        ([s(NOW - H), {**s(NOW - M, pay={"unknown": 9}), "read": NOW + 5},
+          s(NOW, pay={"unknown": 7})], {"unknown": 7}),
         # samples later than now are not read
         ([s(NOW - H), s(NOW, pay={"unknown": 1}), s(NOW + M, pay={"unknown": 9})], {"unknown": 1}),
     ],
