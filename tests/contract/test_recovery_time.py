@@ -4,6 +4,7 @@ leaves it (toolq.core.stats), on fakeredis and on the real server."""
 from __future__ import annotations
 
 import pytest
+import redis
 
 from tests.contract.ops import LEASE, NOW, TOOL, put, submit
 from toolq.adapters.ledger import Ledger
@@ -81,3 +82,32 @@ def test_the_tool_is_the_records(ledger: Ledger) -> None:
     assert ledger.apply([out], NOW + 50) == ["ok"]
     assert ledger.stats()["other|recovery_ms:needs_input:100"] == 1
     assert not any(k.startswith(f"{TOOL}|") for k in ledger.stats())
+
+
+def _commands(client: redis.Redis, ledger: Ledger, ref: str, state: State) -> dict[str, int]:
+    """The server's commands for one APPLY moving ``ref`` from ``state`` to escalated."""
+    put(ledger, ref, state, entered=NOW)
+    client.config_resetstat()
+    out = Transition(ref=ref, states=(state,), to=S.ESCALATED, by="t", stats=("escalated",))
+    assert ledger.apply([out], NOW + 1_000) == ["ok"]
+    stats = client.info("commandstats")
+    skip = ("cmdstat_config|resetstat", "cmdstat_info")
+    return {k: int(v["calls"]) for k, v in stats.items() if k not in skip}
+
+
+def test_only_a_move_out_of_recovery_costs_more_commands(redis_url: str) -> None:
+    """``INFO commandstats`` on the real server: a move from ``running`` (every call's)
+    reads nothing more; one out of a recovery state reads ``entered`` and counts twice."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        ledger = Ledger(client, prefix="rt")
+        _commands(client, ledger, "warm/1", S.RUNNING)  # loads the library
+        hot = _commands(client, ledger, "hot/1", S.RUNNING)
+        recovered = _commands(client, ledger, "rec/1", S.VERIFYING)
+    finally:
+        client.close()
+
+    assert "cmdstat_hget" not in hot
+    assert recovered.pop("cmdstat_hget") == 1
+    assert recovered.pop("cmdstat_hincrby") == hot.pop("cmdstat_hincrby") + 2
+    assert recovered == hot
