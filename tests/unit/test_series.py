@@ -92,6 +92,14 @@ def test_the_sampler_writes_once_per_interval_and_forgets_old_ones() -> None:
     assert s.maybe() is False  # same interval
     written = json.loads(r.hget(KEYS.series, str(NOW)))  # type: ignore[arg-type]
     assert written["totals"]["submitted"] == 5 and written["pending"]["waiting_retry"] == 3
+    # each tool's counters apart: the charts read none of them
+    assert "tools" not in written
+    mine = json.loads(r.hget(KEYS.series_tools, str(NOW)))  # type: ignore[arg-type]
+    assert mine == {
+        "at": NOW,
+        "read": NOW + 1_500,
+        "tools": {"pay": {"submitted": 4}, "look": {"submitted": 1}},
+    }
     assert not r.hexists(KEYS.series, str(old)) and r.hexists(KEYS.series, "junk")
     # another scheduler's sample of the same interval is left as it is
     r.hset(KEYS.stats, "pay|submitted", 100)
@@ -99,6 +107,10 @@ def test_the_sampler_writes_once_per_interval_and_forgets_old_ones() -> None:
     assert json.loads(r.hget(KEYS.series, str(NOW)))["totals"]["submitted"] == 5  # type: ignore[arg-type]
     clock[0] += 60
     assert s.maybe() is True and r.hexists(KEYS.series, str(NOW + 60_000))
+    # the per-tool minutes are kept two hours
+    clock[0] += series.KEEP_TOOLS_S
+    assert s.maybe() is True
+    assert not r.hexists(KEYS.series_tools, str(NOW)) and r.hexists(KEYS.series, str(NOW))
 
 
 # --------------------------------------------------------------------------- the overview

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from toolq.core import stats
+from toolq.edges.api.console import present
 from toolq.services.scheduler import series
 from toolq.services.scheduler.trust import quantile_le_s, trust_figures, window_samples
 
@@ -204,12 +205,44 @@ def test_a_sample_keeps_each_tools_trust_counters_not_zero() -> None:
 
 
 def test_the_fields_a_window_reads() -> None:
+    # an hour: the minutes up to its start, then one every 10 minutes, per-tool tier
     minutes, hours = series.window_fields(NOW + 30_000, 3600)
-    assert minutes == [NOW - H - k * M for k in range(5, 0, -1)] + [
-        NOW - H + k * M for k in range(61)
+    assert minutes == [NOW - H - k * M for k in range(5, -1, -1)] + [
+        NOW - H + k * 10 * M for k in range(1, 7)
     ]
     assert hours == []
-
+    # longer: every hour of it, and the one before, hourly tier
     minutes, hours = series.window_fields(NOW + 30_000, 24 * 3600)
-    assert minutes == [NOW - 24 * H - k * M for k in range(5, -1, -1)]
+    assert minutes == []
     assert hours == [NOW - 25 * H + k * H for k in range(26)]
+
+
+@pytest.mark.parametrize(
+    ("figures", "text"),
+    [
+        ({"count": 0, "p50_s": None, "p95_s": None}, "-"),
+        ({"count": 3, "p50_s": 0.1, "p95_s": 2.5}, "p50 ≤ 0.1 s, p95 ≤ 2.5 s (3 left)"),
+        ({"count": 2, "p50_s": 120.0, "p95_s": 21600.0}, "p50 ≤ 2 min, p95 ≤ 6 h (2 left)"),
+        ({"count": 1, "p50_s": 604800.0, "p95_s": None}, "p50 ≤ 7 d, p95 > 7 d (1 left)"),
+    ],
+)
+def test_the_console_writes_a_states_times_as_bounds(figures: dict[str, Any], text: str) -> None:
+    assert present.recovery_time(figures) == text
+
+
+@pytest.mark.parametrize(
+    ("window", "text"),
+    [
+        ({"since_ms": None, "window_s": 3600}, "no samples yet (a scheduler writes one a minute)"),
+        (
+            {"since_ms": NOW - 25 * H, "window_s": 86400, "complete": True, "window": "24h"},
+            "over the last 24h (counted from 07:00 UTC)",
+        ),
+        (
+            {"since_ms": NOW - 8 * M, "window_s": 3600, "complete": False},
+            "over the last 8 min 0 s (since sampling began)",
+        ),
+    ],
+)
+def test_the_console_says_what_span_a_window_covers(window: dict[str, Any], text: str) -> None:
+    assert present.covered(window, NOW) == text

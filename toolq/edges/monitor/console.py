@@ -140,16 +140,16 @@ async def trust(aio: AsyncToolQueue, window: str) -> dict[str, Any]:
     minutes, hours = samples.window_fields(now, window_s)
     client = await aio.client()
     async with client.pipeline(transaction=False) as pipe:
-        pipe.hmget(sources.keys.series, [str(f) for f in minutes])
-        if hours:
+        if minutes:
+            pipe.hmget(sources.keys.series_tools, [str(f) for f in minutes])
+        else:
             pipe.hmget(sources.keys.series_hourly, [str(f) for f in hours])
         for k in sources.cell_keys:
             pipe.hgetall(k.stats)
         replies = await pipe.execute()
-    raw = list(replies[0]) + (list(replies[1]) if hours else [])
-    found = [s for s in (samples.parse_sample(r) for r in raw) if s is not None]
+    found = [s for s in (samples.parse_tools_sample(r) for r in replies[0]) if s is not None]
     stats: dict[str, int] = {}
-    for cell in replies[2 if hours else 1 :]:  # summed over the cells
+    for cell in replies[1:]:  # summed over the cells
         for k, v in cell.items():
             stats[as_text(k)] = stats.get(as_text(k), 0) + int(v)
     found.append(samples.sample_of(stats, {}, now))

@@ -8,13 +8,17 @@ schedulers run, the first to sample an interval writes it and the others
 leave it. Samples older than :data:`KEEP_S` are deleted as new ones are
 written, so the hash holds at most a day of minutes (1,440 short fields).
 
-A sample also holds each tool's own cumulative counters (``tools``: the trust
-counters of :data:`toolq.core.stats.TRUST_COUNTERS`, :data:`COUNTED`, and the
-recovery-time buckets; only those not 0), which the trust figures
-(:mod:`toolq.services.scheduler.trust`) are computed from. A coarser tier keeps the
-first sample of every hour for :data:`KEEP_HOURLY_S` (8 days, 192 fields:
-:attr:`toolq.core.keys.Keys.series_hourly`), for figures over 7 days: written
-with the same ``HSETNX``, once an hour per scheduler, and trimmed then.
+Each tool's own cumulative counters (``tools``: the trust counters of
+:data:`toolq.core.stats.TRUST_COUNTERS`, :data:`COUNTED`, and the recovery-time
+buckets; only those not 0), which the trust figures
+(:mod:`toolq.services.scheduler.trust`) are computed from, go to hashes of their own,
+with the same ``HSETNX``: every minute's for :data:`KEEP_TOOLS_S` (2 hours:
+:attr:`toolq.core.keys.Keys.series_tools`, the 1-hour window's), and the first of
+every hour for :data:`KEEP_HOURLY_S` (8 days, 192 fields:
+:attr:`toolq.core.keys.Keys.series_hourly`, the 24-hour and 7-day windows'). A
+tool's part grows with its buckets (~1.7 KB for a tool using every counter and 8
+buckets of each state): kept apart, it costs the charts' reads nothing, and a day
+of it is never kept a minute at a time.
 
 Any process draws the chart from it (:func:`read_series`): one ``HMGET`` of
 the fields an interval apart, and per point the counts since the sample
@@ -40,9 +44,13 @@ from toolq.core.text import as_text
 EVERY_S = 60
 #: Seconds of samples kept.
 KEEP_S = 24 * 3600
+#: Seconds the per-tool minute samples are kept.
+KEEP_TOOLS_S = 2 * 3600
 #: Seconds between samples of the coarse tier, and how long it keeps them.
 HOURLY_S = 3600
 KEEP_HOURLY_S = 8 * 24 * 3600
+#: The fields of the charts' part of a sample; the rest is the per-tool part.
+CHART_FIELDS = ("at", "totals", "pending")
 #: The ledger's counters (``<tool>|<name>`` in the stats hash) a sample sums.
 COUNTED: tuple[str, ...] = ("submitted", "succeeded", "failed", "escalated")
 #: The counters a sample keeps per tool (and every recovery-time bucket).
@@ -139,6 +147,18 @@ def parse_sample(raw: Any) -> dict[str, Any] | None:
     return data if ok and isinstance(data.get("pending"), dict) else None
 
 
+def parse_tools_sample(raw: Any) -> dict[str, Any] | None:
+    """A per-tool sample (``at``, ``read``, ``tools``), or None if it is not one."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("at"), int)
+    return data if ok and isinstance(data.get("tools"), dict) else None
+
+
 def series_fields(now_ms: int, hours: float, every_s: int = EVERY_S) -> list[int]:
     """The sample fields of the last ``hours``, oldest first, plus the one before
     (the first point's counts are measured from it)."""
@@ -149,22 +169,18 @@ def series_fields(now_ms: int, hours: float, every_s: int = EVERY_S) -> list[int
 
 
 def window_fields(now_ms: int, window_s: int) -> tuple[list[int], list[int]]:
-    """The fields a window's figures are read from: of the minute tier (every minute
-    of a window of an hour or less; else the few minutes up to its start, where the
-    baseline is) and of the hourly tier (every hour of a longer window, and the one
-    before). The last point is read live, not sampled."""
+    """The per-tool fields a window's figures are read from: of the minute tier, for a
+    window of an hour or less (the minutes up to its start, where the baseline is, then
+    one every 10 minutes, where a reset would show); of the hourly tier for a longer one
+    (every hour, and the one before). The last point is read live, not sampled."""
     every = EVERY_S * 1000
     start = bucket(now_ms - window_s * 1000)
-    minutes = [start - k * every for k in range(5, 0, -1)]
     if window_s <= HOURLY_S:
-        minutes += list(range(start, bucket(now_ms) + 1, every))
-    else:
-        minutes.append(start)
-    hours: list[int] = []
-    if window_s > HOURLY_S:
-        first = bucket(now_ms - window_s * 1000, HOURLY_S) - HOURLY_S * 1000
-        hours = list(range(first, bucket(now_ms, HOURLY_S) + 1, HOURLY_S * 1000))
-    return minutes, hours
+        minutes = [start - k * every for k in range(5, -1, -1)]
+        minutes += list(range(start + 10 * every, bucket(now_ms) + 1, 10 * every))
+        return minutes, []
+    first = bucket(now_ms - window_s * 1000, HOURLY_S) - HOURLY_S * 1000
+    return [], list(range(first, bucket(now_ms, HOURLY_S) + 1, HOURLY_S * 1000))
 
 
 @dataclass
@@ -180,6 +196,7 @@ class Sampler:
     cells: list[Keys] = field(default_factory=list)
     hourly_s: int = HOURLY_S
     keep_hourly_s: int = KEEP_HOURLY_S
+    keep_tools_s: int = KEEP_TOOLS_S
     _last: int = field(default=-1, init=False)
     _last_hour: int = field(default=-1, init=False)
 
@@ -201,7 +218,8 @@ class Sampler:
             pipe.smembers(keys.tools)
             pipe.hgetall(keys.stats)
         pipe.hkeys(self.keys.series)
-        *read, fields = pipe.execute()
+        pipe.hkeys(self.keys.series_tools)
+        *read, fields, tool_fields = pipe.execute()
         tools = sorted({as_text(t) for members in read[0::2] for t in members})
         stats: dict[str, int] = {}
         for raw_stats in read[1::2]:  # summed over the cells
@@ -217,18 +235,25 @@ class Sampler:
         for _ in range(len(tools) * len(cells)):
             for state in GAUGED:
                 sizes[state] += int(next(cards))
-        read_ms = int(self.clock() * 1000)
-        point = json.dumps(sample_of(stats, sizes, at_ms, read_ms), separators=(",", ":"))
-        cutoff = at_ms - self.keep_s * 1000
-        old = [f for f in (as_text(x) for x in fields) if f.isdigit() and int(f) < cutoff]
+        whole = sample_of(stats, sizes, at_ms, int(self.clock() * 1000))
+        chart = {k: whole[k] for k in CHART_FIELDS}
+        mine = json.dumps({k: v for k, v in whole.items() if k not in CHART_FIELDS[1:]},
+                          separators=(",", ":"))  # fmt: skip
         pipe = r.pipeline(transaction=False)
-        pipe.hsetnx(self.keys.series, str(at_ms), point)
-        if old:
-            pipe.hdel(self.keys.series, *old)
+        pipe.hsetnx(self.keys.series, str(at_ms), json.dumps(chart, separators=(",", ":")))
+        pipe.hsetnx(self.keys.series_tools, str(at_ms), mine)
+        for key, names, keep_s in (
+            (self.keys.series, fields, self.keep_s),
+            (self.keys.series_tools, tool_fields, self.keep_tools_s),
+        ):
+            cutoff = at_ms - keep_s * 1000
+            old = [f for f in map(as_text, names) if f.isdigit() and int(f) < cutoff]
+            if old:
+                pipe.hdel(key, *old)
         hour = bucket(at_ms, self.hourly_s)
         if hour != self._last_hour:
             # The coarse tier: the first sample of the hour (any scheduler's) stays.
-            pipe.hsetnx(self.keys.series_hourly, str(hour), point)
+            pipe.hsetnx(self.keys.series_hourly, str(hour), mine)
             pipe.hkeys(self.keys.series_hourly)
         replies = pipe.execute()
         if hour != self._last_hour:

@@ -335,5 +335,9 @@ def covered(t: Mapping[str, Any], now_ms: int) -> str:
     if t.get("since_ms") is None:
         return "no samples yet (a scheduler writes one a minute)"
     if t.get("complete"):
-        return f"over the last {edge(float(t['window_s']))}"
+        # the baseline is the last sample read before the window's start (a minute
+        # before it at most for an hour, an hour for longer windows): say which
+        since = datetime.fromtimestamp(int(t["since_ms"]) / 1000, UTC).strftime("%H:%M")
+        span = t.get("window") or edge(float(t["window_s"]))
+        return f"over the last {span} (counted from {since} UTC)"
     return f"over the last {duration((now_ms - int(t['since_ms'])) / 1000)} (since sampling began)"
