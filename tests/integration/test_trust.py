@@ -1,4 +1,6 @@
-"""The trust figures per tool (issue 27) equal what a test caused on a real stack:
+"""The trust figures per tool (issue 27) equal what a test caused on a real stack
+(6 unknown outcomes: 3 found, 2 not found and run again once each, 1 escalated with its
+verifier down; a second delivery refused; a submit repeated):
 workers and a scheduler (serving its metrics) on the embedded Valkey, the provider
 stub dropping replies. The same numbers through the API (what the console shows),
 and through Prometheus; the Grafana dashboard names only series that stack serves.
@@ -28,6 +30,7 @@ DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana" / "toolq.json"
 READER = "reader-token-0123456789"
 FOUND = [f"trust/found/{i}" for i in range(3)]
 RERUN = [f"trust/rerun/{i}" for i in range(2)]
+ESCALATED = "trust/escalated"
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def caused(rt: ToolQueue, metrics_port: int) -> dict[str, int]:
     # Given a scheduler that has taken its first sample (the windows' baseline)
     assert wait_until(lambda: rt.redis.hlen(rt.ledger.keys.series) >= 1, 20)
     assert wait_until(lambda: "toolq_ledger_up 1.0" in scrape(metrics_port), 20)
-    # When 5 writes' replies are lost: 3 committed (found), 2 not (not found, run again)
+    # When 5 writes' outcomes are lost: 3 committed (found), 2 not (not found, run again)
     for ref in FOUND:
         rt.submit("pay", {"mode": "lost_reply"}, operation_ref=ref)
     for ref in RERUN:
@@ -94,6 +97,14 @@ def caused(rt: ToolQueue, metrics_port: int) -> dict[str, int]:
     for ref in FOUND + RERUN:
         env = rt.wait(ref, timeout=30)
         assert env.ok, (ref, env)
+    # and one whose verifier stays down: escalated after its checks
+    rt.redis.set("provider:verifier_down", "1")
+    try:
+        rt.submit("pay", {"mode": "verifier_down"}, operation_ref=ESCALATED)
+        env = rt.wait(ESCALATED, timeout=30)
+        assert not env.ok and env.code == "VERIFICATION_UNAVAILABLE"
+    finally:
+        rt.redis.delete("provider:verifier_down")
     # and a second delivery of a finished attempt, and the same submit again
     queue, message = rt.app.messages.run(FOUND[0], 1)
     rt.redis.lpush(queue, message)
@@ -103,18 +114,18 @@ def caused(rt: ToolQueue, metrics_port: int) -> dict[str, int]:
     for ref in RERUN:  # each ran twice, under its one ref
         rec = rt.get(ref)
         assert rec is not None and rec.attempt == 2
-    return verifying_buckets(rt, FOUND + RERUN)
+    return verifying_buckets(rt, [*FOUND, *RERUN, ESCALATED])
 
 
 EXPECTED = {
-    "unknown": 5,
+    "unknown": 6,
     "found": 3,
     "not_found": 2,
-    "unknown_escalated": 0,
+    "unknown_escalated": 1,
     "deliveries_refused": 1,
     "submits_deduplicated": 1,
     "duplicates_prevented": 2,
-    "escalated": 0,
+    "escalated": 1,
     "resolved_committed": 0,
     "resolved_not_committed": 0,
     "resolved_retry": 0,
@@ -135,10 +146,10 @@ def test_the_api_figures_equal_what_the_test_caused(
     assert body["window"] == window and body["since_ms"] is not None
     times = pay["recovery"]
     assert times["verifying"] == {
-        "count": 5,
+        "count": 6,
         "p50_s": quantile_le_s(caused, 0.5),
         "p95_s": quantile_le_s(caused, 0.95),
-        "mean_s": round(caused["sum"] / 5 / 1000, 3),
+        "mean_s": round(caused["sum"] / 6 / 1000, 3),
     }
     for state in RECOVERY_STATES:
         if state != "verifying":
@@ -164,17 +175,18 @@ def test_prometheus_serves_the_same_figures(
     text = scrape(metrics_port)
 
     pay = {"tool": "pay"}
-    assert value(text, "toolq_unknown_outcomes_total", **pay) == 5
+    assert value(text, "toolq_unknown_outcomes_total", **pay) == 6
     assert value(text, "toolq_verification_verdicts_total", **pay, verdict="found") == 3
     assert value(text, "toolq_verification_verdicts_total", **pay, verdict="not_found") == 2
-    assert value(text, "toolq_verification_verdicts_total", **pay, verdict="escalated") == 0
+    assert value(text, "toolq_verification_verdicts_total", **pay, verdict="escalated") == 1
+    assert value(text, "toolq_unverifiable_unknowns_total", **pay) == 0
     assert value(text, "toolq_duplicates_prevented_total", **pay) == 1
     assert value(text, "toolq_duplicate_submits_total", **pay) == 1
-    assert value(text, "toolq_escalations_total", **pay) == 0
+    assert value(text, "toolq_escalations_total", **pay) == 1
     for resolution in ("committed", "not_committed", "retry"):
         assert value(text, "toolq_operator_resolutions_total", **pay, resolution=resolution) == 0
     verifying = {"tool": "pay", "state": "verifying"}
-    assert value(text, "toolq_recovery_seconds_count", **verifying) == 5
+    assert value(text, "toolq_recovery_seconds_count", **verifying) == 6
     assert value(text, "toolq_recovery_seconds_sum", **verifying) == caused["sum"] / 1000
     for le, n in cumulative(caused):
         assert value(text, "toolq_recovery_seconds_bucket", **verifying, le=le) == n, le
