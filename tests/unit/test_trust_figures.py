@@ -211,10 +211,15 @@ def test_the_fields_a_window_reads() -> None:
         NOW - H + k * 10 * M for k in range(1, 7)
     ]
     assert hours == []
-    # longer: every hour of it, and the one before, hourly tier
+    # longer: the hour of its start and the one before, then every hour of a day
     minutes, hours = series.window_fields(NOW + 30_000, 24 * 3600)
     assert minutes == []
     assert hours == [NOW - 25 * H + k * H for k in range(26)]
+    # ... or every 7th hour of a week
+    minutes, hours = series.window_fields(NOW + 30_000, 7 * 24 * 3600)
+    assert hours == [NOW - 169 * H, NOW - 168 * H] + [
+        NOW - 168 * H + k * 7 * H for k in range(1, 25)
+    ]
 
 
 @pytest.mark.parametrize(
