@@ -414,7 +414,7 @@ def test_fuzz_openapi(tq: ToolQueue, mode: GenerationMode) -> None:
         no_stack_trace,
     ]
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 13  # :resolve (issue 27) made it 13
+    assert len(operations) == 14  # :resolve and /v1/trust (issue 27)
 
     # When every operation gets generated requests, then none is a 500 or leaks
     for operation in operations:

@@ -92,6 +92,14 @@ def test_the_sampler_writes_once_per_interval_and_forgets_old_ones() -> None:
     assert s.maybe() is False  # same interval
     written = json.loads(r.hget(KEYS.series, str(NOW)))  # type: ignore[arg-type]
     assert written["totals"]["submitted"] == 5 and written["pending"]["waiting_retry"] == 3
+    # each tool's counters apart: the charts read none of them
+    assert "tools" not in written
+    mine = json.loads(r.hget(KEYS.series_tools, str(NOW)))  # type: ignore[arg-type]
+    assert mine == {
+        "at": NOW,
+        "read": NOW + 1_500,
+        "tools": {"pay": {"submitted": 4}, "look": {"submitted": 1}},
+    }
     assert not r.hexists(KEYS.series, str(old)) and r.hexists(KEYS.series, "junk")
     # another scheduler's sample of the same interval is left as it is
     r.hset(KEYS.stats, "pay|submitted", 100)
@@ -99,6 +107,10 @@ def test_the_sampler_writes_once_per_interval_and_forgets_old_ones() -> None:
     assert json.loads(r.hget(KEYS.series, str(NOW)))["totals"]["submitted"] == 5  # type: ignore[arg-type]
     clock[0] += 60
     assert s.maybe() is True and r.hexists(KEYS.series, str(NOW + 60_000))
+    # the per-tool minutes are kept two hours
+    clock[0] += series.KEEP_TOOLS_S
+    assert s.maybe() is True
+    assert not r.hexists(KEYS.series_tools, str(NOW)) and r.hexists(KEYS.series, str(NOW))
 
 
 # --------------------------------------------------------------------------- the overview
@@ -189,3 +201,33 @@ def test_a_worker_entry_round_trips_and_a_bad_one_is_skipped() -> None:
     assert WorkerNode.from_json(n.to_json()) == n
     assert WorkerNode.from_json(b'{"node": "x"}') is None
     assert WorkerNode.from_json(b"nope") is None
+
+
+def test_the_sampler_keeps_the_first_sample_of_each_hour_for_eight_days() -> None:
+    r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    r.sadd(KEYS.tools, "pay")
+    r.hset(KEYS.stats, mapping={"pay|submitted": 4, "pay|unknown": 1})
+    hour = NOW // 3_600_000 * 3_600_000
+    old = hour - series.KEEP_HOURLY_S * 1000 - 3_600_000
+    r.hset(KEYS.series_hourly, mapping={str(old): "{}", str(hour - 3_600_000): "{}"})
+    clock = [hour / 1000 + 120.5]  # two minutes into the hour
+    s = Sampler(lambda: r, KEYS, lambda: clock[0])
+
+    assert s.maybe() is True
+    first = json.loads(r.hget(KEYS.series_hourly, str(hour)))  # type: ignore[arg-type]
+    assert first["at"] == hour + 120_000 and first["tools"] == {
+        "pay": {"submitted": 4, "unknown": 1}
+    }
+    assert not r.hexists(KEYS.series_hourly, str(old))
+    assert r.hexists(KEYS.series_hourly, str(hour - 3_600_000))
+    # the next minutes of the hour leave it; another scheduler's too
+    r.hset(KEYS.stats, "pay|unknown", 7)
+    clock[0] += 60
+    assert s.maybe() is True
+    Sampler(lambda: r, KEYS, lambda: clock[0]).sample(hour + 180_000)
+    assert json.loads(r.hget(KEYS.series_hourly, str(hour)))["at"] == hour + 120_000  # type: ignore[arg-type]
+    # the next hour's first sample is kept
+    clock[0] += 3600
+    assert s.maybe() is True
+    nxt = json.loads(r.hget(KEYS.series_hourly, str(hour + 3_600_000)))  # type: ignore[arg-type]
+    assert nxt["tools"]["pay"]["unknown"] == 7

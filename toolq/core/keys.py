@@ -180,3 +180,15 @@ class Keys:
     def series(self) -> str:
         """Hash: sample time (ms) -> the counts then (JSON; toolq.services.scheduler.series)."""
         return f"{self.tag}:series"
+
+    @property
+    def series_hourly(self) -> str:
+        """Hash: the hour's start (ms) -> the first sample written in it (JSON; the coarse
+        tier of toolq.services.scheduler.series, kept 8 days)."""
+        return f"{self.tag}:series:1h"
+
+    @property
+    def series_tools(self) -> str:
+        """Hash: sample time (ms) -> each tool's counters then (JSON; the trust figures'
+        minute tier of toolq.services.scheduler.series, kept 2 hours)."""
+        return f"{self.tag}:series:tools"

@@ -16,8 +16,12 @@ Two kinds of series:
     ``toolq_unverifiable_unknowns_total``,
     ``toolq_verification_verdicts_total{verdict}``,
     ``toolq_duplicates_prevented_total``, ``toolq_leases_lost_total``,
-    ``toolq_dispatches_total{kind}`` (all labelled by ``tool``), and
+    ``toolq_dispatches_total{kind}``, ``toolq_duplicate_submits_total``,
+    ``toolq_operator_resolutions_total{resolution}`` (all labelled by ``tool``), and
     ``toolq_ledger_events_total{tool,event}`` for counters not named here
+  - ``toolq_recovery_seconds{tool,state}`` (histogram): the time operations spent in
+    each pending-recovery state, counted by the ledger's APPLY when they left it
+    (:mod:`toolq.core.stats`), so it covers every process
   - ``toolq_queue_messages{queue}``, ``toolq_queue_unacked_messages``,
     ``toolq_scheduler_backlog``, ``toolq_scheduler_due``,
     ``toolq_scheduler_overdue_seconds``, ``toolq_schedulers_live``,
@@ -54,12 +58,18 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Info, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from toolq.adapters import observe
 from toolq.adapters.observe import observe_recovery
 from toolq.core.errors import ToolqError
+from toolq.core.stats import RECOVERY_STATES, SUM, cumulative
 from toolq.edges.monitor import PENDING, status_snapshot
 
 __all__ = [
@@ -108,6 +118,14 @@ _COUNTERS: dict[str, tuple[str, str, str, str]] = {
                    "dispatch"),
     "republished": ("toolq_dispatches", "", "kind", "republish"),
     "verify_published": ("toolq_dispatches", "", "kind", "verify"),
+    "duplicate_submits": ("toolq_duplicate_submits", "Submits of an existing operation (same "
+                          "ref, same arguments) answered for it instead of creating another.",
+                          "", ""),
+    "resolved_committed": ("toolq_operator_resolutions",
+                           "Escalated operations an operator resolved, by resolution.",
+                           "resolution", "committed"),
+    "resolved_not_committed": ("toolq_operator_resolutions", "", "resolution", "not_committed"),
+    "resolved_retry": ("toolq_operator_resolutions", "", "resolution", "retry"),
 }  # fmt: skip
 _OTHER_COUNTER = ("toolq_ledger_events", "Other ledger counters, by name.", "event")
 
@@ -157,7 +175,19 @@ def snapshot_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
         labels=["tool", "state"],
     )
     families: dict[str, CounterMetricFamily] = {}
+    recovery = HistogramMetricFamily(
+        "toolq_recovery_seconds",
+        "Time operations spent in each pending-recovery state, counted by the ledger when "
+        "they left it (every process serves the same: aggregate with max).",
+        labels=["tool", "state"],
+    )
     for tool, t in snap["tools"].items():
+        times = t.get("recovery_ms", {})
+        for state in RECOVERY_STATES:
+            buckets = times.get(state, {})
+            recovery.add_metric(
+                [tool, state], cumulative(buckets), sum_value=buckets.get(SUM, 0) / 1000
+            )
         for state, n in t["states"].items():
             ops.add_metric([tool, state], n)
         for state in PENDING:
@@ -172,6 +202,7 @@ def snapshot_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
             families[name].add_metric([tool, value] if label else [tool], n)
     yield ops
     yield oldest
+    yield recovery
     yield from families.values()
     queues, sched = snap["queues"], snap["scheduler"]
     depth = GaugeMetricFamily("toolq_queue_messages", "Messages waiting in a broker queue.",

@@ -5,7 +5,8 @@ into the library by :mod:`toolq.adapters.ledger.scripts`; their KEYS and ARGV ar
 
 from __future__ import annotations
 
-# Create an operation, or answer for the one that holds its ref (writing nothing).
+# Create an operation, or answer for the one that holds its ref (writing nothing but the
+# count of repeats, duplicate_submits).
 # KEYS: fixed, op[, queue]  ARGV: notify ref tool args fp call_id now max_attempts
 #   deadline state due msg [qname]  (the queue is a key only when msg is not empty;
 #   in outbox mode it is the outbox and qname the queue's name)
@@ -25,6 +26,7 @@ if cur[2] then
     -- write, unchanged, so that the WAITAOF/WAIT after it on this connection cover
     -- the first write too (they count this connection's writes; replication is ordered).
     redis.call('HSET', key, 'submit_fp', fp)
+    stat(tool, 'duplicate_submits')
     return {'exists', cur[2]}
   end
   return {'conflict', cur[2]}
@@ -211,6 +213,12 @@ for i = 1, A[1] do
       out[i] = state
     else
       local tool = cur[2]
+      -- Leaving a pending-recovery state: how long it took (a call that never enters
+      -- recovery reads nothing more).
+      local spent
+      if not quiet and to ~= state and RECOVERING[state] then
+        spent = NOW - (tonumber(redis.call('HGET', key, 'entered')) or NOW)
+      end
       local attempt = tonumber(cur[3])
       if incr > 0 then attempt = attempt + incr end
       local rev = (tonumber(cur[4]) or 0) + 1
@@ -240,6 +248,7 @@ for i = 1, A[1] do
         if due < 0 then bdue(ref, false) else bdue(ref, due, true) end
       end
       for j = stats, stats + nstats - 1 do bstat(tool, A[j]) end
+      if spent then recovery_spent(tool, state, spent) end
       -- ttl 0: the record lives again (an escalated operation an operator retried)
       if ttl then
         if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end

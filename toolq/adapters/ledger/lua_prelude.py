@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from toolq.core.keys import STEPS_SUFFIX
-from toolq.core.states import ALLOWED, INITIAL, SETTLED, State
+from toolq.core.states import ALLOWED, INITIAL, PENDING_RECOVERY, SETTLED, State
+from toolq.core.stats import INF, RECOVERY_BUCKETS_MS, RECOVERY_PREFIX, SUM
 
 #: The Lua names of KEYS[1..n], the keys every script receives first.
 FIXED = ("DUE", "WAKE", "SLEEP", "STATS", "TOOLS", "IDX")
@@ -36,11 +37,22 @@ def lua_tables() -> str:
     )
 
 
+def lua_recovery() -> str:
+    """The states whose time APPLY measures, and the buckets (:mod:`toolq.core.stats`)."""
+    edges = ", ".join(str(e) for e in RECOVERY_BUCKETS_MS)
+    return (
+        f"local RECOVERING = {_lua_set(PENDING_RECOVERY)}\n"
+        f"local RT_EDGES = {{{edges}}}\n"
+        f"local RT_PREFIX, RT_INF, RT_SUM = '{RECOVERY_PREFIX}:', '{INF}', '{SUM}'\n"
+    )
+
+
 PRELUDE = (
     f"local STEPS_SUFFIX = '{STEPS_SUFFIX}'\n"
     + f"local NFIXED = {len(FIXED)}\n"
     + f"local HORIZON = {WAKE_HORIZON_MS}\n"
     + lua_tables()
+    + lua_recovery()
     + f"local NOTIFY, {', '.join(FIXED)}\n"
     + r"""local sleeping_until, B, DIRECT, NOW
 
@@ -172,6 +184,19 @@ local function bstat(tool, name, n)
   local f = tool .. '|' .. name
   if not s[f] then s[#s + 1] = f; s[f] = 0 end
   s[f] = s[f] + (n or 1)
+end
+-- An operation of `tool` left pending-recovery `state` after `ms` in it: count it in
+-- its bucket and add it to the sum (toolq.core.stats), per tool and state, so any
+-- process can read the times from the ledger (not one process's memory).
+local function recovery_spent(tool, state, ms)
+  if ms < 0 then ms = 0 end
+  local le = RT_INF
+  for _, e in ipairs(RT_EDGES) do
+    if ms <= e then le = string.format('%d', e); break end
+  end
+  local name = RT_PREFIX .. state .. ':'
+  bstat(tool, name .. le)
+  bstat(tool, name .. RT_SUM, ms)
 end
 local function bpush(queue, msg, qname)
   -- XADD takes one entry per command: gathering outbox entries would save nothing.

@@ -277,6 +277,16 @@ def create_app(
 
         return await overview(tq.aio)
 
+    @app.get("/v1/trust", responses=ERROR_RESPONSES, dependencies=[_require("read")])
+    async def trust(window: Literal["1h", "24h", "7d"] = "1h") -> dict[str, Any]:
+        """The trust figures per tool over ``window`` (``1h``, ``24h`` or ``7d``):
+        unknown outcomes and how verification resolved them, duplicates the ledger
+        prevented, time in each recovery state (p50/p95), escalations and operator
+        resolutions, from the scheduler's samples and the ledger's counters now."""
+        from toolq.edges.monitor import trust as read_trust
+
+        return await read_trust(tq.aio, window)
+
     @app.get("/v1/health", responses=ERROR_RESPONSES)
     async def health() -> dict[str, bool]:
         """Whether the API reaches Redis; needs no token."""

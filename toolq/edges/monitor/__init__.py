@@ -19,14 +19,16 @@ turns it into the table ``toolq status`` shows.
 
 :func:`overview` is the console's: the snapshot, read on ``tq.aio``, plus the
 pending-recovery summary, the scheduler's lag, each worker and the recent
-rates; :func:`series` is its chart (:mod:`toolq.services.scheduler.series`).
+rates; :func:`series` is its chart (:mod:`toolq.services.scheduler.series`);
+:func:`trust` the trust figures per tool over 1 h, 24 h or 7 d
+(:mod:`toolq.services.scheduler.trust`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from toolq.edges.monitor.console import MAX_SERIES_HOURS, aread_status, overview, series
+from toolq.edges.monitor.console import MAX_SERIES_HOURS, aread_status, overview, series, trust
 from toolq.edges.monitor.read import (
     Backlog,
     BrokerDepths,
@@ -79,6 +81,7 @@ __all__ = [
     "shape_overview",
     "shape_workers",
     "status_snapshot",
+    "trust",
     "waiting",
 ]
 

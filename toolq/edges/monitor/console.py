@@ -28,6 +28,7 @@ from toolq.edges.monitor.read import (
 from toolq.edges.monitor.shape import shape_overview, shape_workers, waiting
 from toolq.services.scheduler import series as samples
 from toolq.services.scheduler.series import Point
+from toolq.services.scheduler.trust import WINDOWS, trust_figures
 
 if TYPE_CHECKING:
     from toolq.client.aio import AsyncToolQueue
@@ -119,3 +120,37 @@ async def series(aio: AsyncToolQueue, hours: float) -> list[Point]:
     )
     found = samples.points([samples.parse_sample(r) for r in raw])
     return [p for p in found if p.at_ms > fields[0]]
+
+
+async def trust(aio: AsyncToolQueue, window: str) -> dict[str, Any]:
+    """The trust figures per tool over ``window`` (a key of
+    :data:`toolq.services.scheduler.trust.WINDOWS`): from the series' samples at the
+    window's start and in it, to the ledger's counters read now. One round trip."""
+    if window not in WINDOWS:
+        from toolq.core import errors
+        from toolq.core.envelope import FieldError
+
+        raise errors.InvalidArguments(
+            "unknown window",
+            field_errors=[FieldError(field="window", rule=f"one of {', '.join(WINDOWS)}")],
+        )
+    window_s = WINDOWS[window]
+    now = aio.app.now_ms()
+    sources = settings_sources(aio.app.settings)
+    minutes, hours = samples.window_fields(now, window_s)
+    client = await aio.client()
+    async with client.pipeline(transaction=False) as pipe:
+        if minutes:
+            pipe.hmget(sources.keys.series_tools, [str(f) for f in minutes])
+        else:
+            pipe.hmget(sources.keys.series_hourly, [str(f) for f in hours])
+        for k in sources.cell_keys:
+            pipe.hgetall(k.stats)
+        replies = await pipe.execute()
+    found = [s for s in (samples.parse_tools_sample(r) for r in replies[0]) if s is not None]
+    stats: dict[str, int] = {}
+    for cell in replies[1:]:  # summed over the cells
+        for k, v in cell.items():
+            stats[as_text(k)] = stats.get(as_text(k), 0) + int(v)
+    found.append(samples.sample_of(stats, {}, now))
+    return {"window": window, **trust_figures(found, now_ms=now, window_s=window_s)}

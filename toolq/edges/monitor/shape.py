@@ -10,6 +10,7 @@ from typing import Any
 
 from toolq.adapters.liveness import ALIVE_MS, WorkerNode
 from toolq.core.states import PENDING_RECOVERY, TERMINAL, State
+from toolq.core.stats import is_recovery_field, recovery_of
 from toolq.services.scheduler import series as samples
 from toolq.services.scheduler.series import Point
 
@@ -26,6 +27,7 @@ COUNTERS: tuple[str, ...] = (
     "no_verifier", "verify_found", "verify_not_found", "verify_recheck", "verify_failed",
     "verify_escalated", "verify_published", "duplicates_prevented", "lease_lost",
     "republished", "dispatched", "retried_now", "verified_now",
+    "duplicate_submits", "resolved_committed", "resolved_not_committed", "resolved_retry",
 )  # fmt: skip
 #: What the console's overview lists as waiting on recovery, or on a person.
 RECOVERY: tuple[str, ...] = (*PENDING, State.ESCALATED.value)
@@ -80,13 +82,17 @@ def shape(
         tool, _, name = key.partition("|")
         counted.setdefault(tool, {})[name] = n
     for tool, (counts, oldest) in tools.items():
-        counters = {**dict.fromkeys(COUNTERS, 0), **counted.get(tool, {})}
+        mine = counted.get(tool, {})
+        counters = {**dict.fromkeys(COUNTERS, 0)}
+        counters.update((k, n) for k, n in mine.items() if not is_recovery_field(k))
         aged = {state: _aged(ref, since, now_ms) for state, (ref, since) in oldest.items()}
         per_tool[tool] = {
             "states": dict(counts),
             "pending_recovery": sum(counts[s] for s in PENDING),
             "oldest": aged,
             "counters": counters,
+            # time spent in each pending-recovery state: the ledger's buckets (toolq.core.stats)
+            "recovery_ms": recovery_of(mine),
         }
         for state, n in counts.items():
             totals[state] = totals.get(state, 0) + n

@@ -8,6 +8,18 @@ schedulers run, the first to sample an interval writes it and the others
 leave it. Samples older than :data:`KEEP_S` are deleted as new ones are
 written, so the hash holds at most a day of minutes (1,440 short fields).
 
+Each tool's own cumulative counters (``tools``: the trust counters of
+:data:`toolq.core.stats.TRUST_COUNTERS`, :data:`COUNTED`, and the recovery-time
+buckets; only those not 0), which the trust figures
+(:mod:`toolq.services.scheduler.trust`) are computed from, go to hashes of their own,
+with the same ``HSETNX``: every minute's for :data:`KEEP_TOOLS_S` (2 hours:
+:attr:`toolq.core.keys.Keys.series_tools`, the 1-hour window's), and the first of
+every hour for :data:`KEEP_HOURLY_S` (8 days, 192 fields:
+:attr:`toolq.core.keys.Keys.series_hourly`, the 24-hour and 7-day windows'). A
+tool's part grows with its buckets (~1.7 KB for a tool using every counter and 8
+buckets of each state): kept apart, it costs the charts' reads nothing, and a day
+of it is never kept a minute at a time.
+
 Any process draws the chart from it (:func:`read_series`): one ``HMGET`` of
 the fields an interval apart, and per point the counts since the sample
 before (cumulative counters make a sample missed while no scheduler ran cost
@@ -25,14 +37,24 @@ import redis
 
 from toolq.core.keys import Keys
 from toolq.core.states import State
+from toolq.core.stats import TRUST_COUNTERS, is_recovery_field
 from toolq.core.text import as_text
 
 #: Seconds between samples.
 EVERY_S = 60
 #: Seconds of samples kept.
 KEEP_S = 24 * 3600
+#: Seconds the per-tool minute samples are kept.
+KEEP_TOOLS_S = 2 * 3600
+#: Seconds between samples of the coarse tier, and how long it keeps them.
+HOURLY_S = 3600
+KEEP_HOURLY_S = 8 * 24 * 3600
+#: The fields of the charts' part of a sample; the rest is the per-tool part.
+CHART_FIELDS = ("at", "totals", "pending")
 #: The ledger's counters (``<tool>|<name>`` in the stats hash) a sample sums.
 COUNTED: tuple[str, ...] = ("submitted", "succeeded", "failed", "escalated")
+#: The counters a sample keeps per tool (and every recovery-time bucket).
+PER_TOOL: tuple[str, ...] = tuple(dict.fromkeys((*COUNTED, *TRUST_COUNTERS)))
 #: States whose size a sample records: what waits on recovery, and what a person must see.
 GAUGED: tuple[str, ...] = (
     State.WAITING_RETRY.value,
@@ -67,14 +89,28 @@ def bucket(now_ms: int, every_s: int = EVERY_S) -> int:
     return now_ms // every * every
 
 
-def sample_of(stats: dict[str, int], sizes: dict[str, int], at_ms: int) -> dict[str, Any]:
-    """The sample written for ``at_ms``: counters summed over tools, and state sizes. Pure."""
+def sample_of(
+    stats: dict[str, int], sizes: dict[str, int], at_ms: int, read_ms: int | None = None
+) -> dict[str, Any]:
+    """The sample written for ``at_ms``: counters summed over tools, each tool's own
+    (:data:`PER_TOOL` and the recovery-time buckets, those not 0), state sizes, and
+    when the counters were read (``read``: a sample is labelled with its interval's
+    start but read a little later; the trust figures order samples by it). Pure."""
     totals = dict.fromkeys(COUNTED, 0)
+    tools: dict[str, dict[str, int]] = {}
     for key, n in stats.items():
-        name = key.partition("|")[2]
+        tool, _, name = key.partition("|")
         if name in totals:
             totals[name] += int(n)
-    return {"at": at_ms, "totals": totals, "pending": {s: sizes.get(s, 0) for s in GAUGED}}
+        if int(n) and (name in PER_TOOL or is_recovery_field(name)):
+            tools.setdefault(tool, {})[name] = int(n)
+    return {
+        "at": at_ms,
+        "totals": totals,
+        "pending": {s: sizes.get(s, 0) for s in GAUGED},
+        "tools": tools,
+        "read": at_ms if read_ms is None else read_ms,
+    }
 
 
 def points(samples: Sequence[dict[str, Any] | None]) -> list[Point]:
@@ -111,6 +147,18 @@ def parse_sample(raw: Any) -> dict[str, Any] | None:
     return data if ok and isinstance(data.get("pending"), dict) else None
 
 
+def parse_tools_sample(raw: Any) -> dict[str, Any] | None:
+    """A per-tool sample (``at``, ``read``, ``tools``), or None if it is not one."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("at"), int)
+    return data if ok and isinstance(data.get("tools"), dict) else None
+
+
 def series_fields(now_ms: int, hours: float, every_s: int = EVERY_S) -> list[int]:
     """The sample fields of the last ``hours``, oldest first, plus the one before
     (the first point's counts are measured from it)."""
@@ -118,6 +166,26 @@ def series_fields(now_ms: int, hours: float, every_s: int = EVERY_S) -> list[int
     last = bucket(now_ms, every_s)
     n = int(hours * 3600 * 1000) // every
     return [last - k * every for k in range(n + 1, -1, -1)]
+
+
+def window_fields(now_ms: int, window_s: int) -> tuple[list[int], list[int]]:
+    """The per-tool fields a window's figures are read from: of the minute tier, for a
+    window of an hour or less (the minutes up to its start, where the baseline is, then
+    one every 10 minutes, where a reset would show); of the hourly tier for a longer one
+    (the hour of its start and the one before, then one a day's 24th of the window: every
+    hour of a day, every 7th of a week; 7 days of every hour cost 136 ms to read and
+    parse for 5 busy tools, where the page refreshes every 3 s). The last point is read
+    live, not sampled."""
+    every = EVERY_S * 1000
+    start = bucket(now_ms - window_s * 1000)
+    if window_s <= HOURLY_S:
+        minutes = [start - k * every for k in range(5, -1, -1)]
+        minutes += list(range(start + 10 * every, bucket(now_ms) + 1, 10 * every))
+        return minutes, []
+    hour = HOURLY_S * 1000
+    base = bucket(now_ms - window_s * 1000, HOURLY_S)
+    step = hour * max(1, window_s // (24 * HOURLY_S))
+    return [], [base - hour, base, *range(base + step, bucket(now_ms, HOURLY_S) + 1, step)]
 
 
 @dataclass
@@ -131,7 +199,11 @@ class Sampler:
     keep_s: int = KEEP_S
     #: Cells mode: the keys of every cell, whose counts a sample sums (none: ``keys``').
     cells: list[Keys] = field(default_factory=list)
+    hourly_s: int = HOURLY_S
+    keep_hourly_s: int = KEEP_HOURLY_S
+    keep_tools_s: int = KEEP_TOOLS_S
     _last: int = field(default=-1, init=False)
+    _last_hour: int = field(default=-1, init=False)
 
     def maybe(self) -> bool:
         """Sample if this interval has not been sampled by this process; True if it did."""
@@ -151,7 +223,8 @@ class Sampler:
             pipe.smembers(keys.tools)
             pipe.hgetall(keys.stats)
         pipe.hkeys(self.keys.series)
-        *read, fields = pipe.execute()
+        pipe.hkeys(self.keys.series_tools)
+        *read, fields, tool_fields = pipe.execute()
         tools = sorted({as_text(t) for members in read[0::2] for t in members})
         stats: dict[str, int] = {}
         for raw_stats in read[1::2]:  # summed over the cells
@@ -167,11 +240,30 @@ class Sampler:
         for _ in range(len(tools) * len(cells)):
             for state in GAUGED:
                 sizes[state] += int(next(cards))
-        point = sample_of(stats, sizes, at_ms)
-        cutoff = at_ms - self.keep_s * 1000
-        old = [f for f in (as_text(x) for x in fields) if f.isdigit() and int(f) < cutoff]
+        whole = sample_of(stats, sizes, at_ms, int(self.clock() * 1000))
+        chart = {k: whole[k] for k in CHART_FIELDS}
+        mine = json.dumps({k: v for k, v in whole.items() if k not in CHART_FIELDS[1:]},
+                          separators=(",", ":"))  # fmt: skip
         pipe = r.pipeline(transaction=False)
-        pipe.hsetnx(self.keys.series, str(at_ms), json.dumps(point, separators=(",", ":")))
-        if old:
-            pipe.hdel(self.keys.series, *old)
-        pipe.execute()
+        pipe.hsetnx(self.keys.series, str(at_ms), json.dumps(chart, separators=(",", ":")))
+        pipe.hsetnx(self.keys.series_tools, str(at_ms), mine)
+        for key, names, keep_s in (
+            (self.keys.series, fields, self.keep_s),
+            (self.keys.series_tools, tool_fields, self.keep_tools_s),
+        ):
+            cutoff = at_ms - keep_s * 1000
+            old = [f for f in map(as_text, names) if f.isdigit() and int(f) < cutoff]
+            if old:
+                pipe.hdel(key, *old)
+        hour = bucket(at_ms, self.hourly_s)
+        if hour != self._last_hour:
+            # The coarse tier: the first sample of the hour (any scheduler's) stays.
+            pipe.hsetnx(self.keys.series_hourly, str(hour), mine)
+            pipe.hkeys(self.keys.series_hourly)
+        replies = pipe.execute()
+        if hour != self._last_hour:
+            self._last_hour = hour
+            gone = at_ms - self.keep_hourly_s * 1000
+            stale = [f for f in map(as_text, replies[-1]) if f.isdigit() and int(f) < gone]
+            if stale:
+                r.hdel(self.keys.series_hourly, *stale)

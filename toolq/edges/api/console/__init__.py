@@ -9,6 +9,7 @@ Pages (all need the ``read`` scope)::
                                       (substring), older_than (90s, 5m, 2h, 1d); cursor pages
     GET  /ui/operation?ref=R          one operation: timeline, envelope, not_before countdown,
                                       verification checks, arguments (redacted), actions
+    GET  /ui/tools/NAME               one tool: its trust figures over 1 h, 24 h and 7 d
     GET  /ui/events?ref=R             the API's event stream for that page (session auth)
     GET  /ui/login, POST /ui/login, POST /ui/logout
 

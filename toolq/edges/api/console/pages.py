@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,6 +21,7 @@ from toolq.edges.api.console import forms, present, resolutions
 from toolq.edges.api.console.verbs import actions_for
 from toolq.edges.api.console.web import Refusal, Visitor, Web, base_path, with_query
 from toolq.services.scheduler.series import COUNTED, GAUGED
+from toolq.services.scheduler.trust import WINDOWS
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
@@ -68,7 +70,32 @@ class Pages:
             ],
             "hours": CHART_HOURS,
         }
+        window = request.query_params.get("trust", "1h")
+        if window not in WINDOWS:
+            window = "1h"
+        context["trust"] = await monitor.trust(self.tq.aio, window)
+        context["trust_windows"] = list(WINDOWS)
         template = "overview_live.html" if live else "overview.html"
+        return self.web.page(request, template, context, visitor=visitor)
+
+    async def tool(self, request: Request) -> Response:
+        """One tool: its trust figures over every window, its operations per state."""
+        visitor = self.web.visitor(request, "read")
+        live = request.url.path.endswith("/live")
+        name = request.path_params["name"]
+        figures = {w: await monitor.trust(self.tq.aio, w) for w in WINDOWS}
+        known = {t.name for t in self.tq.registry} | set(self.tq.app.seen_tools)
+        if name not in known and not any(name in f["tools"] for f in figures.values()):
+            raise Refusal(404, "Not found", "There is no tool by that name.")
+        context = {
+            "title": name,
+            "page_kind": "tool",
+            "tool": name,
+            "windows": figures,
+            "states": [str(s) for s in State],
+            "live_url": f"{base_path(request)}/tools/{quote(name, safe='')}/live",
+        }
+        template = "tool_live.html" if live else "tool.html"
         return self.web.page(request, template, context, visitor=visitor)
 
     async def operations(self, request: Request) -> Response:

@@ -305,3 +305,39 @@ def _nice(peak: float) -> float:
 
 def _hhmm(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M")
+
+
+# --------------------------------------------------------------------------- trust figures
+
+
+def edge(seconds: float) -> str:
+    """A recovery-time bucket's edge as words: ``0.1 s``, ``2.5 s``, ``2 min``, ``6 h``, ``3 d``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)} {unit}"
+    return f"{seconds:g} s"
+
+
+def recovery_time(r: Mapping[str, Any]) -> str:
+    """One state's times over a window: ``p50 ≤ 1 s, p95 ≤ 30 s (3 left)``; ``-`` if none
+    left it. A quantile past the last bucket reads ``> 7 d``."""
+    if not r.get("count"):
+        return "-"
+
+    def bound(v: float | None) -> str:
+        return "> 7 d" if v is None else f"≤ {edge(v)}"
+
+    return f"p50 {bound(r['p50_s'])}, p95 {bound(r['p95_s'])} ({r['count']} left)"
+
+
+def covered(t: Mapping[str, Any], now_ms: int) -> str:
+    """What span a window's figures cover, in words."""
+    if t.get("since_ms") is None:
+        return "no samples yet (a scheduler writes one a minute)"
+    if t.get("complete"):
+        # the baseline is the last sample read before the window's start (a minute
+        # before it at most for an hour, an hour for longer windows): say which
+        since = datetime.fromtimestamp(int(t["since_ms"]) / 1000, UTC).strftime("%H:%M")
+        span = t.get("window") or edge(float(t["window_s"]))
+        return f"over the last {span} (counted from {since} UTC)"
+    return f"over the last {duration((now_ms - int(t['since_ms'])) / 1000)} (since sampling began)"

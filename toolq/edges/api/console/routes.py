@@ -84,6 +84,8 @@ class Console:
             Route("/operations/live", g(pages.operations, live=True)),
             Route("/operation", g(pages.operation)),
             Route("/operation/live", g(pages.operation, live=True)),
+            Route("/tools/{name}", g(pages.tool)),
+            Route("/tools/{name}/live", g(pages.tool, live=True)),
             Route("/events", g(self.events, live=True)),
             Route("/login", g(self.login_form), methods=["GET"]),
             Route("/login", g(self.login, unsafe=True), methods=["POST"]),

@@ -122,6 +122,8 @@ class Web:
         self.env.globals["CSRF_FIELD"] = CSRF_FIELD
         self.env.globals["clock"] = present.clock_time
         self.env.globals["until"] = present.until
+        self.env.globals["recovery_time"] = present.recovery_time
+        self.env.globals["covered"] = present.covered
         from toolq import __version__
 
         self.version = __version__
