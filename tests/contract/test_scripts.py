@@ -377,6 +377,90 @@ def test_every_state_entered_is_announced_settled_ones_apart(ledger: Ledger) -> 
     assert got[3][3] == env.model_dump_json(exclude_none=True)
 
 
+def test_a_note_goes_into_the_history_entry_and_a_quiet_one_is_announced_to_watchers(
+    ledger: Ledger,
+) -> None:
+    k = ledger.keys
+    with contextlib.closing(ledger.redis.pubsub()) as sub:
+        sub.ssubscribe(k.notify, k.notify_steps)
+        for _ in range(2):
+            assert sub.get_message(timeout=5)["type"] == "ssubscribe"  # type: ignore[index]
+        submit(ledger, "q/1")
+        ledger.claim("q/1", 1, "w1", NOW, LEASE)
+        verify = Transition(ref="q/1", states=(S.RUNNING,), to=S.VERIFYING, by="w1")
+        assert ledger.apply([verify], NOW + 1) == ["ok"]
+        rev = ledger.fields("q/1", "rev")["rev"]
+        # Given a quiet update with a note (a check's verdict), one without, and a
+        # transition with a note whose words need escaping
+        checked = Transition(
+            ref="q/1",
+            states=(S.VERIFYING,),
+            to=S.VERIFYING,
+            by="v1",
+            quiet=True,
+            set={"vfail": "1"},
+            note={"check": "1", "result": "unavailable", "detail": "UPSTREAM_DOWN"},
+        )
+        silent = Transition(ref="q/1", states=(S.VERIFYING,), to=S.VERIFYING, by="s", quiet=True)
+        env = escalation_envelope("VERIFICATION_UNAVAILABLE", "q/1", TOOL, None)
+        escalate = Transition(
+            ref="q/1",
+            states=(S.VERIFYING,),
+            to=S.ESCALATED,
+            by="v2",
+            code="VERIFICATION_UNAVAILABLE",
+            envelope=env,
+            note={"check": "2", "detail": 'say "hi"\\'},
+        )
+        assert ledger.apply([checked, silent], NOW + 2) == ["ok", "ok"]
+        assert ledger.apply([escalate], NOW + 3) == ["ok"]
+        ledger.redis.spublish(k.notify, "end\n\n")
+        notices = [sub.get_message(timeout=5) for _ in range(6)]
+    # Then the quiet one with a note appended an entry, from == to; the silent one none
+    assert [(h.from_, h.to, h.by, h.code, h.note) for h in history(ledger, "q/1")][2:] == [
+        (S.RUNNING, S.VERIFYING, "w1", None, {}),
+        (
+            S.VERIFYING,
+            S.VERIFYING,
+            "v1",
+            None,
+            {"check": "1", "result": "unavailable", "detail": "UPSTREAM_DOWN"},
+        ),
+        (
+            S.VERIFYING,
+            S.ESCALATED,
+            "v2",
+            "VERIFICATION_UNAVAILABLE",
+            {"check": "2", "detail": 'say "hi"\\'},
+        ),
+    ]
+    assert ledger.fields("q/1", "state", "vfail", "hn") == {
+        "state": "escalated",
+        "vfail": "1",
+        "hn": "5",
+    }
+    # And it was announced on the steps channel (watchers), not where waiters listen
+    got = [(n["channel"].decode(), *n["data"].decode().split("\n", 2)[:2]) for n in notices if n]
+    assert got[2:] == [
+        (k.notify_steps, "verifying q/1", f"{rev} 3"),
+        (k.notify_steps, "verifying q/1", f"{int(rev) + 1} 4"),
+        (k.notify, "escalated q/1", f"{int(rev) + 3} 5"),
+        (k.notify, "end", ""),
+    ]
+
+
+def test_an_entry_without_a_note_is_written_as_before(ledger: Ledger) -> None:
+    submit(ledger, "q/2")
+    t = Transition(ref="q/2", states=(S.QUEUED,), to=S.CANCELLED, by="op", code="CANCELLED")
+    assert ledger.apply([t], NOW + 1) == ["ok"]
+    raw = ledger.redis.hget(ledger.keys.op("q/2"), "h2")
+    assert raw is not None
+    assert raw.decode() == (
+        f'{{"at":{NOW + 1},"from":"queued","to":"cancelled","attempt":1,"by":"op",'
+        '"code":"CANCELLED"}'
+    )
+
+
 # ----------------------------------------------------------------------------- CLAIM_DUE
 
 

@@ -35,6 +35,8 @@ class HistoryEntry(BaseModel):
     attempt: int = 0
     by: str = ""
     code: str | None = None
+    #: Extra words the transition wrote (a verification check's result, ...): safe words only.
+    note: dict[str, str] = Field(default_factory=dict)
 
     @property
     def at_time(self) -> datetime:

@@ -146,20 +146,23 @@ ITEM_HEAD = (
 # Apply a batch of compare-and-set transitions.
 # KEYS: fixed, then the op of item 1, of item 2, ..., then the queues pushed to[, then
 # kombu's unacked hash and index when the array ends with a delivery tag to acknowledge].
-# ARGV: notify now items blob...  where items is one flat JSON array: the number of
-# items, then each item's ITEM_HEAD fields (code and ttl false for none; quiet a
-# boolean; attempt_incr 0 for none; envelope and push_message blob numbers, 0 for
-# none, blob k being ARGV[3 + k]; push_queue a KEYS index (in outbox mode the outbox's)
-# and push_name the blob of the queue's name (0 but in outbox mode); due false for
-# none, -1 to remove), then its four counted lists: states [n, s...], expect [n, (state_or_*,
-# field, value)...], set [n, (field, value)...], del [n, field...], stats [n, name...];
-# after the last item, optionally the Celery delivery tag the call acknowledges.
+# ARGV: notify now items blob...  where items is one flat JSON array: the number of items,
+# then each item's ITEM_HEAD fields (code and ttl false for none; quiet a boolean, or the
+# blob number of the history entry's note: positive for a transition, negative for a quiet
+# update, which then appends an entry too; attempt_incr 0 for none; envelope and
+# push_message blob numbers, 0 for none, blob k being ARGV[3 + k]; push_queue a KEYS index
+# (in outbox mode the outbox's) and push_name the blob of the queue's name (0 but in
+# outbox mode); due false for none, -1 to remove), then its four counted lists: states [n,
+# s...], expect [n, (state_or_*, field, value)...], set [n, (field, value)...], del [n,
+# field...], stats [n, name...]; after the last item, optionally the Celery delivery tag
+# the call acknowledges.
 # Flat, not nested objects: cjson built a table per object in the server, and
 # one argument, not one per field: redis-py packs every argument in Python (~0.75 µs
 # each), which cost the worker more than cjson cost the server (bench/RESULTS.md).
 # An item is refused (its answer is the current state) unless the record is in one of
 # its states, its expected fields hold, and it moves as ALLOWED says (a quiet item: it
-# stays in the state it finds).
+# stays in the state it finds; with a note it appends a history entry, from == to, and
+# announces it on the steps channel only).
 APPLY = r"""
 local now = ARGV[2]
 NOW = tonumber(now)
@@ -172,6 +175,11 @@ for i = 1, A[1] do
   local incr, envi, due, pushq, pushm, pushn, ttl = A[p + 5], A[p + 6], A[p + 7], A[p + 8],
     A[p + 9], A[p + 10], A[p + 11]
   p = p + 12
+  local note
+  if quiet ~= true and quiet ~= false then
+    note = ARGV[3 + math.abs(quiet)]
+    quiet = quiet < 0
+  end
   local nstates = A[p]; local states = p + 1; p = states + nstates
   local nexpect = A[p]; local expect = p + 1; p = expect + 3 * nexpect
   local nset = A[p]; local set = p + 1; p = set + 2 * nset
@@ -208,10 +216,10 @@ for i = 1, A[1] do
       local rev = (tonumber(cur[4]) or 0) + 1
       local fields = {'updated', now, 'attempt', attempt, 'rev', rev}
       local seq
-      if not quiet then
+      if not quiet or note then
         seq = (tonumber(cur[5]) or 0) + 1
         fields[7] = 'state'; fields[8] = to; fields[9] = 'hn'; fields[10] = seq
-        fields[11] = 'h' .. seq; fields[12] = entry(now, state, to, attempt, by, code or nil)
+        fields[11] = 'h' .. seq; fields[12] = entry(now, state, to, attempt, by, code or nil, note)
         if to ~= state then fields[13] = 'entered'; fields[14] = now end
       end
       for j = set, set + 2 * nset - 1 do fields[#fields + 1] = A[j] end
@@ -233,7 +241,7 @@ for i = 1, A[1] do
       end
       for j = stats, stats + nstats - 1 do bstat(tool, A[j]) end
       if ttl then redis.call('EXPIRE', key, ttl) end
-      if seq then notify(to, ref, rev, seq, envelope) end
+      if seq then notify(to, ref, rev, seq, envelope, quiet) end
       out[i] = 'ok'
     end
   end

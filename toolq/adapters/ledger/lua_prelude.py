@@ -61,8 +61,9 @@ local function allowed(from, to) return ALLOWED[from] ~= nil and ALLOWED[from][t
 -- "state ref\nrev seq\nenvelope": a waiter that read an older rev takes the envelope
 -- from the notice itself (toolq.adapters.notify) instead of reading the record again; seq is
 -- the index of the history entry (where a stream resumes).
-local function notify(state, ref, rev, seq, envelope)
-  redis.call('SPUBLISH', SETTLED[state] and NOTIFY or NOTIFY .. STEPS_SUFFIX,
+-- steps: on the steps channel whatever the state (a quiet update's note: no state entered).
+local function notify(state, ref, rev, seq, envelope, steps)
+  redis.call('SPUBLISH', (SETTLED[state] and not steps) and NOTIFY or NOTIFY .. STEPS_SUFFIX,
     state .. ' ' .. ref .. '\n' .. rev .. ' ' .. seq .. '\n' .. (envelope or ''))
 end
 -- The one key name spelled here: the record's tool and state are known only once read.
@@ -75,11 +76,13 @@ local function jstr(s)
   return '"' .. s .. '"'
 end
 -- A history entry (toolq.core.record.HistoryEntry), the value of field 'h' .. n of the
--- record. Built as a string: at and attempt are whole numbers, the states are names.
-local function entry(at, from, to, attempt, by, code)
+-- record. Built as a string: at and attempt are whole numbers, the states are names;
+-- note, when there is one, is a JSON object the caller encoded (wire.to_wire).
+local function entry(at, from, to, attempt, by, code, note)
   local head = '{"at":' .. at
   if from then head = head .. ',"from":"' .. from .. '"' end
   local tail = code and (',"code":' .. jstr(code) .. '}') or '}'
+  if note then tail = ',"note":' .. note .. tail end
   return head .. ',"to":"' .. to .. '","attempt":' .. attempt .. ',"by":' .. jstr(by) .. tail
 end
 

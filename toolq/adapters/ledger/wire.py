@@ -102,7 +102,7 @@ def to_wire(
 ) -> None:
     """Append the script's view of this transition to ``out``, APPLY's flat item
     (:data:`toolq.adapters.ledger.scripts.ITEM_HEAD`, then its counted lists). Long strings
-    (the envelope, the Celery message) go to ``blobs``, passed as script arguments
+    (the envelope, the Celery message, a history note) go to ``blobs``, passed as script arguments
     of their own, and the item names their number: JSON inside JSON would be
     escaped here and unescaped by the script. A queue it pushes to goes to
     ``queues`` (key -> KEYS index, from ``first_queue`` on): the script declares
@@ -119,7 +119,13 @@ def to_wire(
         push_queue = queues.setdefault(key, first_queue + len(queues))
     due: int | bool = -1 if t.remove_due else (False if t.due_ms is None else t.due_ms)
     ttl: int | bool = False if t.ttl is None else t.ttl
-    out += (t.ref, t.to, t.by, t.code or False, t.quiet, t.attempt_incr, envelope, due)
+    quiet: int | bool = t.quiet
+    if t.note:
+        # The note rides in the quiet slot, as its blob's number (negative: quiet), so
+        # that the common item, without one, carries no byte more.
+        blobs.append(json.dumps(t.note, separators=(",", ":")))
+        quiet = -len(blobs) if t.quiet else len(blobs)
+    out += (t.ref, t.to, t.by, t.code or False, quiet, t.attempt_incr, envelope, due)
     out += (push_queue, push_message, push_name, ttl, len(t.states), *t.states)
     # Values as strings: the script compares them with what HMGET answers (a string,
     # which a JSON number never equals in Lua) and HSET refuses a JSON true or null.

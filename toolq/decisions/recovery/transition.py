@@ -35,8 +35,16 @@ class Transition:
     #: A field update without a state change: no history, no notification.
     #: ``to`` must then be every state in ``states`` (the ledger refuses it otherwise).
     quiet: bool = False
+    #: Extra words for the history entry this transition appends (``"note"`` in it):
+    #: safe words only (codes, counts, allowlisted details), never upstream text. A
+    #: quiet update with a note appends an entry (from == to) and announces it to
+    #: watchers (the steps channel), never to waiters.
+    note: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, value in self.note.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError(f"a note holds words: {name!r}: {value!r}")
         for state in self.states:
             if self.quiet and self.to != state:
                 raise ValueError(f"a quiet update stays in its state, not {state} -> {self.to}")
@@ -68,6 +76,7 @@ class Guard:
         push: tuple[str, str] | None = None,
         stats: tuple[str, ...] = (),
         quiet: bool = False,
+        note: dict[str, str] | None = None,
     ) -> Transition:
         return Transition(
             ref=self.ref,
@@ -84,4 +93,5 @@ class Guard:
             push=push,
             stats=stats,
             quiet=quiet,
+            note={} if note is None else note,
         )
