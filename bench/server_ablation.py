@@ -71,8 +71,9 @@ class Variant:
 NO_STEPS = (
     Edit(
         "PRELUDE",
-        "  redis.call('SPUBLISH', SETTLED[state] and NOTIFY or NOTIFY .. STEPS_SUFFIX,\n",
-        "  if not SETTLED[state] then return end\n  redis.call('SPUBLISH', NOTIFY,\n",
+        "  redis.call('SPUBLISH', (SETTLED[state] and not steps) and NOTIFY or NOTIFY .. "
+        "STEPS_SUFFIX,\n",
+        "  if steps or not SETTLED[state] then return end\n  redis.call('SPUBLISH', NOTIFY,\n",
     ),
 )
 # The history entries (h<n>, hn): the fields and the building of their JSON. The reads
@@ -93,7 +94,7 @@ NO_HISTORY = (
         "APPLY",
         "        fields[7] = 'state'; fields[8] = to; fields[9] = 'hn'; fields[10] = seq\n"
         "        fields[11] = 'h' .. seq; fields[12] = entry(now, state, to, attempt, by, "
-        "code or nil)\n"
+        "code or nil, note)\n"
         "        if to ~= state then fields[13] = 'entered'; fields[14] = now end\n",
         "        fields[7] = 'state'; fields[8] = to\n"
         "        if to ~= state then fields[9] = 'entered'; fields[10] = now end\n",
