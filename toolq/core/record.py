@@ -61,6 +61,13 @@ class OperationRecord(BaseModel):
     lease_until: datetime | None
     envelope: ToolSuccess | ToolError | None
     history: list[HistoryEntry]
+    #: Verification (:mod:`toolq.core.why` sums it up): the number of the check last
+    #: published, the checks failed in a row, when the outcome became unknown, and
+    #: when that verification's consistency window ends (None: never verified).
+    vcheck: int = 0
+    vfail: int = 0
+    uncertain_at: datetime | None = None
+    window_end: datetime | None = None
 
     @property
     def settled(self) -> bool:
@@ -96,6 +103,10 @@ class OperationRecord(BaseModel):
             lease_until=ms_to_dt(ms("lease_until")) if ms("lease_until") else None,
             envelope=load_envelope(raw_env) if raw_env else None,
             history=history,
+            vcheck=int(f.get("vcheck") or 0),
+            vfail=int(f.get("vfail") or 0),
+            uncertain_at=ms_to_dt(ms("uncertain_at")) if ms("uncertain_at") else None,
+            window_end=ms_to_dt(ms("vwindow")) if ms("vwindow") else None,
         )
 
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from toolq.core import own_envelopes as fixed
+from toolq.core import why
 from toolq.core.envelope import ToolError, ToolSuccess, to_dict
 from toolq.core.record import OperationRecord
 from toolq.core.states import SETTLED, State
@@ -32,6 +33,12 @@ class OperationView(BaseModel):
     poll_interval: float | None = None
     created_at: datetime
     updated_at: datetime
+    #: Why it waits (:func:`toolq.core.why.explain`), each only where it applies: its
+    #: verification checks and the next one, its last failure and budget while it
+    #: waits to retry, its escalation's reason in words and what was tried.
+    verification: dict[str, Any] | None = None
+    retry: dict[str, Any] | None = None
+    escalation: dict[str, Any] | None = None
 
 
 def view_body(
@@ -55,6 +62,7 @@ def view_body(
         poll_interval=None if settled else poll,
         created_at=rec.created_at,
         updated_at=rec.updated_at,
+        **why.explain(rec, int(datetime.now(UTC).timestamp() * 1000)),
     )
     return body.model_dump(mode="json", exclude_none=True)
 
