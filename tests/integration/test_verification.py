@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from tests.helpers import start_scheduler, start_worker, stop_process, toolq_env, wait_until
 from tests.integration.conftest import APP, effects, seen
 from toolq import State, ToolQueue
+from toolq.core import why
 from toolq.edges.api import ApiSettings, create_app
 
 TOKEN = "reader-token-0123456789"
@@ -86,6 +87,19 @@ def test_verifier_down_rechecks_then_escalates_and_stays_there(
         assert env.commit_state == "unknown"
         checks = int(provider.get("provider:verifications") or 0)
         assert checks >= 3
+        # Each failed check is in the history; the escalation says why in words
+        rec = rt.get(ref)
+        assert rec is not None
+        failed = [h for h in rec.history if h.note.get("result") == "unavailable"]
+        assert [h.note["detail"] for h in failed] == ["UPSTREAM_ERROR"] * 3
+        assert failed[-1].to is State.ESCALATED
+        e = why.escalation(rec)
+        assert e is not None and (e.code, e.checks_made, e.checks_failed) == (
+            "VERIFICATION_UNAVAILABLE",
+            3,
+            3,
+        )
+        assert e.words == why.REASONS["VERIFICATION_UNAVAILABLE"]
     finally:
         provider.delete("provider:verifier_down")
     # When the verifier comes back, nothing runs without an operator: the scheduler

@@ -17,6 +17,7 @@ from toolq.core.why import (
     retry_wait,
     verification,
 )
+from toolq.edges.cli.operations import _why_lines
 
 S = State
 T0 = 1_800_000_000_000
@@ -215,3 +216,32 @@ def test_every_escalation_code_toolq_writes_has_words() -> None:
         escalation_envelope(code, REF, "send", None)  # a code toolq writes
         assert reason_words(code) == REASONS[code]
     assert reason_words("SOMETHING_ELSE") == "Escalated with code SOMETHING_ELSE."
+
+
+def test_toolq_show_says_why_under_the_timeline() -> None:
+    env = error_envelope(
+        Unavailable(code="PROVIDER_DOWN", retry_after=30),
+        writes=False,
+        operation_ref=REF,
+        operation="send",
+        call_id=None,
+        attempts_remaining=1,
+        now=ms_to_dt(T0),
+    )
+    waiting = record(S.WAITING_RETRY, SUBMIT, attempt=2, envelope=env.model_dump_json())
+    assert _why_lines(waiting, T0) == [
+        "last failure: PROVIDER_DOWN retry_after=30.0; attempts: 2 used, 1 left; "
+        "next retry at 08:00:30.000 UTC"
+    ]
+    down = check(10, 1, "unavailable", detail="UNAVAILABLE", next=str(T0 + 2_010))
+    verifying = record(S.VERIFYING, [*SUBMIT, ENTER, down], **VERIFYING)
+    assert _why_lines(verifying, T0 + 20_005) == [
+        "verification: 1 checks made, 1 failed; next check at 08:00:02.010 UTC; "
+        "consistency window: 10 s left"
+    ]
+    esc = fixed_envelope("VERIFICATION_UNAVAILABLE", REF, "send", None)
+    escalated = record(S.ESCALATED, [*SUBMIT, ENTER], envelope=esc.model_dump_json())
+    assert _why_lines(escalated, T0)[1:] == [
+        f"escalated: {REASONS['VERIFICATION_UNAVAILABLE']}",
+        "tried: 1 of 3 attempts, 0 verification checks (0 failed)",
+    ]

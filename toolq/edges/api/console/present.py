@@ -73,6 +73,8 @@ class Step:
     attempt: int
     by: str
     code: str
+    #: A verification check's verdict in a few words ("check 2: unavailable"), or "".
+    note: str = ""
 
 
 def timeline(history: list[HistoryEntry]) -> list[Step]:
@@ -88,9 +90,17 @@ def timeline(history: list[HistoryEntry]) -> list[Step]:
             attempt=h.attempt,
             by=scrub(h.by)[:120],
             code=h.code or "",
+            note=_note(h),
         )
         for i, h in enumerate(history, 1)
     ]
+
+
+def _note(h: HistoryEntry) -> str:
+    result = h.note.get("result")
+    if not result:
+        return ""
+    return f"check {h.note.get('check', '?')}: {result.replace('_', ' ')}"
 
 
 @dataclass(frozen=True)
