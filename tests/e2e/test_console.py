@@ -420,6 +420,8 @@ def test_a_waiting_retrys_page_says_its_last_failure_and_the_attempts_left(
     expect(page.locator("#attempts-left")).to_have_text("1 used, 2 left")
     expect(page.locator("#op-verification")).to_contain_text("No verification check has been made.")
     shot(page, "operation-why-retry")
+    # (cancelled: the list tests count what waits to retry)
+    assert stack.tq.cancel(ref) is State.CANCELLED
 
 
 def test_lists_filter_page_and_bulk_retry(context: Any, stack: Stack) -> None:
