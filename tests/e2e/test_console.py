@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ from tests.helpers import (
 from tests.integration.apps import console_app
 from tests.integration.apps.console_app import APP, open_gate
 from toolq import ToolQueue
+from toolq.core.own_envelopes import fixed_envelope
 from toolq.core.states import State
+from toolq.decisions.recovery.transition import Transition
 from toolq.services.scheduler.series import EVERY_S, sample_of
 
 CHROMIUM = os.environ.get("TOOLQ_CHROMIUM", "/usr/bin/chromium")
@@ -422,6 +425,39 @@ def test_a_waiting_retrys_page_says_its_last_failure_and_the_attempts_left(
     shot(page, "operation-why-retry")
     # (cancelled: the list tests count what waits to retry)
     assert stack.tq.cancel(ref) is State.CANCELLED
+
+
+def test_an_escalated_operations_page_says_why_in_words_and_what_was_tried(
+    context: Any, stack: Stack
+) -> None:
+    # Given a read waiting to retry whose budget the scheduler then finds used up (the
+    # transition it applies, applied here: waiting ten minutes is not a test)
+    ref = "console/why-escalated"
+    stack.tq.submit("ping", {"host": "esc"}, operation_ref=ref)
+    stack.until_state(ref, State.WAITING_RETRY)
+    env = fixed_envelope("ATTEMPTS_EXHAUSTED", ref, "ping", None, {"reason": "RATE_LIMITED"})
+    t = Transition(
+        ref=ref,
+        states=(State.WAITING_RETRY,),
+        to=State.ESCALATED,
+        by="scheduler",
+        code="ATTEMPTS_EXHAUSTED",
+        envelope=env,
+        remove_due=True,
+    )
+    assert stack.tq.ledger.apply_one(t, int(time.time() * 1000)) == "ok"
+    # When the operator opens its page, it says why, in words, and what was tried
+    page = login(context, stack, READER)
+    page.goto(op_url(ref))
+    expect(page.locator("#op-state")).to_have_text("escalated")
+    expect(page.get_by_role("heading", name="Why it was escalated")).to_be_visible()
+    reason = page.locator("#escalation-reason")
+    expect(reason).to_contain_text("Every attempt its budget allows was used without success.")
+    expect(reason).to_contain_text("The last failure: RATE_LIMITED.")
+    expect(page.locator("#escalation-tried")).to_have_text(
+        "1 of 3 attempts; 0 verification checks, 0 failed"
+    )
+    shot(page, "operation-why-escalated")
 
 
 def test_lists_filter_page_and_bulk_retry(context: Any, stack: Stack) -> None:
