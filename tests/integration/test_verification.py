@@ -170,3 +170,32 @@ def test_every_check_is_recorded_and_shown_by_the_api_its_events_and_toolq_show(
     # The verifier's own words never reach any of them
     for out in (json.dumps(view), json.dumps(events), shown.stdout, text):
         assert "abc123" not in out and "try later" not in out
+
+
+def test_not_found_inside_the_window_is_a_check_that_names_the_next_one(rt: ToolQueue) -> None:
+    # Given a write whose reply is lost and whose verifier finds nothing, a minute
+    # before "not found" may be believed
+    ref = "v/too_early"
+    rt.submit("deliver", {}, operation_ref=ref)
+
+    def checked() -> bool:
+        rec = rt.get(ref)
+        return rec is not None and any(h.note for h in rec.history)
+
+    # When its first check is made
+    assert wait_until(checked, 20)
+    rec = rt.get(ref)
+    assert rec is not None and rec.state is State.VERIFYING
+    # Then the check is in the history: not found, too early, the next at the window's end
+    entry = next(h for h in rec.history if h.note)
+    assert (entry.from_, entry.to) == (State.VERIFYING, State.VERIFYING)
+    assert {k: entry.note[k] for k in ("result", "detail")} == {
+        "result": "not_found",
+        "detail": "TOO_EARLY",
+    }
+    v = why.verification(rec)
+    assert v is not None and v.uncertain_at_ms is not None
+    window_end = v.uncertain_at_ms + 60_000
+    assert int(entry.note["next"]) == v.window_end_ms == v.next_check_ms == window_end
+    assert (v.checks_made, v.failed) == (1, 0)
+    assert 0 < (v.window_left_s(entry.at) or 0) <= 60

@@ -99,6 +99,18 @@ def find_payment(ctx: CallContext) -> dict[str, Any] | None:
     return None
 
 
+@tq.tool(writes=True, consistency_window=60, max_attempts=2)
+def deliver(args: Call, ctx: CallContext) -> dict[str, Any]:
+    """Loses its reply before anything is written: its verifier finds nothing, and a
+    minute must pass (the consistency window) before "not found" is believed."""
+    raise ConnectionResetError("connection reset by peer")
+
+
+@deliver.verifier
+def find_delivery(ctx: CallContext) -> dict[str, Any] | None:
+    return None
+
+
 @tq.tool(writes=False, max_attempts=3)
 def lookup(args: Call, ctx: CallContext) -> dict[str, Any]:
     return {"mode": args.mode}
