@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ from tests.helpers import (
 from tests.integration.apps import console_app
 from tests.integration.apps.console_app import APP, open_gate
 from toolq import ToolQueue
+from toolq.core.own_envelopes import fixed_envelope
 from toolq.core.states import State
+from toolq.decisions.recovery.transition import Transition
 from toolq.services.scheduler.series import EVERY_S, sample_of
 
 CHROMIUM = os.environ.get("TOOLQ_CHROMIUM", "/usr/bin/chromium")
@@ -360,10 +363,101 @@ def test_verify_now_checks_at_once_instead_of_at_the_next_check(context: Any, st
     # When the operator asks for a check now, it is made now and finds the write
     page.get_by_role("button", name="Verify now").click()
     expect(page.locator("#op-state")).to_have_text("succeeded")
-    checks = page.locator("table", has=page.get_by_role("columnheader", name="Outcome"))
-    expect(checks).to_contain_text("check asked for now (console:token-")
+    checks = page.locator("#op-verification table")
+    expect(checks).to_contain_text("check asked for now by console:token-")
     expect(checks).to_contain_text("found: the write happened")
     shot(page, "operation-verified-now")
+
+
+def test_a_verifying_operations_page_lists_each_check_and_the_next_ones_time(
+    context: Any, stack: Stack
+) -> None:
+    # Given a write whose outcome is unknown and whose first lookup failed (the
+    # scheduled check's verdict, which used to leave no trace)
+    ref = "console/verify-2"
+    stack.tq.submit("notify", {"text": "hi"}, operation_ref=ref)
+
+    def first_lookup_failed() -> bool:
+        return stack.tq.ledger.fields(ref, "vfail").get("vfail") == "1"
+
+    assert wait_until(first_lookup_failed, timeout=30)
+    rec = stack.tq.get(ref)
+    assert rec is not None
+    failed = next(h for h in rec.history if h.note.get("result") == "unavailable")
+    # When the operator opens its page
+    page = login(context, stack, READER)
+    page.goto(op_url(ref))
+    expect(page.locator("#op-state")).to_have_text("verifying")
+    # Then it lists the check, with its result and the verifier's safe detail...
+    section = page.locator("#op-verification")
+    expect(section.get_by_role("heading", name="Verification")).to_be_visible()
+    expect(page.locator("#checks-made")).to_have_text("1")
+    expect(page.locator("#checks-failed")).to_have_text("1")
+    row = section.locator("table tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("verifier unavailable: checks again later")
+    expect(row).to_contain_text("UPSTREAM_ERROR")
+    expect(row).not_to_contain_text("the lookup failed")  # the verifier's own words
+    # ...and the next check's time, counting down to it, and the window's end (passed)
+    nxt = page.locator("#next-check time.countdown")
+    expect(nxt).to_have_attribute("data-due-ms", failed.note["next"])
+    expect(nxt).to_contain_text(re.compile(r"in (1|2) min"))
+    expect(page.locator("#window-left")).to_contain_text("passed")
+    shot(page, "operation-verification-checks")
+
+
+def test_a_waiting_retrys_page_says_its_last_failure_and_the_attempts_left(
+    context: Any, stack: Stack
+) -> None:
+    # Given a read rate limited for ten minutes on its first attempt
+    ref = "console/why-retry"
+    stack.tq.submit("ping", {"host": "why"}, operation_ref=ref)
+    stack.until_state(ref, State.WAITING_RETRY)
+    # When the operator opens its page, it says why it waits and what is left
+    page = login(context, stack, READER)
+    page.goto(op_url(ref))
+    why = page.locator("#op-why")
+    expect(why.get_by_role("heading", name="Why it waits")).to_be_visible()
+    expect(page.locator("#last-failure")).to_contain_text("RATE_LIMITED")
+    expect(page.locator("#last-failure")).to_contain_text(re.compile(r"retry_after=\d"))
+    expect(page.locator("#attempts-left")).to_have_text("1 used, 2 left")
+    expect(page.locator("#op-verification")).to_contain_text("No verification check has been made.")
+    shot(page, "operation-why-retry")
+    # (cancelled: the list tests count what waits to retry)
+    assert stack.tq.cancel(ref) is State.CANCELLED
+
+
+def test_an_escalated_operations_page_says_why_in_words_and_what_was_tried(
+    context: Any, stack: Stack
+) -> None:
+    # Given a read waiting to retry whose budget the scheduler then finds used up (the
+    # transition it applies, applied here: waiting ten minutes is not a test)
+    ref = "console/why-escalated"
+    stack.tq.submit("ping", {"host": "esc"}, operation_ref=ref)
+    stack.until_state(ref, State.WAITING_RETRY)
+    env = fixed_envelope("ATTEMPTS_EXHAUSTED", ref, "ping", None, {"reason": "RATE_LIMITED"})
+    t = Transition(
+        ref=ref,
+        states=(State.WAITING_RETRY,),
+        to=State.ESCALATED,
+        by="scheduler",
+        code="ATTEMPTS_EXHAUSTED",
+        envelope=env,
+        remove_due=True,
+    )
+    assert stack.tq.ledger.apply_one(t, int(time.time() * 1000)) == "ok"
+    # When the operator opens its page, it says why, in words, and what was tried
+    page = login(context, stack, READER)
+    page.goto(op_url(ref))
+    expect(page.locator("#op-state")).to_have_text("escalated")
+    expect(page.get_by_role("heading", name="Why it was escalated")).to_be_visible()
+    reason = page.locator("#escalation-reason")
+    expect(reason).to_contain_text("Every attempt its budget allows was used without success.")
+    expect(reason).to_contain_text("The last failure: RATE_LIMITED.")
+    expect(page.locator("#escalation-tried")).to_have_text(
+        "1 of 3 attempts; 0 verification checks, 0 failed"
+    )
+    shot(page, "operation-why-escalated")
 
 
 def test_lists_filter_page_and_bulk_retry(context: Any, stack: Stack) -> None:

@@ -34,6 +34,7 @@ from toolq.adapters.notify import (
 from toolq.core import errors
 from toolq.core.states import State
 from toolq.decisions.operations import Seen
+from toolq.decisions.recovery.transition import Transition
 
 
 class Args(BaseModel):
@@ -413,3 +414,34 @@ def test_a_failed_progress_publish_never_fails_the_tool_and_pauses_a_while() -> 
     now[0] += PROGRESS_PAUSE_S
     report(1.0, "done")
     assert server.tries == 2
+
+
+def test_the_async_ledger_writes_a_note_and_a_watcher_hears_a_quiet_one(tq: ToolQueue) -> None:
+    note = {"check": "1", "result": "unavailable", "detail": "UPSTREAM_ERROR"}
+
+    async def body() -> tuple[list[Event], list[Any]]:
+        ref = (await tq.aio.submit("noop", {}, operation_ref="note/1")).operation_ref
+        ledger = (await tq.aio._bound()).ledger
+        seen: list[Event] = []
+        async for ev in tq.aio.watch(ref):
+            seen.append(ev)
+            if len(seen) == 1:  # a quiet update with a note, through the async ledger
+                t = Transition(
+                    ref=ref, states=(State.QUEUED,), to=State.QUEUED, by="a", quiet=True, note=note
+                )
+                assert await ledger.apply([t], 1) == ["ok"]
+            elif len(seen) == 2:
+                cancel = Transition(ref=ref, states=(State.QUEUED,), to=State.CANCELLED, by="a")
+                assert await ledger.apply([cancel], 2) == ["ok"]
+        return seen, await tq.aio.history(ref)
+
+    seen, history = run_aio(tq, body)
+    assert [(e.kind, e.state, e.seq) for e in seen] == [
+        ("state", State.QUEUED, 1),
+        ("state", State.QUEUED, 2),  # the noted entry: from queued to queued
+        ("state", State.CANCELLED, 3),
+    ]
+    assert [(h.from_, h.to, h.note) for h in history[1:]] == [
+        (State.QUEUED, State.QUEUED, note),
+        (State.QUEUED, State.CANCELLED, {}),
+    ]

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field, SecretStr
 
-from toolq.core.record import HistoryEntry
+from toolq.core.record import HistoryEntry, OperationRecord
 from toolq.core.redact import REDACTED, shown_args
 from toolq.core.states import State
 from toolq.edges.api.console import forms, present
@@ -211,10 +211,21 @@ def test_a_property_the_schema_marks_secret_is_redacted_whatever_its_name() -> N
     assert shown == {"user": "ann", "passphrase": REDACTED}
 
 
-def _entry(at: int, frm: State | None, to: State, code: str | None = None, by: str = "") -> Any:
+def _entry(
+    at: int,
+    frm: State | None,
+    to: State,
+    code: str | None = None,
+    by: str = "",
+    note: dict[str, str] | None = None,
+) -> Any:
     return HistoryEntry.model_validate(
-        {"at": at, "from": frm, "to": to, "attempt": 1, "by": by, "code": code}
+        {"at": at, "from": frm, "to": to, "attempt": 1, "by": by, "code": code, "note": note or {}}
     )
+
+
+UNAVAILABLE_2 = {"check": "2", "result": "unavailable", "detail": "UNAVAILABLE", "next": "9000"}
+FOUND_3 = {"check": "3", "result": "found"}
 
 
 def test_the_timeline_and_the_verification_checks_come_from_the_history() -> None:
@@ -222,9 +233,11 @@ def test_the_timeline_and_the_verification_checks_come_from_the_history() -> Non
         _entry(1_000, None, State.QUEUED, by="submit"),
         _entry(1_500, State.QUEUED, State.RUNNING, by="w1"),
         _entry(2_000, State.RUNNING, State.VERIFYING, "OUTCOME_UNKNOWN", by="w1"),
-        _entry(3_000, State.VERIFYING, State.VERIFYING, "VERIFIER_FAILED", by="w2"),
+        _entry(3_000, State.VERIFYING, State.VERIFYING, by="w2", note=UNAVAILABLE_2),
         _entry(3_100, State.VERIFYING, State.VERIFYING, "VERIFY_NOW", by="console:local"),
-        _entry(4_250, State.VERIFYING, State.SUCCEEDED, "VERIFIED_COMMITTED", by="w2"),
+        _entry(
+            4_250, State.VERIFYING, State.SUCCEEDED, "VERIFIED_COMMITTED", by="w2", note=FOUND_3
+        ),
     ]
     steps = present.timeline(history)
     assert [s.offset for s in steps] == [
@@ -236,12 +249,17 @@ def test_the_timeline_and_the_verification_checks_come_from_the_history() -> Non
         "+3.250 s",
     ]
     assert steps[0].from_ == "" and steps[-1].to == "succeeded" and steps[2].by == "w1"
-    outcomes = [c.outcome for c in present.checks(history)]
-    assert outcomes == [
-        "lookup failed: checks again later",
-        "check asked for now (console:local)",
-        "found: the write happened",
+    rec = OperationRecord.from_fields(
+        {"ref": "r", "tool": "t", "state": "succeeded", "uncertain_at": "2000"}, history
+    )
+    v = present.checks(rec)
+    assert v is not None
+    assert [(c.number, c.outcome, c.detail, c.by) for c in v.checks] == [
+        (2, "verifier unavailable: checks again later", "UNAVAILABLE", "w2"),
+        (0, "check asked for now by console:local", "", "console:local"),
+        (3, "found: the write happened", "", "w2"),
     ]
+    assert (v.checks_made, v.failed, v.next_check_ms) == (2, 1, None)
 
 
 @pytest.mark.parametrize(

@@ -524,6 +524,20 @@ def error_envelope(
     )
 
 
+def safe_words(exc: BaseException, safe_detail_keys: frozenset[str] = frozenset()) -> str:
+    """A failure in a few safe words, for a history note (a verifier's failure): its
+    code, then its allowlisted safe details as ``key=value``, what an envelope would
+    keep of it. Never its message."""
+    words = [code_for(exc, writes=False)]
+    if isinstance(exc, ToolFailure):
+        allowed = SAFE_DETAIL_KEYS | safe_detail_keys
+        for key, value in sorted(exc.safe_details.items()):
+            clean = _safe_scalar(value)
+            if key in allowed and clean is not None:
+                words.append(f"{key}={clean}")
+    return " ".join(words)
+
+
 def _safe_scalar(value: Scalar) -> DetailValue | None:
     if isinstance(value, str):
         return safe_value(value)

@@ -65,6 +65,13 @@ class OperationRecord(BaseModel):
     rev: int = 0
     #: Attempts operators added after an escalation (``tq.resolve(..., "retry")``).
     operator_retries: int = 0
+    #: Verification (:mod:`toolq.core.why` sums it up): the number of the check last
+    #: published, the checks failed in a row, when the outcome became unknown, and
+    #: when that verification's consistency window ends (None: never verified).
+    vcheck: int = 0
+    vfail: int = 0
+    uncertain_at: datetime | None = None
+    window_end: datetime | None = None
 
     @property
     def settled(self) -> bool:
@@ -102,6 +109,10 @@ class OperationRecord(BaseModel):
             history=history,
             rev=int(f.get("rev") or 0),
             operator_retries=int(f.get("op_retries") or 0),
+            vcheck=int(f.get("vcheck") or 0),
+            vfail=int(f.get("vfail") or 0),
+            uncertain_at=ms_to_dt(ms("uncertain_at")) if ms("uncertain_at") else None,
+            window_end=ms_to_dt(ms("vwindow")) if ms("vwindow") else None,
         )
 
 

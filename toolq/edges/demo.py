@@ -300,7 +300,13 @@ def build_report(
     unfinished = [r.operation_ref for r in records if r.state not in TERMINAL]
     verified = [r for r in records if any(h.to == State.VERIFYING for h in r.history)]
     pairs = [(a.to, b.to) for r in records for a, b in zip(r.history, r.history[1:], strict=False)]
-    causes = Counter(h.code or "?" for r in records for h in r.history if h.to == State.VERIFYING)
+    # what sent each into verification (not its checks, which stay in it)
+    causes = Counter(
+        h.code or "?"
+        for r in records
+        for h in r.history
+        if h.to == State.VERIFYING and h.from_ != State.VERIFYING
+    )
     in_recovery = [s for s in (recovery_seconds(r, now_ms) for r in records) if s > 0]
     escalations: dict[str, int] = {}
     for key, value in stats.items():

@@ -89,8 +89,25 @@ def find_payment(ctx: CallContext) -> dict[str, Any] | None:
     p.incr("provider:verifications")
     if p.get("provider:verifier_down"):
         raise ConnectionError("verifier backend down")
+    flaky = f"provider:verifier_unavailable:{ctx.operation_ref}"  # that many checks fail
+    if p.get(flaky) and p.decr(flaky) >= 0:
+        raise errors.Unavailable(
+            "lookup said: token=abc123 try later", code="LOOKUP_DOWN", reason="maintenance"
+        )
     if p.get(f"provider:committed:{ctx.operation_ref}"):
         return {"paid": ctx.operation_ref, "found": True}
+    return None
+
+
+@tq.tool(writes=True, consistency_window=60, max_attempts=2)
+def deliver(args: Call, ctx: CallContext) -> dict[str, Any]:
+    """Loses its reply before anything is written: its verifier finds nothing, and a
+    minute must pass (the consistency window) before "not found" is believed."""
+    raise ConnectionResetError("connection reset by peer")
+
+
+@deliver.verifier
+def find_delivery(ctx: CallContext) -> dict[str, Any] | None:
     return None
 
 

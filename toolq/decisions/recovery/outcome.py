@@ -216,10 +216,17 @@ def enter_verifying(
         return escalate(base, esc, policy, ("unknown", "escalated", "no_verifier"))
     env = env or unknown_envelope(u.ref, tool.name, u.call_id, tool.verification_tool)
     nxt = u.vcheck + 1
+    window_end = now_ms + int(tool.options.consistency_window * 1000)
     return base.to(
         State.VERIFYING,
         envelope=env,
-        set={"uncertain_at": str(now_ms), "vcheck": str(nxt), "vfail": "0"},
+        set={
+            "uncertain_at": str(now_ms),
+            "vcheck": str(nxt),
+            "vfail": "0",
+            # what the pages show; verified_not_found reads the tool's window itself
+            "vwindow": str(window_end),
+        },
         due_ms=now_ms + policy.unclaimed_after_ms,
         push=messages.verify(u.ref, u.attempt, nxt),
         stats=("unknown",),
@@ -227,6 +234,11 @@ def enter_verifying(
 
 
 # ---------------------------------------------------------------- verification verdicts
+
+#: A check's ``detail`` when "not found" came before the consistency window passed.
+TOO_EARLY = "TOO_EARLY"
+#: A check's ``result`` when the verifier raised.
+UNAVAILABLE = "unavailable"
 
 
 @dataclass(frozen=True)
@@ -250,6 +262,20 @@ class Check(Claimed):
         )
 
 
+def check_note(
+    c: Check, result: str, detail: str = "", next_ms: int | None = None
+) -> dict[str, str]:
+    """The words a check's verdict adds to its history entry (:class:`Transition` ``note``):
+    which check, what it found (``found``, ``not_found``, ``unavailable``), the
+    verifier's safe detail, and when the next check is due, if one is."""
+    note = {"check": str(c.vcheck), "result": result}
+    if detail:
+        note["detail"] = detail
+    if next_ms is not None:
+        note["next"] = str(next_ms)
+    return note
+
+
 def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transition:
     env = success_envelope(
         c.ref,
@@ -260,8 +286,10 @@ def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transi
         evidence_ref=f"verification:{c.tool.verification_tool}",
     )
     guard = c.base("VERIFIED_COMMITTED", delete=(*VLEASE, *LEASE))
+    note = check_note(c, "found")
     return terminal(
-        guard.to(State.SUCCEEDED, envelope=env, stats=("succeeded", "verify_found")), policy
+        guard.to(State.SUCCEEDED, envelope=env, stats=("succeeded", "verify_found"), note=note),
+        policy,
     )
 
 
@@ -270,17 +298,22 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
     if now_ms < window_end:
         # Too early to believe "not found": look again when the window has passed.
         return c.base().to(
-            State.VERIFYING, quiet=True, due_ms=window_end, stats=("verify_recheck",)
+            State.VERIFYING,
+            quiet=True,
+            due_ms=window_end,
+            stats=("verify_recheck",),
+            note=check_note(c, "not_found", TOO_EARLY, window_end),
         )
     verdict = check(c.budget(), Path.NOT_FOUND, now_ms)
     if not verdict.ok:
-        return escalate(
+        t = escalate(
             c.base(verdict.value),
             refused(verdict, c.ref, c.tool.name, c.call_id),
             policy,
             ("verify_not_found", "escalated"),
         )
-    return next_attempt(
+        return replace(t, note=check_note(c, "not_found", verdict.value))
+    t = next_attempt(
         c.base("VERIFIED_NOT_COMMITTED"),
         c,
         now_ms,
@@ -289,24 +322,32 @@ def verified_not_found(c: Check, now_ms: int, policy: Policy, messages: Messages
         set={"repubs": "0"},
         stats=("verify_not_found",),
     )
+    return replace(t, note=check_note(c, "not_found"))
 
 
-def verifier_failed(c: Check, now_ms: int, policy: Policy) -> Transition:
+def verifier_failed(c: Check, now_ms: int, policy: Policy, detail: str = "") -> Transition:
+    """The verifier raised (``detail``: its safe words, :func:`toolq.core.errors.safe_words`):
+    check again after a backoff, or escalate once ``verify_checks`` checks failed."""
     failures = c.vfail + 1
     if failures >= c.tool.options.verify_checks:
         code = "VERIFICATION_UNAVAILABLE"
-        return escalate(
+        t = escalate(
             c.base(code),
             escalation_envelope(code, c.ref, c.tool.name, c.call_id),
             policy,
             ("verify_escalated", "escalated"),
         )
+        return replace(
+            t, set={**t.set, "vfail": str(failures)}, note=check_note(c, UNAVAILABLE, detail)
+        )
+    due = now_ms + verify_backoff_ms(c.tool.options.verify_backoff, failures)
     return c.base().to(
         State.VERIFYING,
         quiet=True,
-        due_ms=now_ms + verify_backoff_ms(c.tool.options.verify_backoff, failures),
+        due_ms=due,
         set={"vfail": str(failures)},
         stats=("verify_failed",),
+        note=check_note(c, UNAVAILABLE, detail, due),
     )
 
 

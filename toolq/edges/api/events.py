@@ -9,6 +9,11 @@ operation live, and ends once it has settled::
     event: state                      is the entry's index (1 = the submit), so a
     data: {"index":1,"state":"queued","from":null,"at":"...","attempt":0,"code":null}
 
+    id: 4                             a verification check's verdict is an entry too
+    event: state                      (from and to verifying, or where it led), with
+    data: {...,"check":{"check":2,"result":"unavailable","detail":"UNAVAILABLE",
+           "next_at":"...","words":"verifier unavailable: checks again later"}}
+
     event: progress                   what the tool reports (no id: progress is not
     data: {"fraction":0.5,"message":"half way"}            kept, a reconnect skips it)
 
@@ -44,8 +49,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from toolq.core import errors
-from toolq.core.record import HistoryEntry, OperationRecord
+from toolq.core import errors, why
+from toolq.core.record import HistoryEntry, OperationRecord, ms_to_dt
 from toolq.core.redact import scrub
 from toolq.core.states import SETTLED, State
 from toolq.edges.api.guard import ApiError
@@ -135,7 +140,7 @@ def sse(event: str, data: dict[str, Any], event_id: int | None = None) -> bytes:
 
 def state_event(index: int, entry: HistoryEntry) -> bytes:
     # Who made the transition (a worker's host, an operator) stays out: agents read this.
-    data = {
+    data: dict[str, Any] = {
         "index": index,
         "state": entry.to.value,
         "from": entry.from_.value if entry.from_ is not None else None,
@@ -143,6 +148,16 @@ def state_event(index: int, entry: HistoryEntry) -> bytes:
         "attempt": entry.attempt,
         "code": entry.code,
     }
+    check = why.check_row(index, entry)
+    if check is not None and entry.note:
+        # a verification check's verdict (who made it stays out, as above)
+        data["check"] = {
+            "check": check.check,
+            "result": check.result,
+            "detail": check.detail or None,
+            "next_at": ms_to_dt(check.next_ms).isoformat() if check.next_ms else None,
+            "words": check.words,
+        }
     return sse("state", data, index)
 
 

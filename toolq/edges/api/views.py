@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolq.core import own_envelopes as fixed
+from toolq.core import why
 from toolq.core.envelope import ToolError, ToolSuccess, to_dict
 from toolq.core.record import OperationRecord
 from toolq.core.states import SETTLED, State
@@ -34,6 +35,12 @@ class OperationView(BaseModel):
     updated_at: datetime
     #: The record's revision: ``:resolve`` may name the one it was decided on.
     rev: int = 0
+    #: Why it waits (:func:`toolq.core.why.explain`), each only where it applies: its
+    #: verification checks and the next one, its last failure and budget while it
+    #: waits to retry, its escalation's reason in words and what was tried.
+    verification: dict[str, Any] | None = None
+    retry: dict[str, Any] | None = None
+    escalation: dict[str, Any] | None = None
 
 
 class ResolveRequest(BaseModel):
@@ -76,6 +83,7 @@ def view_body(
         created_at=rec.created_at,
         updated_at=rec.updated_at,
         rev=rec.rev,
+        **why.explain(rec, int(datetime.now(UTC).timestamp() * 1000)),
     )
     return body.model_dump(mode="json", exclude_none=True)
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import getpass
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from toolq.core import why
 from toolq.core.errors import OperationNotFound
+from toolq.core.record import OperationRecord, ms_to_dt
 from toolq.core.redact import shown_args
 from toolq.core.states import SETTLED, State
 from toolq.edges.cli.common import (
@@ -136,24 +139,69 @@ def show(
         schema = tq.registry.get(rec.tool).input_schema() if rec.tool in tq.registry else None
         shown = rec.model_dump(mode="json", by_alias=True)
         shown["args"] = shown_args(rec.args, schema)
+        shown.update(why.explain(rec, int(time.time() * 1000)))
         echo_json(shown)
         return
     click.echo(
         f"{rec.operation_ref}  {rec.tool}  {rec.state}  attempt {rec.attempt}/{rec.max_attempts}"
     )
     start = rec.history[0].at if rec.history else 0
-    for h in rec.history:
+    for i, h in enumerate(rec.history, 1):
         frm = h.from_ or "-"
         code = f"  {h.code}" if h.code else ""
+        check = why.check_row(i, h)
+        said = f"  [{_check_words(check)}]" if check is not None and h.note else ""
         click.echo(
-            f"  +{(h.at - start) / 1000:8.3f}s  {frm:>17} -> {h.to:<17} #{h.attempt}  {h.by}{code}"
+            f"  +{(h.at - start) / 1000:8.3f}s  {frm:>17} -> {h.to:<17} #{h.attempt}  {h.by}"
+            f"{code}{said}"
         )
+    for line in _why_lines(rec, int(time.time() * 1000)):
+        click.echo(line)
     if rec.envelope is not None:
         env = rec.envelope
         click.echo(
             f"envelope: ok={str(env.ok).lower()}"
             + ("" if env.ok else f" code={env.code} next_action={env.next_action}")
         )
+
+
+def _check_words(c: why.CheckRow) -> str:
+    detail = f" ({c.detail})" if c.detail and c.detail not in c.words else ""
+    return f"check {c.check}: {c.words}{detail}"
+
+
+def _clock(ms: int) -> str:
+    return ms_to_dt(ms).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _why_lines(rec: OperationRecord, now_ms: int) -> list[str]:
+    """Why it waits, under the timeline: its verification, its retry, its escalation."""
+    lines: list[str] = []
+    v = why.verification(rec)
+    if v is not None:
+        line = f"verification: {v.checks_made} checks made, {v.failed} failed"
+        if v.next_check_ms is not None:
+            line += f"; next check at {_clock(v.next_check_ms)}"
+        left = v.window_left_s(now_ms)
+        if left is not None and rec.state is State.VERIFYING:
+            line += f"; consistency window: {left:.0f} s left"
+        lines.append(line)
+    w = why.retry_wait(rec)
+    if w is not None:
+        details = "".join(f" {k}={v}" for k, v in sorted(w.safe_details.items()))
+        nxt = f"; next retry at {_clock(w.not_before_ms)}" if w.not_before_ms else ""
+        lines.append(
+            f"last failure: {w.code}{details}; attempts: {w.attempts_used} used, "
+            f"{w.attempts_left} left{nxt}"
+        )
+    e = why.escalation(rec)
+    if e is not None:
+        lines.append(f"escalated: {e.words}")
+        lines.append(
+            f"tried: {e.attempts_used} of {e.max_attempts} attempts, "
+            f"{e.checks_made} verification checks ({e.checks_failed} failed)"
+        )
+    return lines
 
 
 @click.command(name="input")

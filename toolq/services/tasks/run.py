@@ -24,7 +24,7 @@ from toolq.adapters.ledger.replies import Claimed
 from toolq.adapters.ledger.store import Claim, Ledger
 from toolq.adapters.notify import ProgressPublisher
 from toolq.adapters.observe import observe_recovery
-from toolq.core.errors import NotDurable, ToolFailure
+from toolq.core.errors import NotDurable, ToolFailure, safe_words
 from toolq.core.record import ms_to_dt
 from toolq.core.states import State
 from toolq.core.tools import CallContext, Registry, Tool
@@ -285,9 +285,10 @@ class Runtime:
             try:
                 # A worker whose tool lost its verifier fails the check: bounded, then escalated.
                 found = tool.lookup(ctx)
-            except Exception:
+            except Exception as exc:
                 log.warning("verifier of %s failed for %s", tool.name, ref, exc_info=True)
-                t = outcome.verifier_failed(c, self.now_ms(), self.policy)
+                detail = safe_words(exc, tool.options.safe_details)
+                t = outcome.verifier_failed(c, self.now_ms(), self.policy, detail)
             else:
                 if found is None:
                     m = self.messages_for(tool.name)

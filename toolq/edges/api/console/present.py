@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from toolq.core import why
 from toolq.core.envelope import ToolError, ToolSuccess, to_dict
-from toolq.core.record import HistoryEntry, OperationRecord
+from toolq.core.record import HistoryEntry, OperationRecord, ms_to_dt
 from toolq.core.redact import scrub, shown_args
 from toolq.core.states import PENDING_RECOVERY, SETTLED, TERMINAL, State
 
@@ -72,6 +73,8 @@ class Step:
     attempt: int
     by: str
     code: str
+    #: A verification check's verdict in a few words ("check 2: unavailable"), or "".
+    note: str = ""
 
 
 def timeline(history: list[HistoryEntry]) -> list[Step]:
@@ -87,42 +90,75 @@ def timeline(history: list[HistoryEntry]) -> list[Step]:
             attempt=h.attempt,
             by=scrub(h.by)[:120],
             code=h.code or "",
+            note=_note(h),
         )
         for i, h in enumerate(history, 1)
     ]
 
 
+def _note(h: HistoryEntry) -> str:
+    result = h.note.get("result")
+    if not result:
+        return ""
+    return f"check {h.note.get('check', '?')}: {result.replace('_', ' ')}"
+
+
 @dataclass(frozen=True)
 class Check:
-    """One verification check: when, for which attempt, what it found."""
+    """One verification check: when, which, for which attempt, what it found."""
 
+    index: int
     at: str
+    number: int
     attempt: int
     outcome: str
-    code: str
+    detail: str
+    by: str
 
 
-_CHECK_OUTCOME: dict[State, str] = {
-    State.SUCCEEDED: "found: the write happened",
-    State.QUEUED: "not found after the consistency window: runs again, same operation_ref",
-    State.VERIFYING: "lookup failed: checks again later",
-    State.ESCALATED: "gave up: escalated",
-}
+@dataclass(frozen=True)
+class Verification:
+    """The page's "Verification" section (:func:`toolq.core.why.verification`)."""
+
+    checks_made: int
+    failed: int
+    next_check_ms: int | None
+    next_check_at: str
+    window_end_ms: int | None
+    window_end_at: str
+    checks: list[Check]
 
 
-def checks(history: list[HistoryEntry]) -> list[Check]:
-    """The verification checks made: every transition out of ``verifying``."""
-    return [
-        Check(clock_time(h.at_time), h.attempt, _check_outcome(h), h.code or "")
-        for h in history
-        if h.from_ is State.VERIFYING
+def checks(rec: OperationRecord) -> Verification | None:
+    """The verification checks made, and the next one: from the record and its history."""
+    v = why.verification(rec)
+    if v is None:
+        return None
+    rows = [
+        Check(
+            index=c.index,
+            at=clock_time(ms_to_dt(c.at_ms)),
+            number=c.check,
+            attempt=c.attempt,
+            outcome=c.words,
+            detail="" if c.detail and c.detail in c.words else c.detail,
+            by=scrub(c.by)[:120],
+        )
+        for c in v.checks
     ]
+    return Verification(
+        checks_made=v.checks_made,
+        failed=v.failed,
+        next_check_ms=v.next_check_ms,
+        next_check_at=_at(v.next_check_ms),
+        window_end_ms=v.window_end_ms,
+        window_end_at=_at(v.window_end_ms),
+        checks=rows,
+    )
 
 
-def _check_outcome(h: HistoryEntry) -> str:
-    if h.to is State.VERIFYING and h.code == "VERIFY_NOW":
-        return f"check asked for now ({scrub(h.by)[:120] or 'an operator'})"
-    return _CHECK_OUTCOME.get(h.to, str(h.to))
+def _at(ms: int | None) -> str:
+    return "" if ms is None else clock_time(ms_to_dt(ms))
 
 
 # --------------------------------------------------------------------------- the operation
@@ -134,7 +170,11 @@ class OperationDetail:
 
     rec: OperationRecord
     steps: list[Step]
-    checks: list[Check]
+    #: None for an operation that was never verifying.
+    verification: Verification | None
+    #: While it waits to retry: its last failure and budget; once escalated: why.
+    retry: why.RetryWait | None
+    escalation: why.Escalation | None
     args_json: str
     envelope_json: str | None
     #: When the scheduler may run it again (epoch ms), while it waits to retry.
@@ -148,7 +188,9 @@ def operation_page(rec: OperationRecord, schema: Mapping[str, Any] | None) -> Op
     return OperationDetail(
         rec=rec,
         steps=timeline(rec.history),
-        checks=checks(rec.history),
+        verification=checks(rec),
+        retry=why.retry_wait(rec),
+        escalation=why.escalation(rec),
         args_json=as_json(shown_args(rec.args, schema)),
         envelope_json=envelope_json(rec.envelope),
         not_before_ms=not_before_ms(rec),
