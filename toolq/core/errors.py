@@ -20,6 +20,8 @@ One root, two branches::
         ├── IdempotencyKeyReused
         ├── OperationNotFound
         ├── InvalidState
+        ├── LedgerFormat                 the ledger is stored in another format
+        │                                (an older one: run ``toolq migrate``)
         └── ServerUnavailable                the ledger's server did not answer; a write
             └── NotDurable                   may have happened: the same call again (same
                                              operation_ref) is safe
@@ -239,6 +241,14 @@ class OperationNotFound(RequestRefused):
 
 class InvalidState(RequestRefused):
     code = "INVALID_STATE"
+
+
+class LedgerFormat(RequestRefused):
+    """The ledger is stored in a format this toolq does not read
+    (:mod:`toolq.decisions.formats`): an older one (the message names ``toolq migrate``)
+    or a newer one (upgrade toolq). ``found`` and ``expected`` are the formats."""
+
+    code = "LEDGER_FORMAT"
 
 
 class ServerUnavailable(RequestRefused):

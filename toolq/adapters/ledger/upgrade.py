@@ -1,0 +1,261 @@
+"""The ledger's format in Redis: the check every process makes once, and ``toolq migrate``.
+
+The check (:func:`format_checked`, :func:`aformat_checked`) follows the read of the
+meta every process makes when it starts (:meth:`toolq.adapters.ledger.routes.Routes.ask_cells`):
+a ledger that records today's format costs nothing more. One that records none is
+looked at once (two ``SCAN``\\ s for the keys of earlier formats,
+:func:`toolq.decisions.formats.unversioned_format`) and stamped with today's format
+(``HSETNX``) if it holds none; any other format is refused (errors.LedgerFormat).
+
+:func:`migrate` brings a ledger from an earlier format to today's, step by step
+(:data:`toolq.decisions.formats.STEPS`). Each step is idempotent and each key's move is
+atomic (``RENAMENX``; a history folded into its record and the list deleted in one
+``MULTI``), and the format is recorded last: an interrupted run leaves a ledger that
+processes still refuse, and a second run finishes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from toolq.adapters.ledger.migrate import CHUNK, _glob, running_writers
+from toolq.core import errors
+from toolq.core.keys import Keys
+from toolq.core.text import as_text
+from toolq.decisions import formats
+from toolq.decisions.formats import FORMAT, FORMAT_FIELD
+
+#: Called with one line of progress (``click.echo`` from the CLI).
+Progress = Callable[[str], None]
+#: Print progress every so many keys on long work.
+EVERY = 10_000
+
+
+def _v1_pattern(prefix: str) -> str:
+    return _glob(prefix + ":") + "*"
+
+
+def _hist_pattern(prefix: str) -> str:
+    return _glob(Keys(prefix).tag + ":hist:") + "*"
+
+
+def detect(client: redis.Redis, prefix: str) -> int:
+    """The format of ``prefix``'s ledger from its keys (what an unversioned ledger is)."""
+    v1 = any(
+        formats.is_v1_key(prefix, as_text(k))
+        for k in client.scan_iter(match=_v1_pattern(prefix), count=CHUNK)
+    )
+    hist = not v1 and next(iter(client.scan_iter(match=_hist_pattern(prefix), count=CHUNK)), None)
+    return formats.unversioned_format(v1, bool(hist))
+
+
+async def adetect(client: aioredis.Redis, prefix: str) -> int:
+    """:func:`detect` on an asyncio client."""
+    v1 = False
+    async for k in client.scan_iter(match=_v1_pattern(prefix), count=CHUNK):
+        if formats.is_v1_key(prefix, as_text(k)):
+            v1 = True
+            break
+    hist = False
+    if not v1:
+        async for _k in client.scan_iter(match=_hist_pattern(prefix), count=CHUNK):
+            hist = True
+            break
+    return formats.unversioned_format(v1, hist)
+
+
+def _refuse(prefix: str, found: int) -> None:
+    why = formats.refusal(prefix, found)
+    if why is not None:
+        raise errors.LedgerFormat(why, found=found, expected=FORMAT)
+
+
+def _recorded(prefix: str, raw: Any) -> int | None:
+    try:
+        return formats.recorded_format(raw)
+    except formats.FormatError as exc:
+        raise errors.LedgerFormat(f"ledger {prefix!r}: {exc}") from None
+
+
+def format_checked(client: redis.Redis, prefix: str, raw: Any) -> None:
+    """Refuse (errors.LedgerFormat) a ledger whose meta records ``raw`` as its format
+    unless it is today's; stamp an unversioned one that holds no earlier format's keys."""
+    found = _recorded(prefix, raw)
+    if found is None:
+        _refuse(prefix, detect(client, prefix))
+        if client.hsetnx(Keys(prefix).meta, FORMAT_FIELD, FORMAT):
+            return
+        found = _recorded(prefix, client.hget(Keys(prefix).meta, FORMAT_FIELD))
+    if found is not None:
+        _refuse(prefix, found)
+
+
+async def aformat_checked(client: aioredis.Redis, prefix: str, raw: Any) -> None:
+    """:func:`format_checked` on an asyncio client."""
+    found = _recorded(prefix, raw)
+    if found is None:
+        _refuse(prefix, await adetect(client, prefix))
+        if await client.hsetnx(Keys(prefix).meta, FORMAT_FIELD, FORMAT):
+            return
+        found = _recorded(prefix, await client.hget(Keys(prefix).meta, FORMAT_FIELD))
+    if found is not None:
+        _refuse(prefix, found)
+
+
+# ---------------------------------------------------------------------- migrate
+
+
+@dataclass
+class Migration:
+    """What ``toolq migrate`` found and did (or, dry, would do)."""
+
+    prefix: str
+    found: int
+    dry_run: bool
+    steps: list[formats.Step] = field(default_factory=list)
+    renamed: int = 0
+    deleted: int = 0
+    histories: int = 0
+    entries: int = 0
+    stamped: bool = False
+
+    @property
+    def already(self) -> bool:
+        return self.found == FORMAT and not self.steps and not self.stamped
+
+
+def migrate(
+    client: redis.Redis,
+    prefix: str,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    progress: Progress = lambda _line: None,
+    now_ms: int | None = None,
+) -> Migration:
+    """Bring the ledger ``prefix`` to today's format (see the module's docstring).
+
+    errors.LedgerFormat for a newer format; errors.RequestRefused while a worker,
+    scheduler or relay beats on the ledger (unless ``force``) or on a Cluster client.
+    """
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        raise errors.RequestRefused(
+            "earlier formats never ran on a Cluster: nothing there to migrate"
+        )
+    keys = Keys(prefix)
+    recorded = _recorded(prefix, client.hget(keys.meta, FORMAT_FIELD))
+    found = recorded if recorded is not None else detect(client, prefix)
+    if found > FORMAT:
+        _refuse(prefix, found)
+    plan = Migration(prefix, found, dry_run, formats.steps(found))
+    if not plan.steps and recorded == FORMAT:
+        return plan
+    if not force:
+        now = now_ms if now_ms is not None else int(time.time() * 1000)
+        running = running_writers(client, keys, now) + _v1_schedulers(client, prefix, now)
+        if running:
+            raise errors.RequestRefused(
+                "stop every worker, scheduler and relay on this ledger first (still "
+                "beating: " + ", ".join(running[:5]) + "); --force if they are gone "
+                "without a goodbye"
+            )
+    for step in plan.steps:
+        progress(f"step {step.source} -> {step.source + 1}: " + step.what.format(prefix=prefix))
+        STEP_RUNNERS[step.source](client, plan, progress)
+    if not dry_run:
+        # last: an interrupted run leaves the ledger refused, and a re-run finishes it
+        client.hset(keys.meta, FORMAT_FIELD, FORMAT)
+    plan.stamped = recorded != FORMAT
+    return plan
+
+
+def _v1_schedulers(client: redis.Redis, prefix: str, now_ms: int) -> list[str]:
+    from toolq.adapters.ledger.migrate import ALIVE_MS
+
+    found = []
+    for sid, beat in client.hgetall(prefix + ":schedulers").items():
+        if now_ms - int(float(beat)) <= ALIVE_MS:
+            found.append(f"scheduler {as_text(sid)}")
+    return found
+
+
+def _step_1(client: redis.Redis, plan: Migration, progress: Progress) -> None:
+    """Every format-1 key renamed to its tagged name (or deleted: the transient ones)."""
+    prefix = plan.prefix
+    names = [
+        as_text(k)
+        for k in client.scan_iter(match=_v1_pattern(prefix), count=CHUNK)
+        if formats.is_v1_key(prefix, as_text(k))
+    ]
+    names = sorted(set(names))  # a SCAN may return a key twice
+    for start in range(0, len(names), CHUNK):
+        batch = names[start : start + CHUNK]
+        targets = [formats.v1_target(prefix, n) for n in batch]
+        if not plan.dry_run:
+            pipe = client.pipeline(transaction=False)
+            for name, target in zip(batch, targets, strict=True):
+                if target is None:
+                    pipe.delete(name)
+                else:
+                    pipe.renamenx(name, target)
+            answers = pipe.execute()
+            clash = [t for t, a in zip(targets, answers, strict=True) if t and not a]
+            if clash:
+                raise errors.RequestRefused(
+                    f"{len(clash)} keys exist under both names (e.g. {clash[0]!r}): "
+                    "a process of this toolq wrote to the ledger before it was migrated; "
+                    "nothing of theirs was overwritten"
+                )
+        plan.renamed += sum(1 for t in targets if t is not None)
+        plan.deleted += sum(1 for t in targets if t is None)
+        if len(names) > EVERY:
+            progress(f"  {start + len(batch)} of {len(names)} keys")
+    progress(f"  {plan.renamed} keys renamed, {plan.deleted} deleted")
+
+
+def _step_2(client: redis.Redis, plan: Migration, progress: Progress) -> None:
+    """Every history list folded into its record, and deleted, one record at a time."""
+    keys = Keys(plan.prefix)
+    hist_prefix = keys.tag + ":hist:"
+    if plan.dry_run and plan.found == 1:  # step 1 did not rename: read the old names
+        hist_prefix = plan.prefix + ":hist:"
+    names = sorted(
+        {as_text(k) for k in client.scan_iter(match=_glob(hist_prefix) + "*", count=CHUNK)}
+    )
+    for done, name in enumerate(names, start=1):
+        ref = name[len(hist_prefix) :]
+        entries = client.lrange(name, 0, -1)
+        if not plan.dry_run:
+            _fold(client, keys.op(ref), name, entries)
+        plan.histories += 1
+        plan.entries += len(entries)
+        if len(names) > EVERY and done % EVERY == 0:
+            progress(f"  {done} of {len(names)} histories")
+    progress(f"  {plan.histories} histories ({plan.entries} entries) folded into their records")
+
+
+def _fold(client: redis.Redis, op: str, hist: str, entries: list[Any]) -> None:
+    """The history ``entries`` into the record ``op`` and the list ``hist`` deleted, in
+    one transaction (no writer runs meanwhile: :func:`migrate` checked). A record that
+    holds a history already (``hn``) keeps it; a list without its record (expired) goes."""
+    exists, hn = client.exists(op), client.hget(op, "hn")
+    pipe = client.pipeline(transaction=True)
+    if exists and hn is None and entries:
+        pipe.hset(op, mapping=dict(formats.history_fields(entries)))  # type: ignore[arg-type]
+    pipe.delete(hist)
+    pipe.execute()
+
+
+#: Each step's runner, by the format it starts from (:data:`toolq.decisions.formats.STEPS`).
+STEP_RUNNERS: dict[int, Callable[[redis.Redis, Migration, Progress], None]] = {
+    1: _step_1,
+    2: _step_2,
+}
