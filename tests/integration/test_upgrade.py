@@ -6,6 +6,8 @@ that wrote it) is refused by today's processes with the command to run, migrated
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from tests.helpers import start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process, wait_until
 from tests.integration.apps import legacy_app
 from tests.integration.apps.legacy_app import APP, calls
 from toolq import State, ToolQueue
@@ -28,6 +30,18 @@ from toolq.edges.cli import main
 DATA = Path(__file__).resolve().parents[1] / "data" / "ledgers"
 FORMATS = sorted(int(p.stem.split("-")[1]) for p in DATA.glob("format-*.json"))
 NEW = Keys("toolq")
+
+
+def readme_commands() -> list[list[str]]:
+    """The commands the README's "Upgrading" section shows (run below, not copied)."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("\n## Upgrading\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_shows_a_dry_run_then_the_migration() -> None:
+    assert readme_commands() == [["toolq", "migrate", "--dry-run"], ["toolq", "migrate"]]
 
 
 def test_there_is_a_ledger_of_every_earlier_format() -> None:
@@ -131,15 +145,24 @@ def test_a_ledger_of_an_earlier_format_migrates_whole_and_its_work_finishes(
         main, ["show", "legacy/succeeded", "--app", APP, "--redis-url", redis_url]
     )
     assert show.exit_code != 0 and "toolq migrate" in show.output, show.output
+    for process in ("worker", "scheduler"):  # each exits at once, saying so
+        p = start_toolq([process, "--app", APP, "--redis-url", redis_url], stderr=subprocess.PIPE)
+        try:
+            _, err = p.communicate(timeout=60)
+        finally:
+            stop_process(p, timeout=5)
+        assert p.returncode != 0 and b"toolq migrate" in err, err
 
-    # When a dry run looks first: it says what it would do and changes nothing
+    # When a dry run looks first (the README's commands): it says what it would do
+    # and changes nothing
+    dry_run, run = (command[1:] for command in readme_commands())
     before = snapshot(client)
-    said = migrate_cli(redis_url, "--dry-run")
+    said = migrate_cli(redis_url, *dry_run[1:])
     assert f"was in format {fmt}" in said and "dry run: nothing was changed" in said, said
     assert snapshot(client) == before
 
     # When it runs
-    said = migrate_cli(redis_url)
+    said = migrate_cli(redis_url, *run[1:])
     assert f"was in format {fmt}" in said and f"is now in format {FORMAT}" in said, said
     assert "8 histories" in said
     assert client.hget(NEW.meta, "format") == str(FORMAT).encode()
