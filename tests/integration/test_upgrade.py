@@ -262,3 +262,14 @@ def test_a_newer_format_is_refused_by_processes_and_by_migrate(
         Ledger(client, "toolq").record_cells()
     result = CliRunner().invoke(main, ["migrate", "--redis-url", redis_url])
     assert result.exit_code != 0 and "upgrade toolq" in result.output, result.output
+
+
+def test_cells_migrate_refuses_a_ledger_of_an_earlier_format(
+    client: redis.Redis, redis_url: str
+) -> None:
+    load(client, dump_of(2)["keys"])
+    result = CliRunner().invoke(
+        main, ["cells", "migrate", "--redis-url", redis_url, "--cells", "4"]
+    )
+    assert result.exit_code != 0 and "toolq migrate" in result.output, result.output
+    assert client.exists("{toolq}:op:legacy/retry")  # nothing moved

@@ -182,3 +182,30 @@ def test_migrate_refuses_a_newer_format_and_stamps_a_ledger_of_todays_shape() ->
     assert done.found == FORMAT and done.stamped and r.hget(Keys("p").meta, "format") is None
     assert migrate(r, "p").stamped
     assert migrate(r, "p").already
+
+
+def test_long_work_shows_progress_and_a_dry_run_counts_what_a_run_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from toolq.adapters.ledger import upgrade
+
+    monkeypatch.setattr(upgrade, "EVERY", 3)
+    r = fakeredis.FakeRedis()
+    for n in range(5):
+        r.hset(f"p:op:r{n}", mapping={"ref": f"r{n}", "state": "queued"})
+        r.rpush(f"p:hist:r{n}", json.dumps({"at": n, "to": "queued", "attempt": 1, "by": "s"}))
+    r.zadd("p:due", {"r0": 1})
+    r.set("p:wake", "1")
+    lines: list[str] = []
+    dry = migrate(r, "p", dry_run=True, progress=lines.append)
+    assert (dry.found, dry.renamed, dry.deleted, dry.histories) == (1, 11, 1, 5)
+    assert r.exists("p:op:r0") and not r.exists(Keys("p").meta)
+    lines.clear()
+    done = migrate(r, "p", progress=lines.append)
+    assert (done.renamed, done.deleted, done.histories, done.entries) == (11, 1, 5, 5)
+    assert "  12 of 12 keys" in lines and "  3 of 5 histories" in lines, lines
+    assert lines[0].startswith("step 1 -> 2: rename every key") and "{p}:op:<ref>" in lines[0]
+    assert r.hget(Keys("p").op("r4"), "hn") == b"1" and not r.keys("p:*")
+    assert r.zscore(Keys("p").due, "r0") == 1 and not r.exists("{p}:wake")
+    Ledger(r, "p").record_cells()
+    assert migrate(r, "p").already

@@ -65,7 +65,8 @@ def to_cells(
 
     errors.RequestRefused when it cannot be done safely: a Cluster client (migrate
     on the single server first), another number of cells recorded, a writer still
-    beating (unless ``force``), messages in the outbox.
+    beating (unless ``force``), messages in the outbox; errors.LedgerFormat for a
+    ledger of another format (``toolq migrate`` first).
     """
     new = Cells(prefix, cells)  # checks the number
     if isinstance(client, RedisCluster):
@@ -73,6 +74,10 @@ def to_cells(
             "migrate on the single server the ledger lives on, before it joins a Cluster"
         )
     old = SingleTag(prefix).root
+    from toolq.adapters.ledger.upgrade import format_checked  # it imports this module
+
+    # a ledger of an earlier format is brought to today's first (`toolq migrate`)
+    format_checked(client, prefix, client.hget(old.meta, "format"))
     recorded = client.hget(old.meta, "cells")
     if recorded is not None:
         why = new.conflict(recorded)

@@ -41,6 +41,11 @@ def migrate(redis_url: str | None, state_dir: str, prefix: str, dry_run: bool, f
     format is left as it is.
 
     \b
+    Examples:
+      toolq migrate --dry-run   what would change (nothing is changed)
+      toolq migrate             migrate (after stopping every process)
+
+    \b
     Formats: 1 keys without a hash tag (toolq:op:<ref>), 2 tagged keys with a
     history list per operation, 3 (today) history in the record.
     """
