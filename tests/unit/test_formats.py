@@ -190,6 +190,7 @@ def test_long_work_shows_progress_and_a_dry_run_counts_what_a_run_does(
     from toolq.adapters.ledger import upgrade
 
     monkeypatch.setattr(upgrade, "EVERY", 3)
+    monkeypatch.setattr(upgrade, "FOLD_BATCH", 3)
     r = fakeredis.FakeRedis()
     for n in range(5):
         r.hset(f"p:op:r{n}", mapping={"ref": f"r{n}", "state": "queued"})

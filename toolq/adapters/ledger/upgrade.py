@@ -9,8 +9,8 @@ looked at once (two ``SCAN``\\ s for the keys of earlier formats,
 
 :func:`migrate` brings a ledger from an earlier format to today's, step by step
 (:data:`toolq.decisions.formats.STEPS`). Each step is idempotent and each key's move is
-atomic (``RENAMENX``; a history folded into its record and the list deleted in one
-``MULTI``), and the format is recorded last: an interrupted run leaves a ledger that
+atomic (``RENAMENX``; histories folded into their records and the lists deleted,
+a batch per ``MULTI``), and the format is recorded last: an interrupted run leaves a ledger that
 processes still refuse, and a second run finishes it.
 """
 
@@ -35,6 +35,8 @@ from toolq.decisions.formats import FORMAT, FORMAT_FIELD
 Progress = Callable[[str], None]
 #: Print progress every so many keys on long work.
 EVERY = 10_000
+#: Histories folded per transaction (two round trips each).
+FOLD_BATCH = 500
 
 
 def _v1_pattern(prefix: str) -> str:
@@ -222,7 +224,7 @@ def _step_1(client: redis.Redis, plan: Migration, progress: Progress) -> None:
 
 
 def _step_2(client: redis.Redis, plan: Migration, progress: Progress) -> None:
-    """Every history list folded into its record, and deleted, one record at a time."""
+    """Every history list folded into its record, and deleted, a batch per transaction."""
     keys = Keys(plan.prefix)
     hist_prefix = keys.tag + ":hist:"
     if plan.dry_run and plan.found == 1:  # step 1 did not rename: read the old names
@@ -230,27 +232,41 @@ def _step_2(client: redis.Redis, plan: Migration, progress: Progress) -> None:
     names = sorted(
         {as_text(k) for k in client.scan_iter(match=_glob(hist_prefix) + "*", count=CHUNK)}
     )
-    for done, name in enumerate(names, start=1):
-        ref = name[len(hist_prefix) :]
-        entries = client.lrange(name, 0, -1)
+    for start in range(0, len(names), FOLD_BATCH):
+        batch = names[start : start + FOLD_BATCH]
+        ops = [keys.op(name[len(hist_prefix) :]) for name in batch]
+        read = client.pipeline(transaction=False)
+        for name, op in zip(batch, ops, strict=True):
+            read.lrange(name, 0, -1)
+            read.exists(op)
+            read.hexists(op, "hn")
+        answers = read.execute()
+        histories = answers[0::3]
         if not plan.dry_run:
-            _fold(client, keys.op(ref), name, entries)
-        plan.histories += 1
-        plan.entries += len(entries)
-        if len(names) > EVERY and done % EVERY == 0:
-            progress(f"  {done} of {len(names)} histories")
+            _fold(client, batch, ops, histories, answers[1::3], answers[2::3])
+        plan.histories += len(batch)
+        plan.entries += sum(len(h) for h in histories)
+        if len(names) > EVERY:
+            progress(f"  {start + len(batch)} of {len(names)} histories")
     progress(f"  {plan.histories} histories ({plan.entries} entries) folded into their records")
 
 
-def _fold(client: redis.Redis, op: str, hist: str, entries: list[Any]) -> None:
-    """The history ``entries`` into the record ``op`` and the list ``hist`` deleted, in
-    one transaction (no writer runs meanwhile: :func:`migrate` checked). A record that
-    holds a history already (``hn``) keeps it; a list without its record (expired) goes."""
-    exists, hn = client.exists(op), client.hget(op, "hn")
+def _fold(
+    client: redis.Redis,
+    hists: list[str],
+    ops: list[str],
+    histories: list[list[Any]],
+    exists: list[Any],
+    folded: list[Any],
+) -> None:
+    """Each history into its record and its list deleted, the batch in one transaction
+    (no writer runs meanwhile: :func:`migrate` checked). A record that holds a history
+    already (``hn``) keeps it; a list without its record (expired) is deleted."""
     pipe = client.pipeline(transaction=True)
-    if exists and hn is None and entries:
-        pipe.hset(op, mapping=dict(formats.history_fields(entries)))  # type: ignore[arg-type]
-    pipe.delete(hist)
+    for hist, op, entries, found, done in zip(hists, ops, histories, exists, folded, strict=True):
+        if found and not done and entries:
+            pipe.hset(op, mapping=dict(formats.history_fields(entries)))  # type: ignore[arg-type]
+        pipe.delete(hist)
     pipe.execute()
 
 
