@@ -1,5 +1,5 @@
 """The ledger's formats (toolq.decisions.formats) as tables, and the check every
-process makes (toolq.adapters.ledger.upgrade) on fakeredis."""
+process makes (toolq.adapters.ledger.stored_format) on fakeredis."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The ledger's stored format: which one a ledger holds, and how each earlier one
 becomes today's (``toolq migrate``). Pure: names and values in, names and values out;
-the Redis part is :mod:`toolq.adapters.ledger.upgrade`.
+the Redis part is :mod:`toolq.adapters.ledger.stored_format` (the check) and
+:mod:`toolq.adapters.ledger.upgrade` (the migration).
 
 =======  ===========================================  ==========================
 format   what is stored                               written by

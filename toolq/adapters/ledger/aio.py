@@ -35,7 +35,7 @@ from toolq.adapters.ledger.replies import (
 )
 from toolq.adapters.ledger.routes import Routes
 from toolq.adapters.ledger.runner import AsyncScripts
-from toolq.adapters.ledger.upgrade import aformat_checked
+from toolq.adapters.ledger.stored_format import aformat_checked
 from toolq.adapters.ledger.wire import Push
 from toolq.core.layout import Layout
 from toolq.core.record import HistoryEntry, OperationRecord

@@ -33,6 +33,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from toolq.adapters.ledger.stored_format import format_checked
 from toolq.core import errors
 from toolq.core.keys import Keys
 from toolq.core.layout import Cells, Layout, SingleTag
@@ -74,8 +75,6 @@ def to_cells(
             "migrate on the single server the ledger lives on, before it joins a Cluster"
         )
     old = SingleTag(prefix).root
-    from toolq.adapters.ledger.upgrade import format_checked  # it imports this module
-
     # a ledger of an earlier format is brought to today's first (`toolq migrate`)
     format_checked(client, prefix, client.hget(old.meta, "format"))
     recorded = client.hget(old.meta, "cells")

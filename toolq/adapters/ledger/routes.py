@@ -100,7 +100,7 @@ class Routes:
     def ask_cells(self, pipe: Any) -> None:
         """Pipeline what :meth:`cells_refused` reads: the number of cells recorded in the
         meta, recorded first at first use in cells mode (a single tag records none),
-        and the ledger's format (:mod:`toolq.adapters.ledger.upgrade`)."""
+        and the ledger's format (:mod:`toolq.adapters.ledger.stored_format`)."""
         meta = Keys(self.keys.prefix).meta
         if self.layout.cells is not None:
             pipe.hsetnx(meta, "cells", self.layout.cells)

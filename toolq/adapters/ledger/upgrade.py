@@ -1,17 +1,9 @@
-"""The ledger's format in Redis: the check every process makes once, and ``toolq migrate``.
-
-The check (:func:`format_checked`, :func:`aformat_checked`) follows the read of the
-meta every process makes when it starts (:meth:`toolq.adapters.ledger.routes.Routes.ask_cells`):
-a ledger that records today's format costs nothing more. One that records none is
-looked at once (two ``SCAN``\\ s for the keys of earlier formats,
-:func:`toolq.decisions.formats.unversioned_format`) and stamped with today's format
-(``HSETNX``) if it holds none; any other format is refused (errors.LedgerFormat).
-
-:func:`migrate` brings a ledger from an earlier format to today's, step by step
-(:data:`toolq.decisions.formats.STEPS`). Each step is idempotent and each key's move is
-atomic (``RENAMENX``; histories folded into their records and the lists deleted,
-a batch per ``MULTI``), and the format is recorded last: an interrupted run leaves a ledger that
-processes still refuse, and a second run finishes it.
+"""``toolq migrate``: a ledger of an earlier format brought to today's, step by step
+(:data:`toolq.decisions.formats.STEPS`; the check every process makes is
+:mod:`toolq.adapters.ledger.stored_format`). Each step is idempotent and each key's move
+is atomic (``RENAMENX``; histories folded into their records and the lists deleted, a
+batch per ``MULTI``), and the format is recorded last: an interrupted run leaves a
+ledger that processes still refuse, and a second run finishes it.
 """
 
 from __future__ import annotations
@@ -22,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
-from toolq.adapters.ledger.migrate import CHUNK, _glob, running_writers
+from toolq.adapters.ledger.migrate import ALIVE_MS, running_writers
+from toolq.adapters.ledger.stored_format import CHUNK, detect, glob, recorded, refuse, v1_pattern
 from toolq.core import errors
 from toolq.core.keys import Keys
 from toolq.core.text import as_text
@@ -37,77 +29,6 @@ Progress = Callable[[str], None]
 EVERY = 10_000
 #: Histories folded per transaction (two round trips each).
 FOLD_BATCH = 500
-
-
-def _v1_pattern(prefix: str) -> str:
-    return _glob(prefix + ":") + "*"
-
-
-def _hist_pattern(prefix: str) -> str:
-    return _glob(Keys(prefix).tag + ":hist:") + "*"
-
-
-def detect(client: redis.Redis, prefix: str) -> int:
-    """The format of ``prefix``'s ledger from its keys (what an unversioned ledger is)."""
-    v1 = any(
-        formats.is_v1_key(prefix, as_text(k))
-        for k in client.scan_iter(match=_v1_pattern(prefix), count=CHUNK)
-    )
-    hist = not v1 and next(iter(client.scan_iter(match=_hist_pattern(prefix), count=CHUNK)), None)
-    return formats.unversioned_format(v1, bool(hist))
-
-
-async def adetect(client: aioredis.Redis, prefix: str) -> int:
-    """:func:`detect` on an asyncio client."""
-    v1 = False
-    async for k in client.scan_iter(match=_v1_pattern(prefix), count=CHUNK):
-        if formats.is_v1_key(prefix, as_text(k)):
-            v1 = True
-            break
-    hist = False
-    if not v1:
-        async for _k in client.scan_iter(match=_hist_pattern(prefix), count=CHUNK):
-            hist = True
-            break
-    return formats.unversioned_format(v1, hist)
-
-
-def _refuse(prefix: str, found: int) -> None:
-    why = formats.refusal(prefix, found)
-    if why is not None:
-        raise errors.LedgerFormat(why, found=found, expected=FORMAT)
-
-
-def _recorded(prefix: str, raw: Any) -> int | None:
-    try:
-        return formats.recorded_format(raw)
-    except formats.FormatError as exc:
-        raise errors.LedgerFormat(f"ledger {prefix!r}: {exc}") from None
-
-
-def format_checked(client: redis.Redis, prefix: str, raw: Any) -> None:
-    """Refuse (errors.LedgerFormat) a ledger whose meta records ``raw`` as its format
-    unless it is today's; stamp an unversioned one that holds no earlier format's keys."""
-    found = _recorded(prefix, raw)
-    if found is None:
-        _refuse(prefix, detect(client, prefix))
-        if client.hsetnx(Keys(prefix).meta, FORMAT_FIELD, FORMAT):
-            return
-        found = _recorded(prefix, client.hget(Keys(prefix).meta, FORMAT_FIELD))
-    if found is not None:
-        _refuse(prefix, found)
-
-
-async def aformat_checked(client: aioredis.Redis, prefix: str, raw: Any) -> None:
-    """:func:`format_checked` on an asyncio client."""
-    found = _recorded(prefix, raw)
-    if found is None:
-        _refuse(prefix, await adetect(client, prefix))
-        if await client.hsetnx(Keys(prefix).meta, FORMAT_FIELD, FORMAT):
-            return
-        found = _recorded(prefix, await client.hget(Keys(prefix).meta, FORMAT_FIELD))
-    if found is not None:
-        _refuse(prefix, found)
 
 
 # ---------------------------------------------------------------------- migrate
@@ -153,12 +74,12 @@ def migrate(
             "earlier formats never ran on a Cluster: nothing there to migrate"
         )
     keys = Keys(prefix)
-    recorded = _recorded(prefix, client.hget(keys.meta, FORMAT_FIELD))
-    found = recorded if recorded is not None else detect(client, prefix)
+    was = recorded(prefix, client.hget(keys.meta, FORMAT_FIELD))
+    found = was if was is not None else detect(client, prefix)
     if found > FORMAT:
-        _refuse(prefix, found)
+        refuse(prefix, found)
     plan = Migration(prefix, found, dry_run, formats.steps(found))
-    if not plan.steps and recorded == FORMAT:
+    if not plan.steps and was == FORMAT:
         return plan
     if not force:
         now = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -175,13 +96,11 @@ def migrate(
     if not dry_run:
         # last: an interrupted run leaves the ledger refused, and a re-run finishes it
         client.hset(keys.meta, FORMAT_FIELD, FORMAT)
-    plan.stamped = recorded != FORMAT
+    plan.stamped = was != FORMAT
     return plan
 
 
 def _v1_schedulers(client: redis.Redis, prefix: str, now_ms: int) -> list[str]:
-    from toolq.adapters.ledger.migrate import ALIVE_MS
-
     found = []
     for sid, beat in client.hgetall(prefix + ":schedulers").items():
         if now_ms - int(float(beat)) <= ALIVE_MS:
@@ -194,7 +113,7 @@ def _step_1(client: redis.Redis, plan: Migration, progress: Progress) -> None:
     prefix = plan.prefix
     names = [
         as_text(k)
-        for k in client.scan_iter(match=_v1_pattern(prefix), count=CHUNK)
+        for k in client.scan_iter(match=v1_pattern(prefix), count=CHUNK)
         if formats.is_v1_key(prefix, as_text(k))
     ]
     names = sorted(set(names))  # a SCAN may return a key twice
@@ -230,7 +149,7 @@ def _step_2(client: redis.Redis, plan: Migration, progress: Progress) -> None:
     if plan.dry_run and plan.found == 1:  # step 1 did not rename: read the old names
         hist_prefix = plan.prefix + ":hist:"
     names = sorted(
-        {as_text(k) for k in client.scan_iter(match=_glob(hist_prefix) + "*", count=CHUNK)}
+        {as_text(k) for k in client.scan_iter(match=glob(hist_prefix) + "*", count=CHUNK)}
     )
     for start in range(0, len(names), FOLD_BATCH):
         batch = names[start : start + FOLD_BATCH]
