@@ -76,7 +76,7 @@ def test_every_key_the_scripts_write_is_tagged_and_named_by_keys(client: redis.R
     assert queues <= names
     ledger_keys = names - queues
     assert all(name.startswith(k.tag + ":") for name in ledger_keys), sorted(ledger_keys)
-    known = {k.due, k.wake, k.sleep_until, k.stats, k.tools}
+    known = {k.due, k.wake, k.sleep_until, k.stats, k.tools, k.meta}  # meta: the format
     known |= {k.op(ref) for ref in refs}
     known |= {k.index(TOOL, str(s)) for s in State}
     assert ledger_keys <= known, sorted(ledger_keys - known)

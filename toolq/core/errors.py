@@ -22,6 +22,8 @@ One root, two branches::
         ├── InvalidState
         │   ├── StaleRevision                the operation moved on since the operator read it
         │   └── OperatorRetriesSpent         an escalated write's operator retries are used up
+        ├── LedgerFormat                     the ledger is stored in another format
+        │                                    (an older one: run ``toolq migrate``)
         └── ServerUnavailable                the ledger's server did not answer; a write
             └── NotDurable                   may have happened: the same call again (same
                                              operation_ref) is safe
@@ -255,6 +257,14 @@ class OperatorRetriesSpent(InvalidState):
     ``recovery.operator_retries`` allows; resolve it as committed or not committed."""
 
     code = "OPERATOR_RETRIES_SPENT"
+
+
+class LedgerFormat(RequestRefused):
+    """The ledger is stored in a format this toolq does not read
+    (:mod:`toolq.decisions.formats`): an older one (the message names ``toolq migrate``)
+    or a newer one (upgrade toolq). ``found`` and ``expected`` are the formats."""
+
+    code = "LEDGER_FORMAT"
 
 
 class ServerUnavailable(RequestRefused):

@@ -171,7 +171,8 @@ class Keys:
 
     @property
     def meta(self) -> str:
-        """Hash: what is fixed for the ledger's life, recorded at first use (``cells``).
+        """Hash: what is fixed for the ledger's life, recorded at first use: ``cells``, and
+        ``format``, the stored format (:mod:`toolq.decisions.formats`, ``toolq migrate``).
 
         Deployment-wide: read under :class:`Keys` without a cell (one slot)."""
         return f"{self.tag}:meta"

@@ -35,6 +35,7 @@ from toolq.adapters.ledger.replies import (
 )
 from toolq.adapters.ledger.routes import Routes
 from toolq.adapters.ledger.runner import AsyncScripts
+from toolq.adapters.ledger.stored_format import aformat_checked
 from toolq.adapters.ledger.wire import Push
 from toolq.core.layout import Layout
 from toolq.core.record import HistoryEntry, OperationRecord
@@ -75,7 +76,9 @@ class AsyncLedger(Routes):
         self.ask_cells(pipe)
         async with self._command():
             answers = await pipe.execute()
-        self.cells_refused(answers)
+        recorded = self.cells_refused(answers)
+        async with self._command():
+            await aformat_checked(self.redis, self.keys.prefix, recorded)
 
     @contextlib.asynccontextmanager
     async def _command(self) -> AsyncIterator[None]:

@@ -33,6 +33,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from toolq.adapters.ledger.stored_format import format_checked
 from toolq.core import errors
 from toolq.core.keys import Keys
 from toolq.core.layout import Cells, Layout, SingleTag
@@ -65,7 +66,8 @@ def to_cells(
 
     errors.RequestRefused when it cannot be done safely: a Cluster client (migrate
     on the single server first), another number of cells recorded, a writer still
-    beating (unless ``force``), messages in the outbox.
+    beating (unless ``force``), messages in the outbox; errors.LedgerFormat for a
+    ledger of another format (``toolq migrate`` first).
     """
     new = Cells(prefix, cells)  # checks the number
     if isinstance(client, RedisCluster):
@@ -73,6 +75,8 @@ def to_cells(
             "migrate on the single server the ledger lives on, before it joins a Cluster"
         )
     old = SingleTag(prefix).root
+    # a ledger of an earlier format is brought to today's first (`toolq migrate`)
+    format_checked(client, prefix, client.hget(old.meta, "format"))
     recorded = client.hget(old.meta, "cells")
     if recorded is not None:
         why = new.conflict(recorded)

@@ -12,6 +12,7 @@ from toolq.adapters.ledger.wire import InlinePush, OutboxPush, Push, ScriptArgs
 from toolq.core import errors
 from toolq.core.keys import Keys
 from toolq.core.layout import Layout, layout_of
+from toolq.decisions.formats import FORMAT_FIELD
 
 
 @dataclass(frozen=True)
@@ -98,14 +99,18 @@ class Routes:
 
     def ask_cells(self, pipe: Any) -> None:
         """Pipeline what :meth:`cells_refused` reads: the number of cells recorded in the
-        meta, recorded first at first use in cells mode (a single tag records none)."""
+        meta, recorded first at first use in cells mode (a single tag records none),
+        and the ledger's format (:mod:`toolq.adapters.ledger.stored_format`)."""
         meta = Keys(self.keys.prefix).meta
         if self.layout.cells is not None:
             pipe.hsetnx(meta, "cells", self.layout.cells)
-        pipe.hget(meta, "cells")
+        pipe.hmget(meta, ["cells", FORMAT_FIELD])
 
-    def cells_refused(self, answers: list[Any]) -> None:
-        """errors.RequestRefused for a ledger recorded with another layout."""
-        why = self.layout.conflict(answers[-1])
+    def cells_refused(self, answers: list[Any]) -> Any:
+        """errors.RequestRefused for a ledger recorded with another layout; else the
+        format the meta records (raw, None for none), which the caller checks."""
+        cells, recorded = answers[-1]
+        why = self.layout.conflict(cells)
         if why is not None:
             raise errors.RequestRefused(why)
+        return recorded

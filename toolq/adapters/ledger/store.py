@@ -40,6 +40,7 @@ from toolq.adapters.ledger.replies import (
 from toolq.adapters.ledger.routes import Pinned, Routes, strategies
 from toolq.adapters.ledger.runner import Scripts
 from toolq.adapters.ledger.schedule import SchedulerCalls
+from toolq.adapters.ledger.stored_format import format_checked
 from toolq.adapters.ledger.wire import Push
 from toolq.core.envelope import ToolError, ToolSuccess
 from toolq.core.keys import Keys
@@ -108,10 +109,12 @@ class Ledger(Routes, SchedulerCalls):
     def record_cells(self) -> None:
         """Cells mode: record the number of cells in the deployment's meta at first use,
         and refuse (errors.RequestRefused) a ledger recorded with another number. On the
-        single tag: refuse a ledger that was moved into cells (``toolq cells migrate``)."""
+        single tag: refuse a ledger that was moved into cells (``toolq cells migrate``).
+        And the ledger's format: errors.LedgerFormat for an earlier or a newer one
+        (:mod:`toolq.adapters.ledger.stored_format`); an empty ledger is stamped with today's."""
         pipe = self.redis.pipeline(transaction=False)
         self.ask_cells(pipe)
-        self.cells_refused(pipe.execute())
+        format_checked(self.redis, self.keys.prefix, self.cells_refused(pipe.execute()))
         self.cells_checked = True
 
     # ------------------------------------------------------------------ writes
