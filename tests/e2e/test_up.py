@@ -199,3 +199,43 @@ def test_up_on_a_cluster_without_its_url_is_refused_at_once(
         "TOOLQ_REDIS_URL): `toolq up` alone starts one embedded server, not a Cluster"
     ]
     assert not (tmp_path / ".toolq").exists()
+
+
+CELERY_BANNER = "[queues]"  # a line of the banner each Celery worker prints at start
+
+
+def test_up_is_quiet_by_default_and_shows_celerys_banners_and_task_lines_at_info(
+    tmp_path: Path,
+) -> None:
+    args = json.dumps({"customer": "acme", "amount": 42})
+    for loglevel in ("WARNING", "INFO"):
+        # Given `toolq up` at its default level, then at `-l info`
+        run = tmp_path / loglevel
+        run.mkdir()
+        extra = ("--no-api",) if loglevel == "INFO" else ()
+        p, log = _start_up(run, *extra, *(("-l", "info") if loglevel == "INFO" else ()))
+        try:
+            _wait_ready(p, run, log)
+            # When a call runs through it (so every worker has started and served)
+            sub = _toolq(run, "submit", "create_invoice", "--args", args, "--wait", "30")
+            assert sub.returncode == 0, sub.stderr
+            ref = sub.stdout.splitlines()[0].strip()
+        finally:
+            code = stop_process(p, signal.SIGTERM, timeout=30)
+        assert code == 0, log.read_text()
+        text = log.read_text()
+        if loglevel == "WARNING":
+            # Then by default: toolq's own table, one line per process it started, no
+            # Celery banner, no uvicorn INFO, no line per task
+            assert CELERY_BANNER not in text, text
+            assert "Uvicorn running" not in text and "INFO" not in text, text
+            assert " succeeded in " not in text and " received" not in text, text
+            for name in ("scheduler", "calls-1", "verify-1", "api"):
+                lines = [ln for ln in text.splitlines() if ln.startswith(f"  {name:<10} pid ")]
+                assert len(lines) == 1, text
+        else:
+            # Then at INFO: both workers' banners, and one line for the task (not two)
+            assert text.count(CELERY_BANNER) == 2, text
+            assert sum(" succeeded in " in ln for ln in text.splitlines()) == 1, text
+            assert not any("Task toolq" in ln and " received" in ln for ln in text.splitlines())
+        assert ref
