@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -239,3 +240,23 @@ def test_up_is_quiet_by_default_and_shows_celerys_banners_and_task_lines_at_info
             assert sum(" succeeded in " in ln for ln in text.splitlines()) == 1, text
             assert not any("Task toolq" in ln and " received" in ln for ln in text.splitlines())
         assert ref
+
+
+def test_up_reports_every_port_in_use_at_once_and_starts_nothing(tmp_path: Path) -> None:
+    # Given the metrics port and the API port both taken
+    with socket.socket() as a, socket.socket() as b:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        metrics, api = a.getsockname()[1], b.getsockname()[1]
+        # When `toolq up` is asked for both
+        res = _toolq(tmp_path, "up", "--metrics-port", str(metrics), "--api-port", str(api))
+    # Then one refusal names both, with the way out, and nothing was started
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "2 ports are in use" in res.stderr, res.stderr
+    assert f"port {metrics} for metrics on 127.0.0.1 is in use" in res.stderr
+    assert f"port {api} for api on 127.0.0.1 is in use" in res.stderr
+    assert res.stderr.count("pass --") == 2 and "--metrics-port 0" in res.stderr
+    assert res.stdout == ""  # no "serving on", no process table
+    assert not (tmp_path / ".toolq" / "data").exists()
+    assert read_state(tmp_path / ".toolq") is None
