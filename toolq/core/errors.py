@@ -24,6 +24,9 @@ One root, two branches::
             └── NotDurable                   may have happened: the same call again (same
                                              operation_ref) is safe
 
+``BadIdentifier`` (a ``UserWarning``, not in the tree) is said where an ``InvalidInput``
+is raised with a ``field`` or ``rule`` that is not an identifier.
+
 A tool raises the ``ToolFailure`` that says what it knows; anything else it
 raises is unexpected and is classified by whether the tool writes: an
 unexpected failure in a write may have happened after the request left, so its
