@@ -69,3 +69,7 @@ def test_demo_holds_without_the_providers_dedup_and_prints_a_report() -> None:
     assert "with exactly one side effect" in res.stdout
     assert "SIGKILL calls-" in res.stderr  # progress goes to stderr
     assert "succeeded" in res.stderr
+    # The demo starts its workers and scheduler itself: it waits for them instead of
+    # warning that none is live (every run's first screen said so)
+    assert "no live" not in res.stderr, res.stderr
+    assert res.stderr.count("starting the scheduler and workers") == 1

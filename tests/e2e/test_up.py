@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -199,3 +200,63 @@ def test_up_on_a_cluster_without_its_url_is_refused_at_once(
         "TOOLQ_REDIS_URL): `toolq up` alone starts one embedded server, not a Cluster"
     ]
     assert not (tmp_path / ".toolq").exists()
+
+
+CELERY_BANNER = "[queues]"  # a line of the banner each Celery worker prints at start
+
+
+def test_up_is_quiet_by_default_and_shows_celerys_banners_and_task_lines_at_info(
+    tmp_path: Path,
+) -> None:
+    args = json.dumps({"customer": "acme", "amount": 42})
+    for loglevel in ("WARNING", "INFO"):
+        # Given `toolq up` at its default level, then at `-l info`
+        run = tmp_path / loglevel
+        run.mkdir()
+        extra = ("--no-api",) if loglevel == "INFO" else ()
+        p, log = _start_up(run, *extra, *(("-l", "info") if loglevel == "INFO" else ()))
+        try:
+            _wait_ready(p, run, log)
+            # When a call runs through it (so every worker has started and served)
+            sub = _toolq(run, "submit", "create_invoice", "--args", args, "--wait", "30")
+            assert sub.returncode == 0, sub.stderr
+            ref = sub.stdout.splitlines()[0].strip()
+        finally:
+            code = stop_process(p, signal.SIGTERM, timeout=30)
+        assert code == 0, log.read_text()
+        text = log.read_text()
+        if loglevel == "WARNING":
+            # Then by default: toolq's own table, one line per process it started, no
+            # Celery banner, no uvicorn INFO, no line per task
+            assert CELERY_BANNER not in text, text
+            assert "Uvicorn running" not in text and "INFO" not in text, text
+            assert " succeeded in " not in text and " received" not in text, text
+            for name in ("scheduler", "calls-1", "verify-1", "api"):
+                lines = [ln for ln in text.splitlines() if ln.startswith(f"  {name:<10} pid ")]
+                assert len(lines) == 1, text
+        else:
+            # Then at INFO: both workers' banners, and one line for the task (not two)
+            assert text.count(CELERY_BANNER) == 2, text
+            assert sum(" succeeded in " in ln for ln in text.splitlines()) == 1, text
+            assert not any("Task toolq" in ln and " received" in ln for ln in text.splitlines())
+        assert ref
+
+
+def test_up_reports_every_port_in_use_at_once_and_starts_nothing(tmp_path: Path) -> None:
+    # Given the metrics port and the API port both taken
+    with socket.socket() as a, socket.socket() as b:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        metrics, api = a.getsockname()[1], b.getsockname()[1]
+        # When `toolq up` is asked for both
+        res = _toolq(tmp_path, "up", "--metrics-port", str(metrics), "--api-port", str(api))
+    # Then one refusal names both, with the way out, and nothing was started
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "2 ports are in use" in res.stderr, res.stderr
+    assert f"port {metrics} for metrics on 127.0.0.1 is in use" in res.stderr
+    assert f"port {api} for api on 127.0.0.1 is in use" in res.stderr
+    assert res.stderr.count("pass --") == 2 and "--metrics-port 0" in res.stderr
+    assert res.stdout == ""  # no "serving on", no process table
+    assert not (tmp_path / ".toolq" / "data").exists()
+    assert read_state(tmp_path / ".toolq") is None

@@ -28,8 +28,11 @@ from tests.helpers import run_aio, start_worker, stop_process, until_async
 from tests.integration.apps import aio_app
 from toolq import ToolQueue
 from toolq.adapters.embedded import EmbeddedServer
-from toolq.adapters.notify import Event, Progress
+from toolq.adapters.notify import Progress
+from toolq.client.aio import WatchEvent
 from toolq.core import errors
+from toolq.core.envelope import ToolSuccess
+from toolq.core.record import load_envelope
 from toolq.core.states import State
 
 APP = "tests.integration.apps.aio_app:tq"
@@ -183,10 +186,10 @@ def test_progress_reaches_on_progress(tq: ToolQueue, gate: Path) -> None:
 
 
 def test_watch_follows_states_and_progress_to_the_settled_state(tq: ToolQueue, gate: Path) -> None:
-    async def body() -> tuple[str, list[Event], list[Any]]:
+    async def body() -> tuple[str, list[WatchEvent], list[Any]]:
         args = {"gate": str(gate), "steps": [0.5, 1.0]}
         ref = (await tq.aio.submit("gated", args)).operation_ref
-        events: list[Event] = []
+        events: list[WatchEvent] = []
         async for ev in tq.aio.watch(ref):
             events.append(ev)
             if ev.state is State.RUNNING:
@@ -202,8 +205,14 @@ def test_watch_follows_states_and_progress_to_the_settled_state(tq: ToolQueue, g
     for e in states:  # seq names the history entry of the state entered
         assert history[e.seq - 1].to == e.state
     assert progress == [Progress(0.5, "step 1"), Progress(1.0, "step 2")]
-    assert events[-1].kind == "state" and '"ok":true' in events[-1].envelope
-    assert ref in events[-1].envelope
+    # The settled state's envelope is the model (it was the JSON string before)
+    last = events[-1]
+    assert last.kind == "state" and isinstance(last.envelope, ToolSuccess), last
+    assert last.envelope.ok and last.envelope.operation_ref == ref
+    assert load_envelope(last.envelope_json) == last.envelope  # the stored JSON, kept
+    assert load_envelope(last.envelope) is last.envelope  # code that parsed it still works
+    # A state that wrote no envelope says None, not ""
+    assert all(e.envelope is None for e in states if e.state is State.QUEUED)
 
 
 # ----------------------------------------------------------------------------- bad input

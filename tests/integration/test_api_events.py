@@ -441,3 +441,53 @@ def test_a_missed_notice_costs_one_keepalive_not_an_event() -> None:
     assert seen[2] == ": keep-alive\n\n"
     assert '"state":"running"' in seen[3] and '"state":"succeeded"' in seen[4]
     assert seen[5].startswith("id: 3\nevent: envelope")
+
+
+def test_invoke_with_wait_answers_the_settled_operation_in_the_same_request(
+    client: httpx.Client, tq: ToolQueue
+) -> None:
+    # Given a tool the worker runs at once: invoke ?wait= answers 200 with its envelope
+    ref = key()
+    r = client.post(
+        "/v1/tools/echo:invoke",
+        params={"wait": 15},
+        json={"text": "hi"},
+        headers={"Idempotency-Key": ref},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["state"] == "succeeded" and body["settled"] and body["created"] is True
+    assert parse_envelope(body["envelope"]).ok and body["envelope"]["result"] == {"text": "hi"}
+    assert "location" not in r.headers
+
+    # Given a write held open past the wait: 202 with Location, as without ?wait
+    held = key()
+    r = client.post(
+        "/v1/tools/create_note:invoke",
+        params={"wait": 0.5},
+        json={"body": "held", "gate": True},
+        headers={"Idempotency-Key": held},
+    )
+    assert r.status_code == 202, r.text
+    assert r.headers["location"] == f"/v1/operations/{held}"
+    assert not r.json()["settled"] and "retry-after" in r.headers
+    # When it is let go, the same invoke again (same key) waits like a new one: 200
+    open_gate(tq.redis, held)
+    r = client.post(
+        "/v1/tools/create_note:invoke",
+        params={"wait": 15},
+        json={"body": "held", "gate": True},
+        headers={"Idempotency-Key": held},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "succeeded" and r.json()["created"] is False
+
+    # And the wait is bounded as GET's (max_wait=20 here): past it, refused with 422
+    r = client.post(
+        "/v1/tools/echo:invoke",
+        params={"wait": 21},
+        json={"text": "hi"},
+        headers={"Idempotency-Key": key()},
+    )
+    assert r.status_code == 422, r.text
+    assert "wait" in r.text

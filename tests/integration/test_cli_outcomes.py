@@ -34,7 +34,19 @@ def worker_log(tmp_path_factory: pytest.TempPathFactory, module_redis_url: str) 
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with log.open("wb") as out:
         proc = start_toolq(
-            ["worker", "--app", APP, "--redis-url", module_redis_url, "-P", "threads", "-c", "2"],
+            [
+                "worker",
+                "--app",
+                APP,
+                "--redis-url",
+                module_redis_url,
+                "-P",
+                "threads",
+                "-c",
+                "2",
+                "--loglevel",
+                "INFO",
+            ],
             stdout=out.fileno(),
             stderr=subprocess.STDOUT,
         )

@@ -9,6 +9,7 @@ read. The tools run on a real worker and scheduler over Valkey
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -272,3 +273,48 @@ def test_the_example_runs_offline(redis_url: str) -> None:
     # On the suite's server (a database of its own), with its own worker and scheduler
     out = run_example("openai_agents_example.py", redis_url)
     assert "side effects: 1" in out
+
+
+@dataclass
+class Conversation:
+    conversation_id: str
+
+
+def test_a_scope_from_the_context_needs_the_context_back_when_a_state_is_restored(
+    agents_tq: ToolQueue,
+) -> None:
+    # Given a run scoped by its context (as docs/integrations.md shows), paused for approval
+    args = {"to_account": "acc-5", "amount_cents": 500}
+    turns = [[function_call("transfer", args, call_id="call_scope_1")], [assistant_message("ok")]]
+    context = Conversation("conv-7")
+
+    def scope(ctx: Any) -> str:
+        return str(ctx.context.conversation_id)
+
+    async def body() -> tuple[str | None, RunResult]:
+        tools = openai_agents.tools(agents_tq, scope=scope)
+        agent = Agent(name="agent", model=ScriptedModel(turns), tools=tools)
+        paused = await Runner.run(agent, "go", context=context, run_config=CONFIG)
+        saved = paused.to_state().to_string()
+        # When it is restored without context_override: the context is the saved dict
+        bare = await RunState.from_string(agent, saved)
+        for item in bare.get_interruptions():
+            bare.approve(item)
+        failed: str | None = None
+        try:
+            await Runner.run(agent, bare, run_config=CONFIG)
+        except Exception as exc:  # the scope function cannot read the dict
+            failed = f"{type(exc).__name__}: {exc}"
+        # And with it: the call reaches its scoped operation
+        agent = Agent(name="agent", model=ScriptedModel(turns[1:]), tools=tools)
+        state = await RunState.from_string(agent, saved, context_override=context)
+        for item in state.get_interruptions():
+            state.approve(item)
+        return failed, await Runner.run(agent, state, run_config=CONFIG)
+
+    failed, resumed = run_async(agents_tq, body)
+    # Then without it the run fails as the docs say; with it, one write under the scope
+    assert failed is not None
+    assert "'dict' object has no attribute 'conversation_id'" in failed
+    assert resumed.final_output == "ok"
+    assert effects(agents_tq, "conv-7/call_scope_1") == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, cast
@@ -28,7 +29,14 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Request, RequestParams, RequestParamsMeta, Result
 from pydantic import BaseModel, Field, TypeAdapter
 
-from tests.helpers import free_port, serving, start_toolq, stop_process, wait_until
+from tests.helpers import (
+    REPO_ROOT,
+    free_port,
+    serving,
+    start_toolq,
+    stop_process,
+    wait_until,
+)
 from tests.integration.apps import interfaces_app
 from tests.integration.apps.interfaces_app import APP, open_gate
 from tests.integration.test_mcp import queued_without_message, record_in
@@ -441,6 +449,17 @@ def test_corrected_arguments_answer_input_required(tq: ToolQueue, server: Server
     assert [h.by for h in record.history if h.code == "INPUT_PROVIDED"] == ["mcp:tasks"]
 
 
+def readme_update() -> dict[str, Any]:
+    """The ``tasks/update`` request the README's "Over MCP" shows (its JSON block)."""
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text[text.index("## Over MCP") :]
+    blocks = re.findall(r"```json\n(.*?)```", section, re.S)
+    found = [json.loads(b) for b in blocks if '"tasks/update"' in b]
+    assert len(found) == 1, blocks
+    request: dict[str, Any] = found[0]
+    return request
+
+
 def test_an_approval_is_asked_and_given_through_the_task(
     tq: ToolQueue, server: Server[Any]
 ) -> None:
@@ -449,7 +468,8 @@ def test_an_approval_is_asked_and_given_through_the_task(
     async def scenario(c: Client) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         handle = await call(c, "transfer", {"amount": 2}, ref)
         asked = await task_get(c, ref)
-        await task_update(c, ref, {"approval-0": _accept({"approve": True})})
+        # The answer the README shows, as it shows it (its inputResponses)
+        await task_update(c, ref, readme_update()["params"]["inputResponses"])
         return handle, asked, await until(c, ref, status_is("completed"))
 
     handle, asked, done = run(server, scenario)

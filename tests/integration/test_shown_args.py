@@ -65,9 +65,15 @@ def _none_shown(text: str, where: str) -> None:
     assert not leaked, (where, leaked, text[:2000])
 
 
-@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "text"])
-def test_toolq_show(record: OperationRecord, module_redis_url: str, flags: list[str]) -> None:
-    where = ["--app", APP, "--redis-url", module_redis_url]
+@pytest.mark.parametrize(
+    ("flags", "app"),
+    [(["--json"], True), ([], True), ([], False)],
+    ids=["json", "text", "text-without-the-app"],
+)
+def test_toolq_show(
+    record: OperationRecord, module_redis_url: str, flags: list[str], app: bool
+) -> None:
+    where = [*(["--app", APP] if app else []), "--redis-url", module_redis_url]
     result = subprocess.run(
         [sys.executable, "-m", "toolq.edges.cli", "show", record.operation_ref, *flags, *where],
         env=toolq_env(),
@@ -76,6 +82,8 @@ def test_toolq_show(record: OperationRecord, module_redis_url: str, flags: list[
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    if not flags:  # the text form: the record was read (with the app or without it)
+        assert result.stdout.startswith(f"{record.operation_ref}  login  awaiting_approval")
     _none_shown(result.stdout + result.stderr, "toolq show " + " ".join(flags))
     if flags:
         shown = json.loads(result.stdout)["args"]

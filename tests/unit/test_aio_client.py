@@ -225,7 +225,11 @@ def test_watch_follows_every_state_and_progress_and_ends_settled(tq: ToolQueue) 
         ("state", State.SUCCEEDED, 3),
     ]
     assert seen[2].progress == Progress(1.0, "at 1.0")
-    assert '"ok":true' in seen[3].envelope
+    # The envelope is the model; the JSON the ledger stored is kept beside it
+    envelope = seen[3].envelope
+    assert envelope is not None and envelope.ok and envelope.operation_ref == "w/1"
+    assert '"ok":true' in seen[3].envelope_json
+    assert seen[0].envelope is None and seen[0].envelope_json == ""
 
 
 def test_the_worker_publishes_progress_at_most_ten_a_second_and_always_the_last(

@@ -3,6 +3,7 @@ never using Celery's delays (the behavioural side is in tests/integration)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -201,3 +202,86 @@ def test_a_pool_that_grows_or_shrinks_moves_the_prefetch_by_its_reserve_too(
     Consumer._update_prefetch_count(c, after - before)  # type: ignore[arg-type]
     assert c.initial_prefetch_count == prefetch
     assert qos.moves == moves
+
+
+@pytest.mark.parametrize(
+    ("loglevel", "quiet"),
+    [
+        ("WARNING", True),
+        ("warning", True),
+        ("ERROR", True),
+        ("30", True),
+        ("INFO", False),
+        ("info", False),
+        ("DEBUG", False),
+    ],
+)
+def test_a_worker_prints_celerys_banner_only_at_info_or_below(loglevel: str, quiet: bool) -> None:
+    from toolq.services.workers.main import worker_argv
+
+    argv = worker_argv(QueueSettings(), loglevel=loglevel)
+    # --quiet is the celery command's own option: before the subcommand
+    assert ("--quiet" in argv[: argv.index("worker")]) is quiet
+    assert argv[argv.index("--loglevel") + 1] == loglevel
+
+
+def test_toolq_worker_defaults_to_warning_as_celerys_worker_does() -> None:
+    from click.testing import CliRunner
+
+    from toolq.edges.cli import main
+    from toolq.services.workers.main import DEFAULT_LOGLEVEL, worker_argv
+
+    assert DEFAULT_LOGLEVEL == "WARNING"
+    assert "--quiet" in worker_argv(QueueSettings())
+    shown = CliRunner().invoke(main, ["worker", "--help"]).output
+    assert "[default: WARNING]" in shown
+
+
+@pytest.mark.parametrize(
+    ("level", "received_logged"),
+    [(logging.DEBUG, True), (logging.INFO, False), (logging.WARNING, False)],
+)
+def test_a_task_received_line_only_at_debug(level: int, received_logged: bool) -> None:
+    from toolq.services.workers.main import quiet_task_received
+
+    strategy = logging.getLogger("celery.worker.strategy")
+    before = strategy.level
+    try:
+        strategy.setLevel(logging.NOTSET)
+        quiet_task_received(level)
+        # What Celery's strategy reads once to decide whether it logs "received"
+        root = logging.getLogger()
+        root_before = root.level
+        root.setLevel(level)
+        try:
+            assert strategy.isEnabledFor(logging.INFO) is received_logged
+        finally:
+            root.setLevel(root_before)
+    finally:
+        strategy.setLevel(before)
+
+
+def test_kombus_eta_warning_is_dropped_and_its_other_warnings_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a toolq Celery app (it installs its log filters)
+    from kombu import Connection, Exchange, Queue
+    from kombu.transport.native_delayed_delivery import (
+        bind_queue_to_native_delayed_delivery_exchange,
+    )
+
+    from toolq.adapters.broker.app import make_celery
+    from toolq.adapters.broker.messages import DELAYED_DELIVERY_LOGGER
+
+    make_celery(ToolqSettings())
+    caplog.set_level(logging.WARNING)
+    # When kombu binds toolq's direct-exchange queue for native delayed delivery, as a
+    # worker on RabbitMQ quorum queues does at start
+    with Connection("memory://") as conn:
+        queue = Queue("toolq.calls", Exchange("toolq.calls", type="direct"), "toolq.calls")
+        bind_queue_to_native_delayed_delivery_exchange(conn, queue)
+    logging.getLogger(DELAYED_DELIVERY_LOGGER).warning("Failed to setup delayed delivery")
+    # Then its "ETA tasks … will block the worker" warning is not logged; others are
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("ETA tasks" in m or "direct exchange" in m for m in said), said
+    assert "Failed to setup delayed delivery" in said

@@ -13,6 +13,7 @@ from toolq.core.envelope import (
     Category,
     CommitState,
     Directive,
+    FieldError,
     NextAction,
     ToolError,
     parse_envelope,
@@ -23,8 +24,10 @@ from toolq.core.errors import (
     ATTEMPTS_EXHAUSTED,
     DEFAULT_UNAVAILABLE_DELAY,
     MAX_RETRY_DELAY,
+    BadIdentifier,
     Conflict,
     ForbiddenScope,
+    InvalidArguments,
     InvalidInput,
     Misconfigured,
     NeedsApproval,
@@ -313,7 +316,9 @@ def test_prose_and_secret_safe_details_are_dropped() -> None:
 
 
 def test_prose_field_and_rule_fall_back_to_neutral_names() -> None:
-    env = envelope(InvalidInput(field=INJECTION, rule="Bearer abcdefghijklmnopqrstu"))
+    with pytest.warns(BadIdentifier):
+        exc = InvalidInput(field=INJECTION, rule="Bearer abcdefghijklmnopqrstu")
+    env = envelope(exc)
     assert [(fe.field, fe.rule) for fe in env.field_errors or []] == [("input", "invalid")]
     assert env.safe_details == {"field": "input", "rule": "invalid"}
 
@@ -370,3 +375,58 @@ def test_every_row_survives_the_wire_unchanged(
     )
     assert (wire["retry"]["directive"], wire["next_action"]) == (directive.value, next_action.value)
     assert parse_envelope(text) == env
+
+
+@pytest.mark.parametrize(
+    ("field", "rule", "shown"),
+    [
+        ("amount", "must_be_positive", ("amount", "must_be_positive")),
+        ("items[0].sku", "max_length", ("items[0].sku", "max_length")),
+        ("amount", "must be > 0", ("amount", "invalid")),
+        ("amount", "", ("amount", "invalid")),
+        ("the amount", "positive", ("input", "positive")),
+        ("amount", "x" * 65, ("amount", "invalid")),
+        ("token", "sk-live-abcdefghijklmnopqrstuvwx", ("token", "invalid")),
+    ],
+)
+def test_a_rule_must_be_an_identifier_and_a_bad_one_is_said_where_it_is_raised(
+    field: str, rule: str, shown: tuple[str, str]
+) -> None:
+    bad = shown != (field, rule)
+    if bad:
+        # Under filterwarnings = error (as here) the raise itself fails, with the reason
+        with pytest.raises(BadIdentifier, match=r"not an identifier.*must_be_positive"):
+            InvalidInput(field=field, rule=rule)
+        with pytest.warns(BadIdentifier):
+            exc = InvalidInput(field=field, rule=rule)
+    else:
+        exc = InvalidInput(field=field, rule=rule)
+    # In production the call goes on: the envelope carries the placeholder
+    env = envelope(exc)
+    assert [(fe.field, fe.rule) for fe in env.field_errors or []] == [shown]
+
+
+@pytest.mark.parametrize(
+    ("fields", "text"),
+    [
+        ([], "INVALID_ARGUMENTS: bad arguments"),
+        ([("amount", "greater_than")], "INVALID_ARGUMENTS: bad arguments (amount: greater_than)"),
+        (
+            [("amount", "greater_than"), ("currency", "missing")],
+            "INVALID_ARGUMENTS: bad arguments (amount: greater_than; currency: missing)",
+        ),
+        (
+            [(f"f{i}", "missing") for i in range(7)],
+            "INVALID_ARGUMENTS: bad arguments (f0: missing; f1: missing; f2: missing; "
+            "f3: missing; f4: missing; 2 more)",
+        ),
+    ],
+)
+def test_str_of_invalid_arguments_names_its_fields_as_the_cli_does(
+    fields: list[tuple[str, str]], text: str
+) -> None:
+    exc = InvalidArguments(
+        "bad arguments", field_errors=[FieldError(field=f, rule=r) for f, r in fields]
+    )
+    assert str(exc) == text
+    assert exc.message == "bad arguments"  # what the CLI and the API build on, unchanged

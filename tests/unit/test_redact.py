@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from toolq.core.envelope import AnyEnvelope, to_json
 from toolq.core.errors import (
+    BadIdentifier,
     Conflict,
     InvalidInput,
     NotFound,
@@ -173,6 +175,15 @@ SECRETS = st.one_of(
 )
 
 Build = Callable[[str], BaseException]
+
+
+def _said_bad(build: Callable[[], BaseException]) -> BaseException:
+    """An InvalidInput built from prose: said where it is raised (BadIdentifier)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BadIdentifier)
+        return build()
+
+
 # Every place a tool or an upstream can put text.
 CARRIERS: list[Build] = [
     lambda s: RuntimeError(s),
@@ -180,7 +191,7 @@ CARRIERS: list[Build] = [
     lambda s: NotFound(code=s),
     lambda s: Conflict(current_state_ref=s),
     lambda s: Conflict(reason=s, resource_version=s, state=s, tool=s),
-    lambda s: InvalidInput(field=s, rule=s),
+    lambda s: _said_bad(lambda: InvalidInput(field=s, rule=s)),
     lambda s: RateLimited(s, retry_after=1, reason=s),
     lambda s: OutcomeUnknown(s, reason=s),
 ]

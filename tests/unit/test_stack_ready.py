@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from toolq.edges.cli.common import CliError
-from toolq.edges.cli.stack import _port
+from toolq.edges.cli.stack import _ports
 from toolq.edges.stack import Stack, StackConfig, deployment_id, free_port, node_name
 
 
@@ -54,7 +54,7 @@ def test_the_port_check_accepts_a_port_left_in_time_wait() -> None:
     port = _time_wait_port()
     with socket.socket() as plain, pytest.raises(OSError):  # what the check did before
         plain.bind(("127.0.0.1", port))
-    assert _port(port, "api") == port
+    assert _ports({"api": (port, "127.0.0.1")}) == {"api": port}
 
 
 def test_the_port_check_refuses_a_port_listened_on() -> None:
@@ -63,8 +63,8 @@ def test_the_port_check_refuses_a_port_listened_on() -> None:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        with pytest.raises(CliError, match=f"port {port} for api is in use"):
-            _port(port, "api")
+        with pytest.raises(CliError, match=f"port {port} for api on 127.0.0.1 is in use"):
+            _ports({"api": (port, "127.0.0.1")})
 
 
 def test_worker_node_names_are_unique_per_deployment() -> None:
@@ -83,3 +83,21 @@ def test_worker_node_names_are_unique_per_deployment() -> None:
     assert not set(names[0]) & set(names[1])
     assert node_name("calls-2", "4242") == "calls-2.4242@%h"
     assert deployment_id().startswith(f"{os.getpid()}-")  # not this process's first stack
+
+
+def test_every_port_in_use_is_named_in_one_refusal_and_free_ones_are_picked() -> None:
+    with socket.socket() as a, socket.socket() as b:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        one, two = a.getsockname()[1], b.getsockname()[1]
+        with pytest.raises(CliError) as refused:
+            _ports({"metrics": (one, "127.0.0.1"), "api": (two, "127.0.0.1")})
+    lines = refused.value.message.splitlines()
+    assert lines[0] == "2 ports are in use:"
+    assert [ln.split(" is in use")[0] for ln in lines[1:]] == [
+        f"port {one} for metrics on 127.0.0.1",
+        f"port {two} for api on 127.0.0.1",
+    ]
+    chosen = _ports({"metrics": (0, "127.0.0.1"), "api": (None, "127.0.0.1")})
+    assert chosen["api"] is None and isinstance(chosen["metrics"], int) and chosen["metrics"] > 0

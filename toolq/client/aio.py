@@ -43,7 +43,7 @@ import contextlib
 import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
@@ -59,7 +59,7 @@ from toolq.client.loops import Loops
 from toolq.client.loops import Turns as Turns
 from toolq.core import errors
 from toolq.core.envelope import ToolError, ToolSuccess
-from toolq.core.record import HistoryEntry, OperationPage, OperationRecord
+from toolq.core.record import HistoryEntry, OperationPage, OperationRecord, load_envelope
 from toolq.core.states import SETTLED, State
 from toolq.decisions import operations
 from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
@@ -70,6 +70,42 @@ OnProgress = Callable[[Progress], Awaitable[None] | None]
 
 #: What a read that fails while the server is away raises: a wait keeps waiting.
 _AWAY: tuple[type[Exception], ...] = (*UNREACHABLE, OSError)
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEvent:
+    """What :meth:`AsyncToolQueue.watch` yields: one state entered, or one progress report.
+
+    ``kind="state"``: ``state``, ``rev``, ``seq`` (the 1-based index of its history
+    entry) and ``envelope``, the envelope that transition wrote as the model
+    (``ToolSuccess``/``ToolError``; None when it wrote none). ``kind="progress"``:
+    ``progress`` only. ``envelope_json`` is the envelope as the ledger stored it
+    ("" when none), what ``envelope`` held in earlier releases; ``load_envelope``
+    accepts either.
+    """
+
+    kind: Literal["state", "progress"]
+    state: State | None = None
+    rev: int = 0
+    progress: Progress | None = None
+    envelope: ToolSuccess | ToolError | None = None
+    seq: int = 0
+    ref: str = ""
+    envelope_json: str = ""
+
+    @classmethod
+    def of(cls, ev: Event) -> WatchEvent:
+        """The notice as a watcher sees it: its envelope parsed, once, here."""
+        return cls(
+            kind=ev.kind,
+            state=ev.state,
+            rev=ev.rev,
+            progress=ev.progress,
+            envelope=load_envelope(ev.envelope) if ev.envelope else None,
+            seq=ev.seq,
+            ref=ev.ref,
+            envelope_json=ev.envelope,
+        )
 
 
 class AsyncToolQueue:
@@ -254,10 +290,11 @@ class AsyncToolQueue:
         except _AWAY:
             return seen
 
-    async def watch(self, ref: str) -> AsyncIterator[Event]:
+    async def watch(self, ref: str) -> AsyncIterator[WatchEvent]:
         """Every notice for ``ref``: first the state it is in now, then each state it
         enters (``seq`` numbers its history entry) and each progress report; ends
         after a settled state. ``OperationNotFound`` if there is no such operation.
+        Each is a :class:`WatchEvent`: its ``envelope`` is the model (or None).
 
         Use ``contextlib.aclosing`` to stop watching before it ends.
         """
@@ -268,7 +305,7 @@ class AsyncToolQueue:
         try:
             with translated(lambda: self.app.redis_url, self._on_cluster):
                 last = await self._now(b, ref)
-            yield last
+            yield WatchEvent.of(last)
             while last.state not in SETTLED:
                 heard = await w.wait(FALLBACK_READ_S)
                 events, reread = w.take()
@@ -276,16 +313,16 @@ class AsyncToolQueue:
                     if last.state in SETTLED:
                         break
                     if ev.kind == "progress":
-                        yield ev
+                        yield WatchEvent.of(ev)
                     elif ev.rev > last.rev:
                         last = ev
-                        yield ev
+                        yield WatchEvent.of(ev)
                 if (reread or not heard) and last.state not in SETTLED:
                     with contextlib.suppress(*_AWAY):
                         now = await self._now(b, ref)
                         if now.rev > last.rev:
                             last = now
-                            yield now
+                            yield WatchEvent.of(now)
         finally:
             b.notifier.unwatch(ref, w)
 

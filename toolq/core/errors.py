@@ -28,6 +28,9 @@ One root, two branches::
             └── NotDurable                   may have happened: the same call again (same
                                              operation_ref) is safe
 
+``BadIdentifier`` (a ``UserWarning``, not in the tree) is said where an ``InvalidInput``
+is raised with a ``field`` or ``rule`` that is not an identifier.
+
 A tool raises the ``ToolFailure`` that says what it knows; anything else it
 raises is unexpected and is classified by whether the tool writes: an
 unexpected failure in a write may have happened after the request left, so its
@@ -45,6 +48,7 @@ not UPPER_SNAKE becomes ``UPSTREAM_ERROR``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -121,7 +125,28 @@ class InvalidInput(ToolFailure):
     ) -> None:
         self.field = field
         self.rule = rule
+        for what, value, instead in (("field", field, "input"), ("rule", rule, "invalid")):
+            if not scrub_identifier(value):
+                warnings.warn(BadIdentifier(what, value, instead), stacklevel=2)
         super().__init__(message, code=code, field=field, rule=rule, **extra)
+
+
+class BadIdentifier(UserWarning):
+    """An ``InvalidInput`` whose ``field`` or ``rule`` is not an identifier, said where it
+    is raised. The envelope carries the placeholder instead (``"input"``, ``"invalid"``):
+    a rule reaches agents and people, so only a short identifier of letters, digits and
+    ``_ . : / [ ] -`` that looks like no secret passes (``must_be_positive``,
+    ``max_length``, not ``"must be > 0"``). Under pytest's ``filterwarnings = error``
+    (toolq's, and most projects') the raise fails the test with this message; in
+    production it is a warning and the call goes on, redacted."""
+
+    def __init__(self, what: str, value: str, instead: str) -> None:
+        shown = scrub(str(value))[:80]
+        super().__init__(
+            f"InvalidInput({what}={shown!r}): not an identifier (letters, digits and "
+            f"_ . : / [ ] -, at most 64, nothing secret-looking); the envelope will say "
+            f"{what}={instead!r}. Name it like 'must_be_positive'."
+        )
 
 
 class NeedsApproval(ToolFailure):
@@ -231,6 +256,20 @@ class InvalidArguments(RequestRefused):
     ) -> None:
         self.field_errors = field_errors or []
         super().__init__(message, **details)
+
+    def __str__(self) -> str:
+        """The code, the message and the fields at fault, as the CLI shows them:
+        ``INVALID_ARGUMENTS: ... (amount: greater_than; currency: missing)``."""
+        return f"{self.code}: {self.message}" + field_list(self.field_errors)
+
+
+def field_list(fields: list[FieldError], limit: int = 5) -> str:
+    """`` (field: rule; ...)`` for the first ``limit`` field errors, or ``""``."""
+    if not fields:
+        return ""
+    shown = "; ".join(f"{fe.field}: {fe.rule}" for fe in fields[:limit])
+    more = f"; {len(fields) - limit} more" if len(fields) > limit else ""
+    return f" ({shown}{more})"
 
 
 class IdempotencyKeyReused(RequestRefused):

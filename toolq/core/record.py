@@ -16,9 +16,12 @@ def ms_to_dt(ms: int | float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def load_envelope(raw: str | bytes) -> ToolSuccess | ToolError:
+def load_envelope(raw: str | bytes | ToolSuccess | ToolError) -> ToolSuccess | ToolError:
     """Parse an envelope the ledger stored: it was checked against its tool's
-    allowlist when it was written, so its own ``safe_details`` keys are allowed."""
+    allowlist when it was written, so its own ``safe_details`` keys are allowed.
+    An envelope already parsed (``tq.aio.watch``'s ``event.envelope``) is returned as is."""
+    if isinstance(raw, ToolSuccess | ToolError):
+        return raw
     data = json.loads(raw)
     keys = frozenset((data.get("safe_details") or {}).keys())
     return parse_envelope(data, safe_detail_keys=keys)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from toolq.adapters import liveness
 from toolq.client.queue import ToolQueue
 from toolq.core.record import OperationRecord
 from toolq.core.states import PENDING_RECOVERY, TERMINAL, State
@@ -354,6 +355,28 @@ def build_report(
 # --------------------------------------------------------------------------- running it
 
 
+def wait_for_beats(
+    tq: ToolQueue, stack: Stack, queues: tuple[str, ...], timeout: float = 60.0
+) -> None:
+    """Wait until the workers the demo started beat on ``queues`` and its scheduler
+    beats, so the first submits do not warn about processes still starting (a
+    submit's "no live worker" warning is for a stack nobody started). Gives up
+    after ``timeout`` or when a child exited: the warnings then say what is true."""
+    keys = tq.ledger.keys
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stack.exited():
+        pipe = tq.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.workers)
+        pipe.hvals(keys.schedulers)
+        workers, schedulers = pipe.execute()
+        beats = liveness.worker_beats(workers)
+        now_ms = int(time.time() * 1000)
+        scheds = [int(float(v)) for v in schedulers]
+        if not any(liveness.assess(q, beats.get(q), scheds, now_ms) for q in queues):
+            return
+        time.sleep(0.1)
+
+
 def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
     """Start everything, run the workload, stop everything; returns the report."""
     from toolq.examples import invoices
@@ -389,6 +412,8 @@ def run_demo(opts: DemoOptions, err: TextIO = sys.stderr) -> dict[str, Any]:
         recovery = tq.settings.recovery.model_copy(update={"unclaimed_after": 5.0})
         tq.app.settings = tq.settings.model_copy(update={"recovery": recovery})
         agent = Agent(tq, stack, provider, opts, err)
+        agent.say("starting the scheduler and workers…")
+        wait_for_beats(tq, stack, (tq.settings.queues.calls, tq.settings.queues.verify))
         agent.say(
             f"stack up: valkey {stack.redis_url}, scheduler, {opts.calls_workers} calls "
             f"workers, 1 verify worker; provider {provider.url}"

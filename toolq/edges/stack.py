@@ -238,7 +238,17 @@ class Stack:
                 Child(
                     "api",
                     "api",
-                    ["api", "--app", cfg.app, "--host", cfg.api_host, "--port", str(cfg.api_port)],
+                    [
+                        "api",
+                        "--app",
+                        cfg.app,
+                        "--host",
+                        cfg.api_host,
+                        "--port",
+                        str(cfg.api_port),
+                        "--loglevel",
+                        cfg.loglevel,
+                    ],
                 )
             )
         return plan

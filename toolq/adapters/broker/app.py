@@ -20,7 +20,12 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from toolq.adapters.broker.messages import RUN_TASK, VERIFY_TASK, quiet_requeues
+from toolq.adapters.broker.messages import (
+    RUN_TASK,
+    VERIFY_TASK,
+    quiet_eta_warnings,
+    quiet_requeues,
+)
 from toolq.adapters.broker.transport import SENTINEL_TRANSPORT, TRANSPORT
 from toolq.core.settings import SENTINEL_SCHEME, ToolqSettings
 from toolq.process.logs import redact_worker_logs
@@ -154,6 +159,7 @@ def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = 
     # A worker started as plain `celery -A module worker` redacts its logs too.
     redact_worker_logs()
     quiet_requeues()
+    quiet_eta_warnings()
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_config(settings, url))
     return app

@@ -169,6 +169,29 @@ def quiet_requeues() -> None:
         trace.addFilter(_requeue_line)
 
 
+class _NoEtaWarning(logging.Filter):
+    """Drops kombu's "ETA tasks published to this exchange will block the worker" (one
+    per queue, every worker start on RabbitMQ): Celery sets up native delayed delivery
+    for quorum queues and warns that toolq's direct exchanges cannot have it, but toolq
+    never publishes with an ETA or countdown (a delay waits in the ledger's due set, the
+    scheduler publishes when it is due), so nothing it could block exists."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "ETA tasks published to this exchange" not in record.getMessage()
+
+
+_no_eta_warning = _NoEtaWarning()
+#: kombu's logger for native delayed delivery (kombu.utils.log.get_logger(__name__)).
+DELAYED_DELIVERY_LOGGER = "kombu.transport.native_delayed_delivery"
+
+
+def quiet_eta_warnings() -> None:
+    """Without kombu's ETA warning (:class:`_NoEtaWarning`). Idempotent."""
+    delayed = logging.getLogger(DELAYED_DELIVERY_LOGGER)
+    if _no_eta_warning not in delayed.filters:
+        delayed.addFilter(_no_eta_warning)
+
+
 class Outcome(str):
     """What a task body did (a state, or ``duplicate``, ``stale``, ...), with the
     code of the transition it recorded. Equal to the plain string."""

@@ -3,6 +3,7 @@
 Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
 
     POST /v1/tools/{name}:invoke          202 + Location: /v1/operations/{ref}   scope invoke
+                                          ?wait=SECONDS: 200 if it settled by then
     GET  /v1/operations/{ref}             ?wait=SECONDS long-polls               scope read
     GET  /v1/operations/{ref}/events      Server-Sent Events until it settles    scope read
     POST /v1/operations/{ref}:approve     awaiting_approval -> queued            scope approve

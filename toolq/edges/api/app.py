@@ -15,6 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from toolq.core import errors
 from toolq.core.record import OperationPage
+from toolq.core.states import SETTLED
 from toolq.edges.api.auth import ApiSettings, Tokens, actor_of, check_bind
 from toolq.edges.api.console import install_console
 from toolq.edges.api.docs import install_docs
@@ -129,9 +130,18 @@ def create_app(
         args: Arguments,
         idempotency_key: IdempotencyKey,
         call_id: CallId = None,
+        wait: Wait = 0,
     ) -> JSONResponse:
-        """Submit a tool call; follow it at ``Location``."""
+        """Submit a tool call; follow it at ``Location``. With ``wait``, wait up to that
+        long (bounded as ``GET``'s) for it to settle: 200 with its envelope if it did, else
+        202 as without. A repeat (the same Idempotency-Key) waits the same way."""
         sub = await tq.aio.submit(name, args, operation_ref=idempotency_key, call_id=call_id)
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await tq.aio.wait(sub.operation_ref, timeout=wait)
+            rec = await tq.aio.get(sub.operation_ref)
+            if rec is not None and rec.state in SETTLED:
+                return view_response(rec, 200, poll, sub.created)
         return await view(sub.operation_ref, 202, sub.created)
 
     # Before the operation route, whose ``{ref:path}`` would take ``.../events`` too.

@@ -180,6 +180,39 @@ def open_app(
             ) from None
 
 
+def open_ledger(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any]:
+    """The ledger's settings-chosen topology and a plain client on its server, without
+    importing the app (nor Celery): what the read-only commands that need no tool
+    (``toolq status``, ``toolq show``) answer with in well under a second. The settings
+    come from TOOLQ_* and the mode a ``toolq up`` recorded in ``state_dir``; a ledger
+    on another number of cells is refused (every read would answer "nothing")."""
+    from toolq.core.settings import ToolqSettings
+    from toolq.topology import topology_for
+
+    settings = ToolqSettings()
+    url = resolve_url(redis_url, state_dir)
+    if url is None:
+        raise CliError(
+            "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
+            "directory"
+        )
+    if not redis_url:  # the server `toolq up` recorded: its mode too
+        settings = recorded_settings(settings, state_dir, publishes=False)
+    topology = topology_for(settings)
+    client = topology.make_redis(url, {"socket_connect_timeout": 5, "socket_timeout": 30})
+    try:
+        recorded = client.hget(topology.layout.root.meta, "cells")
+    except FAILED as exc:
+        line = unreachable_line(url, exc, cluster=isinstance(exc, CLUSTER_AWAY))
+        raise CliError(
+            line or f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}"
+        ) from None
+    why = topology.layout.conflict(recorded)
+    if why is not None:
+        raise CliError(why)
+    return topology, client
+
+
 def recorded_settings(settings: Any, state_dir: Path | None, *, publishes: bool) -> Any:
     """``settings`` with the mode the ``toolq up`` in ``state_dir`` recorded; one line
     where they disagree (:func:`toolq.adapters.stack_state.with_mode`)."""

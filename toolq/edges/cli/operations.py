@@ -21,6 +21,7 @@ from toolq.edges.cli.common import (
     echo_json,
     handle_errors,
     open_app,
+    open_ledger,
     parse_json_args,
     redis_option,
     state_dir_option,
@@ -28,6 +29,7 @@ from toolq.edges.cli.common import (
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
+    from toolq.core.record import OperationRecord
 
 
 def _common(f: Any) -> Any:
@@ -129,7 +131,14 @@ def submit(
 def show(
     ref: str, as_json: bool, app_path: str | None, redis_url: str | None, state_dir: Path
 ) -> None:
-    """Show an operation: its state and the timeline of its transitions."""
+    """Show an operation: its state and the timeline of its transitions.
+
+    Without --json and --app (or TOOLQ_APP) the app is not imported: the record is read
+    on a plain client (no tool is needed to show it). --json shows the arguments, and
+    loads the app for the tool's input schema (a secret field is shown redacted)."""
+    if not as_json and app_path is None:
+        _show_text(_read_light(ref, redis_url, state_dir))
+        return
     tq = open_app(app_path, redis_url, state_dir, publishes=False)
     rec = tq.get(ref)
     if rec is None:
@@ -142,6 +151,24 @@ def show(
         shown.update(why.explain(rec, int(time.time() * 1000)))
         echo_json(shown)
         return
+    _show_text(rec)
+
+
+def _read_light(ref: str, redis_url: str | None, state_dir: Path) -> OperationRecord:
+    """The record of ``ref`` read without the app (:func:`open_ledger`)."""
+    from toolq.adapters.ledger.replies import record_of
+
+    topology, client = open_ledger(redis_url, state_dir)
+    try:
+        rec = record_of(client.hgetall(topology.layout.keys_of(ref).op(ref)))
+    finally:
+        client.close()
+    if rec is None:
+        raise OperationNotFound(f"no operation {ref[:80]!r}")
+    return rec
+
+
+def _show_text(rec: OperationRecord) -> None:
     click.echo(
         f"{rec.operation_ref}  {rec.tool}  {rec.state}  attempt {rec.attempt}/{rec.max_attempts}"
     )

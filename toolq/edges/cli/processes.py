@@ -69,7 +69,14 @@ def _metrics(port: int | None, tq: Any, role: str) -> None:
     "throughput, and toolq's own status and metrics do not need them "
     "(env TOOLQ_WORKER__TASK_EVENTS=1 does the same).",
 )
-@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option(
+    "--loglevel",
+    "-l",
+    default="WARNING",
+    show_default=True,
+    help="As Celery's worker: WARNING says what goes wrong; INFO adds the banner and a "
+    "line per task; DEBUG also each task received.",
+)
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),

@@ -27,18 +27,23 @@ from toolq.edges.cli.demo import demo
 from toolq.edges.cli.foreground import Interrupts, Supervisor
 
 
-def _port(value: int | None, what: str, host: str = "127.0.0.1") -> int | None:
-    """0 picks a free port; None stays off; a port in use is refused now, in one line."""
+def _ports(wanted: dict[str, tuple[int | None, str]]) -> dict[str, int | None]:
+    """The ports ``toolq up`` serves on, by name (``metrics``, ``api``) from (port, host):
+    0 picks a free port, None stays off. Every port in use is refused now, all of them in
+    one message, before anything starts (not the first, then the next on the next run)."""
     from toolq.edges.stack import free_port
 
-    if value == 0:
-        return free_port()
-    if value is not None and not _bindable(host, value):
-        raise CliError(
-            f"port {value} for {what} is in use: pass --{what}-port 0 (any free port) "
-            "or another port"
-        )
-    return value
+    taken = [
+        f"port {port} for {what} on {host} is in use: pass --{what}-port 0 (any free port) "
+        "or another port"
+        for what, (port, host) in wanted.items()
+        if port and not _bindable(host, port)
+    ]
+    if len(taken) == 1:
+        raise CliError(taken[0])
+    if taken:
+        raise CliError("\n".join([f"{len(taken)} ports are in use:", *taken]))
+    return {what: free_port() if port == 0 else port for what, (port, host) in wanted.items()}
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -189,18 +194,19 @@ def up(
     if example_provider is None:
         example_provider = app == DEFAULT_APP and not os.environ.get("TOOLQ_EXAMPLE_PROVIDER_URL")
     notes: list[str] = []
-    metrics: int | None = None
+    wanted: dict[str, tuple[int | None, str]] = {}
     if not no_metrics:
         if importlib.util.find_spec("toolq.edges.metrics") is None:
             notes.append("metrics    skipped: toolq.edges.metrics is not available")
         else:
-            metrics = _port(metrics_port, "metrics")
-    api_port_used: int | None = None
+            wanted["metrics"] = (metrics_port, "127.0.0.1")
     if api:
         if _api_available():
-            api_port_used = _port(api_port, "api", api_host)
+            wanted["api"] = (api_port, api_host)
         else:
             notes.append("api        skipped: `toolq api` is not available in this install")
+    ports = _ports(wanted)
+    metrics, api_port_used = ports.get("metrics"), ports.get("api")
     config = StackConfig(
         app=app,
         redis_url=redis_url,

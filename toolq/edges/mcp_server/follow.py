@@ -19,7 +19,6 @@ import anyio
 from mcp.server import ServerRequestContext
 
 from toolq.core.envelope import AnyEnvelope
-from toolq.core.record import load_envelope
 from toolq.core.states import SETTLED, State
 from toolq.edges.mcp_server.taskview import describe, progress_text
 
@@ -67,8 +66,7 @@ class Reporter:
                 if ev.progress is not None:
                     await self.say(progress_text(ev.progress.fraction, ev.progress.message))
                 elif ev.state is not None:
-                    raw = ev.envelope
-                    await self.entered(ev.state, load_envelope(raw) if raw else None)
+                    await self.entered(ev.state, ev.envelope)
         finally:
             # Unwatch now, not when the generator is collected; shielded, since this
             # runs when the request's wait is over and the relay is being cancelled.

@@ -14,6 +14,18 @@ from toolq.core.tools import Registry
 
 log = logging.getLogger("toolq.worker")
 
+#: ``toolq worker``'s default, as Celery's own worker: a line per task is for ``-l info``.
+DEFAULT_LOGLEVEL = "WARNING"
+
+
+def level_of(loglevel: str) -> int:
+    """A ``--loglevel`` as a number (a name in any case, or a number); unknown: INFO."""
+    text = str(loglevel).strip()
+    if text.isdigit():
+        return int(text)
+    found = logging.getLevelName(text.upper())
+    return found if isinstance(found, int) else logging.INFO
+
 
 def worker_argv(
     q: QueueSettings,
@@ -22,11 +34,15 @@ def worker_argv(
     concurrency: int | None = None,
     pool: str | None = None,
     autoscale: str | None = None,
-    loglevel: str = "INFO",
+    loglevel: str = DEFAULT_LOGLEVEL,
     hostname: str | None = None,
     events: bool = False,
 ) -> list[str]:
+    """Celery's argv for a toolq worker. Above INFO it is ``--quiet``: no banner (Celery
+    prints its banner whatever the level; ``-l info`` shows it)."""
+    quiet = ["--quiet"] if level_of(loglevel) > logging.INFO else []
     argv = [
+        *quiet,
         "worker",
         "-Q",
         queues or f"{q.calls},{q.verify}",
@@ -67,4 +83,13 @@ def run_worker(celery: Celery, registry: Registry, q: QueueSettings, **options: 
             with contextlib.suppress(redis.RedisError):
                 app.ledger.durable.current()
 
+    quiet_task_received(level_of(options.get("loglevel", DEFAULT_LOGLEVEL)))
     celery.worker_main(worker_argv(q, **options))
+
+
+def quiet_task_received(level: int) -> None:
+    """One line per task at INFO (Celery's "succeeded in"), not two: Celery's "Task …
+    received" line only at DEBUG. The strategy reads its logger's level once, when the
+    consumer starts, so the quieter level also skips building the line."""
+    if level > logging.DEBUG:
+        logging.getLogger("celery.worker.strategy").setLevel(logging.WARNING)
