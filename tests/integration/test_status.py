@@ -6,6 +6,7 @@ import json
 import sys
 import types
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
@@ -193,10 +194,16 @@ def test_workers_come_from_their_heartbeats_by_default(tq: ToolQueue, clock: Clo
     assert (workers["source"], workers["live"], workers["names"]) == ("heartbeats", 1, ["celery@a"])
     assert [(w["node"], w["alive"], w["age_s"]) for w in workers["nodes"]] == [
         ("celery@a", True, 2.0),
-        ("celery@b", False, 60.0),
+    ]
+    assert [(w["node"], w["age_s"], w["gone_since"]) for w in workers["gone"]] == [
+        (
+            "celery@b",
+            60.0,
+            datetime.fromtimestamp(now / 1000 - 60, UTC).isoformat("T", "milliseconds"),
+        ),
     ]
     shown = cli_monitor.render_status(status_snapshot(tq))
-    assert "workers     live 1  (celery@a)  silent 1 (the latest beat 1m00s ago)" in shown
+    assert "workers     live 1  (celery@a)  gone 1 (the latest beat 1m00s ago)" in shown
 
 
 def test_status_without_an_app_reads_the_ledger_with_the_env_settings(

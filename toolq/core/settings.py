@@ -163,6 +163,10 @@ class WorkerSettings(BaseModel):
     #: this many messages wait behind busy slots. Unset: one per eight slots, none
     #: below eight (prefork -c 2: 0, threads -c 16: 2). 0: none, as before.
     reserve: int | None = Field(default=None, ge=0, le=1024)
+    #: A worker whose last heartbeat (every 5 s) is older than this is not live:
+    #: ``toolq status``, the API and the console list it as gone, not beside the live
+    #: ones (three beats missed by default; tests choose a shorter one).
+    alive_s: float = Field(default=15.0, ge=1.0, le=3600)
 
 
 class ClientSettings(BaseModel):

@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 from toolq.adapters.ledger.list_page import (
     LIST,
     empty_page,
+    index_args,
     list_keys,
     merge_cells,
     page_of,
@@ -46,6 +47,7 @@ from toolq.adapters.ledger.list_query import (
     decode_cursor,
     encode_cursor,
     parse_query,
+    read_cursor,
 )
 from toolq.core.keys import Keys
 from toolq.core.record import OperationPage
@@ -68,6 +70,7 @@ __all__ = [
     "merge_cells",
     "page_of",
     "parse_query",
+    "read_cursor",
     "read_page",
     "read_page_cells",
 ]
@@ -80,21 +83,22 @@ CODE_BUDGET = 1_000
 CHUNK = 1_000
 
 
-def _args(q: ListQuery) -> list[str | int]:
+def _args(q: ListQuery, tools: list[str]) -> list[str | int]:
     after = q.after
     return [
-        int(q.newest_first),
+        int(q.walk_newest),
         "" if after is None else after.score,
         "" if after is None else after.ref,
         "" if q.max_score is None else q.max_score,
         q.limit,
         SCAN_BUDGET,
         CODE_BUDGET if q.code is not None else SCAN_BUDGET,
-        CHUNK if q.filtered else q.limit + 1,
+        CHUNK if q.filtered else q.limit + 2,
         q.ref_contains or "",
         q.code or "",
-        q.state.value,
         int(not q.filtered),
+        q.search or "",
+        *index_args(tools, q),
     ]
 
 
@@ -107,7 +111,7 @@ def read_page(client: redis.Redis, q: ListQuery, keys: Keys) -> OperationPage:
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    return page_of(script(keys=list_keys(keys, tools, q), args=_args(q)), q)
+    return page_of(script(keys=list_keys(keys, tools, q), args=_args(q, tools)), q)
 
 
 def read_page_cells(client: redis.Redis, q: ListQuery, cells: list[Keys]) -> OperationPage:
@@ -122,7 +126,9 @@ def read_page_cells(client: redis.Redis, q: ListQuery, cells: list[Keys]) -> Ope
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    return merge_cells([script(keys=list_keys(keys, tools, q), args=_args(q)) for keys in cells], q)
+    return merge_cells(
+        [script(keys=list_keys(keys, tools, q), args=_args(q, tools)) for keys in cells], q
+    )
 
 
 async def aread_page_cells(
@@ -139,7 +145,7 @@ async def aread_page_cells(
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    raws = [await script(keys=list_keys(keys, tools, q), args=_args(q)) for keys in cells]
+    raws = [await script(keys=list_keys(keys, tools, q), args=_args(q, tools)) for keys in cells]
     return merge_cells(raws, q)
 
 
@@ -149,4 +155,4 @@ async def aread_page(client: aioredis.Redis, q: ListQuery, keys: Keys) -> Operat
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    return page_of(await script(keys=list_keys(keys, tools, q), args=_args(q)), q)
+    return page_of(await script(keys=list_keys(keys, tools, q), args=_args(q, tools)), q)

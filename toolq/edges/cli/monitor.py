@@ -403,10 +403,10 @@ def _workers(w: dict[str, Any]) -> str:
     names = ", ".join(w.get("names", [])[:5])
     more = "" if len(w.get("names", [])) <= 5 else ", ..."
     text = f"live {w['live']}" + (f"  ({names}{more})" if names else "")
-    silent = [n for n in w.get("nodes", ()) if not n["alive"]]
-    if silent:  # stopped beating without saying goodbye (killed, or cut off)
-        latest = min(n["age_s"] for n in silent)
-        text += f"  silent {len(silent)} (the latest beat {_age(latest)} ago)"
+    gone = w.get("gone") or [n for n in w.get("nodes", ()) if not n["alive"]]
+    if gone:  # stopped beating without saying goodbye (killed, or cut off)
+        latest = min(n["age_s"] for n in gone)
+        text += f"  gone {len(gone)} (the latest beat {_age(latest)} ago)"
     return text
 
 

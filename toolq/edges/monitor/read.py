@@ -130,6 +130,8 @@ class Sources:
     #: The ledger's cells (None: the single tag of :attr:`keys`); :attr:`keys` names
     #: the deployment-wide keys.
     layout: Layout | None = None
+    #: A worker beat older than this (ms) is not live (``worker.alive_s``).
+    alive_ms: int = ALIVE_MS
 
     @property
     def cell_keys(self) -> list[Keys]:
@@ -148,6 +150,7 @@ def settings_sources(settings: ToolqSettings) -> Sources:
         (q.calls, q.verify),
         backlog=backlogs[type(topology.publish)](),
         layout=topology.layout,
+        alive_ms=int(settings.worker.alive_s * 1000),
     )
 
 
@@ -197,7 +200,7 @@ def read_status(
     if probe is not None:
         snap["workers"] = probe.result()
     elif beats:
-        snap["workers"] = shape_workers(common["nodes"], now_ms)
+        snap["workers"] = shape_workers(common["nodes"], now_ms, sources.alive_ms)
     else:
         snap["workers"] = {"checked": False}
     snap["waiting"] = waiting(snap, now_ms)
@@ -229,6 +232,7 @@ def shape_read(
         schedulers=common["schedulers"],
         worker_beats=common["worker_beats"],
         outbox=common["outbox"],
+        alive_ms=sources.alive_ms,
     )
 
 
