@@ -168,6 +168,7 @@ class Ledger:
         return lists.read_page(self.r, q, KEYS)
 
     def walk(self, **kwargs: Any) -> tuple[list[str], list[OperationPage]]:
+        """Every page, following ``next_cursor``."""
         refs: list[str] = []
         pages: list[OperationPage] = []
         cursor = None
@@ -300,7 +301,8 @@ def test_a_code_filter_stops_at_its_budget(monkeypatch: pytest.MonkeyPatch) -> N
 
     first = led.page(code="UNAVAILABLE")
 
-    assert first.items == [] and first.partial and first.scanned <= 150
+    assert first.items == [] and first.partial and first.scanned < 400
+    assert decode_cursor(first.next_cursor) == (Position(149, "r/149"), False)  # 150 read
     refs, pages = led.walk(code="UNAVAILABLE")
     assert refs == ["r/399"] and len(pages) == 3
 
@@ -369,6 +371,49 @@ def test_paging_visits_every_entry_once_in_order(
 
     assert refs == [ref for _, ref in expected]
     assert all(len(p.items) <= limit for p in pages)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(st.integers(0, 6), st.sampled_from(["queued", "failed", "escalated"])),
+        max_size=40,
+    ),
+    tools=st.integers(1, 3),
+    limit=st.integers(1, 7),
+    newest=st.booleans(),
+    budget=st.integers(1, 30),
+    chunk=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+)
+def test_a_search_in_every_state_visits_every_match_once_in_order_whatever_the_budget(
+    entries: list[tuple[int, str]],
+    tools: int,
+    limit: int,
+    newest: bool,
+    budget: int,
+    chunk: int,
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    led = Ledger()
+    expected = []
+    for i, (score, state) in enumerate(entries):
+        ref = f"{rng.choice(['hit', 'miss'])}{rng.randrange(10**6)}-{i}"
+        tool = f"t{rng.randrange(tools)}"
+        led.add(ref, score, tool=tool, state=state)
+        if "hit" in ref:
+            expected.append((score, ref))
+    expected.sort(reverse=newest)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lists, "SCAN_BUDGET", budget)
+        mp.setattr(lists, "CHUNK", chunk)
+        refs, pages = led.walk(state=None, search="hit", limit=limit, newest_first=newest)
+
+    assert refs == [ref for _, ref in expected]
+    assert all(len(p.items) <= limit for p in pages)
+    if budget > len(entries):  # the walk never stopped short: no page is an empty last one
+        assert all(p.items for p in pages[1:]) and not any(p.partial for p in pages)
 
 
 # --------------------------------------------------------------------------- pages, search

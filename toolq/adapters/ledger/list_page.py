@@ -77,16 +77,30 @@ local sources = {}
 for i = 3, #KEYS do
   local j = 12 + (i - 2) * 2
   table.insert(sources, {key = KEYS[i], start = first, offset = 0, done = false, buf = {}, at = 1,
-    state = ARGV[j - 1], whole = ARGV[j] == '1', size = math.min(chunk, limit + 2)})
+    state = ARGV[j - 1], whole = ARGV[j] == '1', size = math.min(chunk, limit + 2), front = nil})
+  -- all of an index up to the cursor is behind us: its front starts there
+  if has_after then sources[#sources].front = {after_score, after_ref, ARGV[2]} end
 end
 
+-- Does an index entry pass the filters on its member (the ref)? The rest (its
+-- state, its code) needs its record, read only for the entries a page takes.
+local function keep(s, ref)
+  if ref_part ~= '' and not string.find(ref, ref_part, 1, true) then return false end
+  if search ~= '' and not s.whole and not string.find(ref, search, 1, true) then return false end
+  return true
+end
+
+local examined = 0
+
 -- The next chunk of one index: from where the last one ended (its score, and how
--- many entries at exactly that score were read), keeping entries past the cursor.
--- A page's worth first (most indexes a search walks give few rows), then doubling.
+-- many entries at exactly that score were read), keeping entries past the cursor
+-- that pass `keep`. `front`: the last entry examined, so every entry of the index
+-- up to it has been seen. A page's worth first (most indexes a search walks give
+-- few rows), then doubling, never far past the budget.
 local function fetch(s)
   local r
-  local size = s.size
-  s.size = math.min(chunk, size * 2)
+  local size = math.max(1, math.min(s.size, scan_budget - examined))
+  s.size = math.min(chunk, s.size * 2)
   if newest then
     r = redis.call('ZRANGE', s.key, s.start, far, 'BYSCORE', 'REV', 'LIMIT', s.offset, size,
       'WITHSCORES')
@@ -106,12 +120,18 @@ local function fetch(s)
   else
     s.start, s.offset = last, same
   end
+  local fs, fr, fraw = nil, nil, nil
+  local buf, whole = s.buf, ref_part == '' and (search == '' or s.whole)
   for i = 1, #r, 2 do
-    local score = tonumber(r[i + 1])
-    if not has_after or before(after_score, after_ref, score, r[i]) then
-      table.insert(s.buf, {score, r[i], r[i + 1]})
+    local ref, raw = r[i], r[i + 1]
+    local score = tonumber(raw)
+    if not has_after or before(after_score, after_ref, score, ref) then
+      examined = examined + 1
+      fs, fr, fraw = score, ref, raw
+      if whole or keep(s, ref) then buf[#buf + 1] = {score, ref, raw} end
     end
   end
+  if fs then s.front = {fs, fr, fraw} end
 end
 
 -- (code, not_before) of a failure's envelope; a success has neither.
@@ -127,12 +147,16 @@ local function envelope_fields(env)
   return c, nb
 end
 
-local rows, examined, code_reads, last, budget = {}, 0, 0, nil, false
+-- The merge: the earliest buffered entry is taken once no index that may still
+-- hold an earlier one (its buffer empty, its `front` before that entry) is left
+-- unread; only those indexes are read on, a chunk each per pass. Out of budget,
+-- the page stops at the earliest such front (the wall): every entry before it was
+-- examined, so the next page starts there.
+local rows, code_reads, last, budget, stop = {}, 0, nil, false, nil
 while #rows <= limit do
-  if examined >= scan_budget or code_reads >= code_budget then budget = true; break end
+  if code_reads >= code_budget then budget = true; break end
   local best = nil
   for _, s in ipairs(sources) do
-    while s.at > #s.buf and not s.done do fetch(s) end
     if s.at <= #s.buf then
       local e = s.buf[s.at]
       if best == nil or before(e[1], e[2], best.buf[best.at][1], best.buf[best.at][2]) then
@@ -140,28 +164,45 @@ while #rows <= limit do
       end
     end
   end
-  if best == nil then break end
-  local e = best.buf[best.at]
-  best.at = best.at + 1
-  examined = examined + 1
-  last = e
-  local ref = e[2]
-  local wanted = ref_part == '' or string.find(ref, ref_part, 1, true)
-  if wanted and search ~= '' and not best.whole then
-    wanted = string.find(ref, search, 1, true)
+  local e = best and best.buf[best.at]
+  local blocking, blind, wall = {}, false, nil
+  for _, s in ipairs(sources) do
+    if s.at > #s.buf and not s.done then
+      local f = s.front
+      if f == nil or e == nil or before(f[1], f[2], e[1], e[2]) then
+        table.insert(blocking, s)
+        if f == nil then blind = true
+        elseif wall == nil or before(f[1], f[2], wall[1], wall[2]) then wall = f end
+      end
+    end
   end
-  if wanted then
+  if #blocking > 0 then
+    -- Out of budget, stop at the wall, if it moved past the cursor: else the next
+    -- page would start where this one did (ties at the cursor, a tiny budget).
+    local moved = not blind and (not has_after or before(after_score, after_ref, wall[1], wall[2]))
+    if examined >= scan_budget and moved then
+      budget = true
+      stop = wall
+      break
+    end
+    for _, s in ipairs(blocking) do fetch(s) end
+  elseif e == nil then
+    break  -- every index read through
+  else
+    best.at = best.at + 1
+    last = e
+    local ref = e[2]
     local f = redis.call('HMGET', OPS .. ref, 'state', 'tool', 'attempt', 'max_attempts',
       'envelope', 'created')
     if f[1] == best.state then  -- else it moved on since the index was read, or expired
       local c, nb = envelope_fields(f[5] or nil)
-      local keep = true
+      local keep_it = true
       if code ~= '' then
         code_reads = code_reads + 1
-        keep = f[5] ~= false and string.find(f[5], '"' .. code .. '"', 1, true) ~= nil
+        keep_it = f[5] ~= false and string.find(f[5], '"' .. code .. '"', 1, true) ~= nil
           and c == code
       end
-      if keep then
+      if keep_it then
         local due = redis.call('ZSCORE', DUE, ref)
         table.insert(rows, {ref, f[2] or '', e[3], f[3] or '0', f[4] or '0', c, nb, due or '',
           f[1], f[6] or ''})
@@ -176,10 +217,9 @@ if #rows > limit then
   local at = rows[#rows]
   last = {tonumber(at[3]), at[1], at[3]}
   more = true
-else
-  for _, s in ipairs(sources) do
-    if s.at <= #s.buf or not s.done then more = true end
-  end
+elseif budget then
+  more = true
+  if stop then last = stop end
 end
 local total = nil
 if ARGV[11] == '1' then

@@ -229,8 +229,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         order: Annotated[Literal["oldest", "newest"], Query()] = "oldest",
         q: Annotated[
-            str | None,
-            Query(max_length=max_ref, description="Search: a part of a ref, or of a tool's name."),
+            str | None, Query(description="Search: a part of a ref, or of a tool's name.")
         ] = None,
     ) -> OperationPage:
         """Operations in a state (or in every state), a page at a time (``next_cursor``
