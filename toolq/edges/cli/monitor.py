@@ -310,6 +310,8 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
         + ("  (none live: nothing due will move)" if not sched["live"] and sched["backlog"] else "")
     )
     lines.append(f"workers     {_workers(workers)}")
+    if snap.get("rates"):
+        lines.append(f"per minute  {_rates(snap['rates'])}")
     lines += [_waiting(w) for w in snap.get("waiting", ())]
     if snap.get("stack"):
         lines += ["", *_stack_lines(snap["stack"], snap.get("at"))]
@@ -393,6 +395,16 @@ def _beats(per_queue: dict[str, Any]) -> str:
         else:
             cells.append(f"{queue} no live worker (last {_age(b['age_s'])} ago)")
     return "  ".join(cells)
+
+
+def _rates(r: dict[str, Any]) -> str:
+    """Submitted and succeeded a minute, over 5 and 60 minutes (count / window)."""
+    if r["last_60m"].get("submitted") is None:
+        return "- (no samples: no scheduler has run)"
+    return "  ".join(
+        f"last {label}: submitted {r[key]['submitted']:g}, succeeded {r[key]['succeeded']:g}"
+        for label, key in (("5 min", "last_5m"), ("60 min", "last_60m"))
+    )
 
 
 def _workers(w: dict[str, Any]) -> str:

@@ -215,9 +215,14 @@ def shape_overview(
         **snap,
         "pending": pending,
         "scheduler": {**snap["scheduler"], "lag_s": lag},
-        "rates": {"last_5m": _rates(recent, now_ms, 5), "last_60m": _rates(recent, now_ms, 60)},
+        "rates": rates(recent, now_ms),
         "tools_count": len(tools),
     }
+
+
+def rates(recent: list[Point], now_ms: int) -> dict[str, dict[str, float | None]]:
+    """Operations per minute over the last 5 and 60 minutes (count / window). Pure."""
+    return {"last_5m": _rates(recent, now_ms, 5), "last_60m": _rates(recent, now_ms, 60)}
 
 
 def _rates(recent: list[Point], now_ms: int, minutes: int) -> dict[str, float | None]:
