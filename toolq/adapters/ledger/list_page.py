@@ -152,6 +152,13 @@ end
 -- unread; only those indexes are read on, a chunk each per pass. Out of budget,
 -- the page stops at the earliest such front (the wall): every entry before it was
 -- examined, so the next page starts there.
+-- May this index hold an entry before e (any, with no e) that is not read yet?
+local function blocks(s, e)
+  if s.at <= #s.buf or s.done then return false end
+  local f = s.front
+  return f == nil or e == nil or before(f[1], f[2], e[1], e[2])
+end
+
 local rows, code_reads, last, budget, stop = {}, 0, nil, false, nil
 while #rows <= limit do
   if code_reads >= code_budget then budget = true; break end
@@ -165,18 +172,16 @@ while #rows <= limit do
     end
   end
   local e = best and best.buf[best.at]
-  local blocking, blind, wall = {}, false, nil
+  local blocked, blind, wall = false, false, nil
   for _, s in ipairs(sources) do
-    if s.at > #s.buf and not s.done then
+    if blocks(s, e) then
+      blocked = true
       local f = s.front
-      if f == nil or e == nil or before(f[1], f[2], e[1], e[2]) then
-        table.insert(blocking, s)
-        if f == nil then blind = true
-        elseif wall == nil or before(f[1], f[2], wall[1], wall[2]) then wall = f end
-      end
+      if f == nil then blind = true
+      elseif wall == nil or before(f[1], f[2], wall[1], wall[2]) then wall = f end
     end
   end
-  if #blocking > 0 then
+  if blocked then
     -- Out of budget, stop at the wall, if it moved past the cursor: else the next
     -- page would start where this one did (ties at the cursor, a tiny budget).
     local moved = not blind and (not has_after or before(after_score, after_ref, wall[1], wall[2]))
@@ -185,7 +190,9 @@ while #rows <= limit do
       stop = wall
       break
     end
-    for _, s in ipairs(blocking) do fetch(s) end
+    for _, s in ipairs(sources) do
+      if blocks(s, e) then fetch(s) end
+    end
   elseif e == nil then
     break  -- every index read through
   else

@@ -85,9 +85,11 @@ __all__ = [
 
 #: Index entries a filtered page examines at most (``ref_contains`` and the search
 #: read members only). A search of 10,000 operations in every state is one page:
-#: 23 ms in the server (60 ms with the machine's two cores busy), for a ref part
-#: that matched 2 of them (tests/integration/test_search.py).
-SCAN_BUDGET = 20_000
+#: 23 ms (60 ms with the machine's two cores busy) for a ref part that matched 2 of
+#: them (tests/integration/test_search.py); a page that finds nothing in 10^6 costs
+#: ~100-150 ms at this budget on that busy machine (bench/lists_bench.py at 20,000:
+#: 224 ms; it was 5,000 before the search, which then took two pages for 10,000).
+SCAN_BUDGET = 12_000
 #: Records a ``code`` filter reads at most per page (their envelopes are parsed).
 CODE_BUDGET = 1_000
 #: Entries read from one index per round trip while filtering.
