@@ -112,3 +112,30 @@ def test_a_bad_search_is_refused_with_the_field_named(tq: ToolQueue) -> None:
         with pytest.raises(errors.InvalidArguments) as info:
             tq.list_operations(None, search=bad)
         assert [fe.field for fe in info.value.field_errors] == ["q"]
+
+
+def test_toolq_list_finds_pages_and_refuses_bad_input(tq: ToolQueue, redis_url: str) -> None:
+    from click.testing import CliRunner
+
+    from toolq.edges.cli import main
+
+    _seed(tq.redis, tq, 200, tq.app.now_ms() - 60_000)
+    tq.submit("echo", {"text": "a"}, operation_ref="run_81/step_4")
+    run = CliRunner().invoke
+    base = ["--app", APP, "--redis-url", redis_url]
+
+    found = run(main, ["list", "--find", "run_81", *base])
+    assert found.exit_code == 0, found.output
+    assert found.output.splitlines()[0].startswith("run_81/step_4  echo  queued  attempt 1/5  ")
+    assert "1 on this page" in found.output and "next:" not in found.output
+
+    first = run(main, ["list", "--state", "failed", "--limit", "30", "--newest", *base])
+    assert first.exit_code == 0, first.output
+    assert "30 of 40 on this page" in first.output
+    cursor = first.output.split("next:     --cursor ")[1].split()[0]
+    last = run(main, ["list", "--state", "failed", "--newest", "--cursor", cursor, *base])
+    assert "10 of 40 on this page" in last.output and "next:" not in last.output
+    assert "previous: --cursor" in last.output
+
+    bad = run(main, ["list", "--find", "a\tb", *base])
+    assert bad.exit_code == 2 and "INVALID_ARGUMENTS" in bad.output and "q:" in bad.output
