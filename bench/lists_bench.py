@@ -149,6 +149,11 @@ def bench(url: str, size: int, runs: int) -> list[tuple[str, float, float, str]]
         ("waiting_retry, code (absent)", {"state": "waiting_retry", "code": "NO_SUCH_CODE"}),
         ("waiting_retry, ref contains (rare)", {"state": "waiting_retry", "ref_contains": "99"}),
         ("succeeded, ref contains (none)", {"state": "succeeded", "ref_contains": "nope"}),
+        ("every state, first page", {"state": None}),
+        ("every state, newest first", {"state": None, "newest_first": True}),
+        ("every state, search a ref (1 in 10^4)", {"state": None, "search": "bench/00099"}),
+        ("every state, search a tool's name", {"state": None, "search": "send_em"}),
+        ("every state, search (none)", {"state": None, "search": "nope"}),
     ]
     rows = []
     for label, kw in cases:

@@ -214,3 +214,36 @@ def test_lists_walk_every_cell_in_order_page_by_page(tq: ToolQueue) -> None:
     # the async client merges the same way
     page = asyncio.run(tq.aio.list_operations("succeeded", limit=500))
     assert [(i.entered_ms, i.operation_ref) for i in page.items] == sorted(indexed)
+
+
+def test_the_search_reads_every_cell_and_pages_back(tq: ToolQueue) -> None:
+    """The search box in cells mode: every state of every cell, merged in order, the
+    last page without a Next, and Previous pages that walk back to the first."""
+    indexed = sorted(
+        (int(score), ref.decode())
+        for c in range(CELLS)
+        for state in ("succeeded", "queued", "escalated", "failed")
+        for ref, score in tq.redis.zrange(
+            Keys("toolq", c).index("pay", state), 0, -1, withscores=True
+        )
+        if b"cells/" in ref
+    )
+    assert len(indexed) > 5
+    pages = []
+    cursor = None
+    for _ in range(100):
+        page = tq.list_operations(None, search="cells/", limit=3, cursor=cursor)
+        pages.append(page)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    seen = [(i.entered_ms, i.operation_ref) for p in pages for i in p.items]
+    assert seen == indexed
+    assert all(p.items for p in pages)  # the last page is not an empty one
+    back = pages[-1].prev_cursor
+    shown_back = []
+    while back is not None:
+        page = tq.list_operations(None, search="cells/", limit=3, cursor=back)
+        shown_back.insert(0, [i.operation_ref for i in page.items])
+        back = page.prev_cursor
+    assert shown_back == [[i.operation_ref for i in p.items] for p in pages[:-1]]

@@ -9,6 +9,7 @@ scheduler run against the server, a fresh client's submit says nothing.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -26,6 +27,7 @@ from tests.helpers import (
     wait_until,
 )
 from toolq import ToolQueue
+from toolq.adapters.liveness import WorkerNode
 from toolq.core import errors
 from toolq.core.keys import Keys
 from toolq.core.states import State
@@ -128,9 +130,46 @@ def test_each_worker_beats_its_own_entry_and_status_counts_it(redis_url: str) ->
         stop_process(verify, timeout=5)
 
 
-def _status_json(redis_url: str) -> Any:
+def test_a_killed_worker_leaves_the_live_list_once_its_beat_is_stale(redis_url: str) -> None:
+    """The issue's case: `calls-1@host` SIGKILLed and started again; its dead entry
+    stayed beside the live one. Beats every 0.2 s, stale after 1 s (the settings)."""
+    env = {"TOOLQ_WORKER__BEAT_S": "0.2", "TOOLQ_WORKER__ALIVE_S": "1"}
+    name = ["--hostname", "calls-1@host"]
+    client = redis.Redis.from_url(redis_url)
+    first = start_worker(APP, redis_url, queues=CALLS, pool="solo", env=env, extra_args=name)
+    second = None
+    try:
+        assert wait_until(lambda: client.hlen(Keys().worker_nodes) == 1, 30), "no beat"
+        (dead,) = [WorkerNode.from_json(v) for v in client.hvals(Keys().worker_nodes)]
+        assert dead is not None and dead.node == "calls-1@host"
+        # When it is SIGKILLed (no goodbye: its entry stays) and started again
+        stop_process(first, signal.SIGKILL, timeout=5)
+        second = start_worker(APP, redis_url, queues=CALLS, pool="solo", env=env, extra_args=name)
+        assert wait_until(lambda: client.hlen(Keys().worker_nodes) == 2, 30), "no new beat"
+        assert client.hexists(Keys().worker_nodes, dead.field)  # the dead entry is still there
+
+        # Then, once its beat is older than alive_s, status lists the live one alone
+        def only_the_live_one() -> dict[str, Any] | None:
+            w: dict[str, Any] = _status_json(redis_url, env)["workers"]
+            pids = [n["pid"] for n in w["nodes"]]
+            return w if w["live"] == 1 and dead.pid not in pids else None
+
+        assert wait_until(only_the_live_one, 30, interval=0.2)
+        workers = only_the_live_one()
+        assert workers is not None and workers["names"] == ["calls-1@host"]
+        assert workers["gone"] == []  # replaced by its restart: not listed as gone either
+        assert client.hexists(Keys().worker_nodes, dead.field)  # read past, not deleted
+    finally:
+        client.close()
+        stop_process(first, timeout=5)
+        if second is not None:
+            stop_process(second, timeout=5)
+
+
+def _status_json(redis_url: str, env: dict[str, str] | None = None) -> Any:
     proc = start_toolq(
         ["status", "--json", "--redis-url", redis_url],
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

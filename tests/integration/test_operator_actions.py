@@ -249,6 +249,35 @@ def test_the_api_refuses_a_bad_list_request(api: tuple[TestClient, ...]) -> None
     assert {f["field"] for f in body["field_errors"]} == {"state", "code", "cursor"}
 
 
+def test_the_api_searches_every_state_with_q(tq: ToolQueue, api: tuple[TestClient, ...]) -> None:
+    reader, _ = api
+    waiting_retry(tq, "api/search/run_81/step_4")
+    tq.submit("charge", {}, operation_ref="api/search/run_81/step_5")
+    assert tq.wait("api/search/run_81/step_5", timeout=30).ok
+
+    r = reader.get("/v1/operations", params={"q": "search/run_81", "order": "newest"})
+
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [(i["operation_ref"], i["state"]) for i in body["items"]] == [
+        ("api/search/run_81/step_5", "succeeded"),
+        ("api/search/run_81/step_4", "waiting_retry"),
+    ]
+    assert body["next_cursor"] is None and body["total"] is None
+    assert all(i["created_ms"] and i["attempt"] >= 1 for i in body["items"])
+    # one state only, when asked; a tool's name finds its operations
+    one = reader.get("/v1/operations", params={"q": "run_81", "state": "succeeded"}).json()
+    assert [i["operation_ref"] for i in one["items"]] == ["api/search/run_81/step_5"]
+    by_tool = reader.get("/v1/operations", params={"q": "charg", "limit": 500}).json()
+    assert {i["tool"] for i in by_tool["items"]} == {"charge"}
+    # bad input: a typed error naming the field
+    for bad in ("run\x00", "a\tb", "x" * 201):
+        refused = reader.get("/v1/operations", params={"q": bad})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["code"] == "INVALID_ARGUMENTS"
+        assert [f["field"] for f in refused.json()["field_errors"]] == ["q"]
+
+
 def test_tq_aio_lists_and_acts(tq: ToolQueue) -> None:
     waiting_retry(tq, "aio/retry")
 

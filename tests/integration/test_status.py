@@ -6,6 +6,7 @@ import json
 import sys
 import types
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
@@ -193,10 +194,16 @@ def test_workers_come_from_their_heartbeats_by_default(tq: ToolQueue, clock: Clo
     assert (workers["source"], workers["live"], workers["names"]) == ("heartbeats", 1, ["celery@a"])
     assert [(w["node"], w["alive"], w["age_s"]) for w in workers["nodes"]] == [
         ("celery@a", True, 2.0),
-        ("celery@b", False, 60.0),
+    ]
+    assert [(w["node"], w["age_s"], w["gone_since"]) for w in workers["gone"]] == [
+        (
+            "celery@b",
+            60.0,
+            datetime.fromtimestamp(now / 1000 - 60, UTC).isoformat("T", "milliseconds"),
+        ),
     ]
     shown = cli_monitor.render_status(status_snapshot(tq))
-    assert "workers     live 1  (celery@a)  silent 1 (the latest beat 1m00s ago)" in shown
+    assert "workers     live 1  (celery@a)  gone 1 (the latest beat 1m00s ago)" in shown
 
 
 def test_status_without_an_app_reads_the_ledger_with_the_env_settings(
@@ -265,3 +272,29 @@ def test_schema_prints_the_envelope_json_schema() -> None:
 
 def test_status_and_schema_are_toolq_commands() -> None:
     assert {"status", "schema"} <= set(main.commands)
+
+
+def test_status_rates_are_the_count_over_the_window_on_a_young_stack(
+    tq: ToolQueue, clock: Clock
+) -> None:
+    """The issue's numbers: 1,014 submits in the stack's first minutes are 202.8 a minute
+    over the last 5 minutes and 16.9 over the last 60, as the console and the API say."""
+    from toolq.services.scheduler.series import bucket, sample_of
+
+    now = bucket(int(clock() * 1000))
+    first, second = now - 180_000, now - 60_000
+    tq.redis.hset(
+        tq.ledger.keys.series,
+        mapping={
+            str(at): json.dumps(sample_of({"create_invoice|submitted": n}, {}, at))
+            for at, n in ((first, 0), (second, 1014))
+        },
+    )
+
+    snap = status_snapshot(tq)
+
+    assert snap["rates"]["last_5m"]["submitted"] == 202.8
+    assert snap["rates"]["last_60m"]["submitted"] == 16.9
+    shown = cli_monitor.render_status(snap)
+    assert "per minute  last 5 min: submitted 202.8, succeeded 0" in shown
+    assert "last 60 min: submitted 16.9" in shown

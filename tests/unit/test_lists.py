@@ -39,7 +39,12 @@ def _fields(**kwargs: Any) -> set[str]:
     ("kwargs", "bad"),
     [
         ({"state": "sleeping"}, {"state"}),
-        ({"state": None}, {"state"}),
+        ({"state": 5}, {"state"}),
+        ({"search": ""}, {"q"}),
+        ({"search": "x" * 201}, {"q"}),
+        ({"search": "run\x00"}, {"q"}),
+        ({"search": "a\tb"}, {"q"}),
+        ({"search": 7}, {"q"}),
         ({"tool": "no spaces"}, {"tool"}),
         ({"tool": "9starts_with_a_digit"}, {"tool"}),
         ({"tool": 5}, {"tool"}),
@@ -78,6 +83,11 @@ def test_a_bad_request_names_every_bad_field(kwargs: dict[str, Any], bad: set[st
             {"cursor": encode_cursor(Position(5, "r"), True), "newest_first": True},
             ListQuery(State.QUEUED, after=Position(5, "r"), newest_first=True),
         ),
+        (
+            {"cursor": encode_cursor(Position(5, "r"), backward=True)},
+            ListQuery(State.QUEUED, after=Position(5, "r"), backward=True),
+        ),
+        ({"search": "run_8"}, ListQuery(State.QUEUED, search="run_8")),
     ],
 )
 def test_a_good_request(kwargs: dict[str, Any], expected: ListQuery) -> None:
@@ -90,6 +100,17 @@ def test_a_cursor_round_trips(ref: str, newest: bool) -> None:
     token = encode_cursor(Position(NOW, ref), newest)
     assert token.isascii() and "=" not in token and "/" not in token and "+" not in token
     assert decode_cursor(token) == (Position(NOW, ref), newest)
+    assert lists.read_cursor(encode_cursor(Position(NOW, ref), newest, True)) == (
+        Position(NOW, ref),
+        newest,
+        True,
+    )
+
+
+def test_every_state_is_a_search_without_a_state() -> None:
+    q = lists.parse_query(None, now_ms=NOW, search="x")
+    assert (q.state, q.search, q.filtered) == (None, "x", True)
+    assert lists.parse_query(None, now_ms=NOW).state is None
 
 
 @pytest.mark.parametrize(
@@ -103,6 +124,7 @@ def test_a_cursor_round_trips(ref: str, newest: bool) -> None:
         "WzIsMCwxLCJyIl0",  # version 2
         "WzEsMCwxLjUsInIiXQ",  # a float score
         "WzEsMCwxLCIiXQ",  # an empty ref
+        "WzEsMCwxLCJyIiwyXQ",  # [1,0,1,"r",2]: a direction that is not backward
         "a" * 1025,
     ],
 )
@@ -135,17 +157,18 @@ class Ledger:
             env["retry"] = {"directive": "after_delay", "not_before": "2027-01-15T08:00:00+00:00"}
         self.r.sadd(KEYS.tools, tool)
         self.r.zadd(KEYS.index(tool, state), {ref: entered})
-        fields: dict[Any, Any] = {"state": state, "tool": tool, "attempt": 2}
+        fields: dict[Any, Any] = {"state": state, "tool": tool, "attempt": 2, "created": 10}
         fields["max_attempts"] = 5
         self.r.hset(KEYS.op(ref), mapping={**fields, "envelope": json.dumps(env)})
         if due is not None:
             self.r.zadd(KEYS.due, {ref: due})
 
-    def page(self, state: str = "waiting_retry", **kwargs: Any) -> OperationPage:
+    def page(self, state: str | None = "waiting_retry", **kwargs: Any) -> OperationPage:
         q = lists.parse_query(state, now_ms=NOW, **kwargs)
         return lists.read_page(self.r, q, KEYS)
 
     def walk(self, **kwargs: Any) -> tuple[list[str], list[OperationPage]]:
+        """Every page, following ``next_cursor``."""
         refs: list[str] = []
         pages: list[OperationPage] = []
         cursor = None
@@ -278,7 +301,8 @@ def test_a_code_filter_stops_at_its_budget(monkeypatch: pytest.MonkeyPatch) -> N
 
     first = led.page(code="UNAVAILABLE")
 
-    assert first.items == [] and first.partial and first.scanned <= 150
+    assert first.items == [] and first.partial and first.scanned < 400
+    assert decode_cursor(first.next_cursor) == (Position(149, "r/149"), False)  # 150 read
     refs, pages = led.walk(code="UNAVAILABLE")
     assert refs == ["r/399"] and len(pages) == 3
 
@@ -347,3 +371,126 @@ def test_paging_visits_every_entry_once_in_order(
 
     assert refs == [ref for _, ref in expected]
     assert all(len(p.items) <= limit for p in pages)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(st.integers(0, 6), st.sampled_from(["queued", "failed", "escalated"])),
+        max_size=40,
+    ),
+    tools=st.integers(1, 3),
+    limit=st.integers(1, 7),
+    newest=st.booleans(),
+    budget=st.integers(1, 30),
+    chunk=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+)
+def test_a_search_in_every_state_visits_every_match_once_in_order_whatever_the_budget(
+    entries: list[tuple[int, str]],
+    tools: int,
+    limit: int,
+    newest: bool,
+    budget: int,
+    chunk: int,
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    led = Ledger()
+    expected = []
+    for i, (score, state) in enumerate(entries):
+        ref = f"{rng.choice(['hit', 'miss'])}{rng.randrange(10**6)}-{i}"
+        tool = f"t{rng.randrange(tools)}"
+        led.add(ref, score, tool=tool, state=state)
+        if "hit" in ref:
+            expected.append((score, ref))
+    expected.sort(reverse=newest)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lists, "SCAN_BUDGET", budget)
+        mp.setattr(lists, "CHUNK", chunk)
+        refs, pages = led.walk(state=None, search="hit", limit=limit, newest_first=newest)
+
+    assert refs == [ref for _, ref in expected]
+    assert all(len(p.items) <= limit for p in pages)
+    if budget > len(entries):  # the walk never stopped short: no page is an empty last one
+        assert all(p.items for p in pages[1:]) and not any(p.partial for p in pages)
+
+
+# --------------------------------------------------------------------------- pages, search
+
+
+def test_the_last_page_offers_no_next_page() -> None:
+    """The issue's case: 200 rows at 50 a page are 4 pages, and the 4th has no Next."""
+    led = Ledger()
+    for i in range(200):
+        led.add(f"r/{i:03d}", 1000 + i)
+
+    refs, pages = led.walk(limit=50)
+
+    assert len(pages) == 4 and refs == [f"r/{i:03d}" for i in range(200)]
+    assert [len(p.items) for p in pages] == [50, 50, 50, 50]
+    assert pages[-1].next_cursor is None
+    # a list exactly one page long: no Next either; one more row: a Next
+    assert led.page(limit=200).next_cursor is None
+    assert led.page(limit=199).next_cursor is not None
+
+
+@pytest.mark.parametrize("newest", [False, True])
+@pytest.mark.parametrize("kwargs", [{}, {"ref_contains": "r/"}, {"search": "r/"}])
+def test_previous_pages_walk_back_to_the_first(newest: bool, kwargs: dict[str, Any]) -> None:
+    led = Ledger()
+    for i in range(23):
+        led.add(f"r/{i:02d}", 1000 + i // 3)  # ties of three
+    forward, pages = led.walk(limit=5, newest_first=newest, **kwargs)
+    assert pages[0].prev_cursor is None and all(p.prev_cursor for p in pages[1:])
+
+    back: list[list[str]] = []
+    cursor = pages[-1].prev_cursor
+    while cursor is not None:
+        p = led.page(limit=5, newest_first=newest, cursor=cursor, **kwargs)
+        back.insert(0, [i.operation_ref for i in p.items])
+        assert p.next_cursor is not None  # the page it came from is after it
+        cursor = p.prev_cursor
+
+    assert back == [[i.operation_ref for i in p.items] for p in pages[:-1]]
+    assert [r for rows in back for r in rows] + [i.operation_ref for i in pages[-1].items] == (
+        forward
+    )
+
+
+def test_the_search_finds_refs_and_tools_in_every_state() -> None:
+    led = Ledger()
+    led.add("run_81/step_4", 100, tool="pay", state="succeeded", code=None)
+    led.add("run_81/step_5", 101, tool="pay", state="escalated", code="ATTEMPTS_EXHAUSTED")
+    led.add("run_82/step_1", 102, tool="pay", state="waiting_retry")
+    led.add("job/1", 103, tool="create_invoice", state="queued", code=None)
+    led.add("job/2", 104, tool="refund", state="verifying", code="OUTCOME_UNKNOWN")
+
+    by_ref = led.page(None, search="run_81")
+    by_tool = led.page(None, search="invoice")
+    both = led.page(None, search="re", newest_first=True)  # refund's tool; no ref has "re"
+    in_one_state = led.page("escalated", search="run_81")
+
+    assert [(i.operation_ref, i.state) for i in by_ref.items] == [
+        ("run_81/step_4", State.SUCCEEDED),
+        ("run_81/step_5", State.ESCALATED),
+    ]
+    assert [i.operation_ref for i in by_tool.items] == ["job/1"]
+    assert [i.operation_ref for i in both.items] == ["job/2", "job/1"]  # c-re-ate, refund
+    assert [i.operation_ref for i in in_one_state.items] == ["run_81/step_5"]
+    assert by_ref.total is None and by_ref.next_cursor is None
+    everything = led.page(None, limit=3)
+    assert everything.total == 5 and [i.entered_ms for i in everything.items] == [100, 101, 102]
+
+
+def test_a_row_has_its_duration_and_attempt() -> None:
+    led = Ledger()
+    led.add("done", 5_010, state="succeeded", code=None)
+    led.add("waits", 4_000)
+
+    done = led.page("succeeded").items[0]
+    waits = led.page().items[0]
+
+    assert (done.created_ms, done.duration_ms(NOW)) == (10, 5_000)  # created -> settled
+    assert waits.duration_ms(NOW) == NOW - 10  # so far
+    assert (waits.attempt, waits.max_attempts) == (2, 5)

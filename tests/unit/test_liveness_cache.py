@@ -151,3 +151,38 @@ def test_status_of_a_server_no_worker_ever_served() -> None:
         schedulers={},
     )
     assert f"{Q} no live worker (never seen)" in render_status(snap)
+
+
+def test_a_worker_silent_for_an_hour_is_forgotten_by_its_field() -> None:
+    """Entries are ``node#pid``: removing by node name alone removed nothing."""
+    from toolq.adapters.liveness import FORGET_NODE_MS, WorkerNode
+
+    r = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    keys = Keys()
+    now_ms = 1_800_000_000_000
+    old = WorkerNode("calls-1@host", 7, "solo", 1, ("q",), 0, now_ms - FORGET_NODE_MS - 1)
+    recent = WorkerNode("calls-1@host", 8, "solo", 1, ("q",), 0, now_ms - 60_000)
+    r.hset(keys.worker_nodes, mapping={n.field: n.to_json() for n in (old, recent)})
+    beat = Heartbeat(
+        lambda: r, keys.workers, ["q"], clock=lambda: now_ms / 1000, nodes_key=keys.worker_nodes
+    )
+
+    beat.forget_silent()
+
+    assert [f.decode() for f in r.hkeys(keys.worker_nodes)] == [recent.field]
+
+
+@pytest.mark.parametrize(
+    ("beat_s", "alive_s", "ok"),
+    [(5.0, 15.0, True), (0.2, 1.0, True), (0.5, 1.0, True), (5.0, 9.0, False), (1.0, 0.5, False)],
+)
+def test_staleness_is_at_least_two_beats(beat_s: float, alive_s: float, ok: bool) -> None:
+    from pydantic import ValidationError
+
+    from toolq.core.settings import WorkerSettings
+
+    if ok:
+        assert WorkerSettings(beat_s=beat_s, alive_s=alive_s).alive_s == alive_s
+    else:
+        with pytest.raises(ValidationError, match="at least two beats"):
+            WorkerSettings(beat_s=beat_s, alive_s=alive_s)

@@ -14,6 +14,7 @@ import pytest
 from toolq.adapters.liveness import WorkerNode
 from toolq.core.keys import Keys
 from toolq.edges.monitor import shape, shape_overview, shape_workers
+from toolq.edges.monitor.shape import per_minute
 from toolq.services.scheduler import series
 from toolq.services.scheduler.series import Point, Sampler
 
@@ -158,9 +159,27 @@ def test_the_overview_lists_pending_recovery_with_the_oldest_and_the_lag() -> No
     assert ov["pending"]["escalated"]["oldest"]["age_s"] == 3600.0
     assert ov["pending"]["verifying"] == {"count": 0, "oldest": None}
     assert ov["scheduler"]["lag_s"] == 2.5
-    assert ov["rates"]["last_5m"]["submitted"] == 60.0  # 120 in 2 minutes
-    assert ov["rates"]["last_60m"]["succeeded"] == 42.0
+    # 120 in the 2 minutes the stack has been up: count / window, not / 2 minutes
+    assert ov["rates"]["last_5m"]["submitted"] == 24.0
+    assert ov["rates"]["last_60m"]["succeeded"] == 1.4
     assert ov["tools"] == _snap()["tools"]  # the status snapshot is all there
+
+
+@pytest.mark.parametrize(
+    ("count", "minutes", "span_s", "rate"),
+    [
+        (1014, 5, 180, 202.8),  # the young stack: 3 minutes of history
+        (1014, 60, 180, 16.9),  # not 338/min over "the last 60 minutes"
+        (300, 5, 300, 60.0),  # history as long as the window
+        (0, 5, 60, 0.0),
+        (120, 5, 420, 17.14),  # a missed sample: the first point covers 7 minutes
+        (1, 60, 60, 0.02),
+    ],
+)
+def test_a_rate_is_the_count_over_the_window(
+    count: int, minutes: int, span_s: int, rate: float
+) -> None:
+    assert per_minute(count, minutes, span_s * 1000) == rate
 
 
 def test_no_samples_no_rates_and_nothing_due_no_lag() -> None:
@@ -190,10 +209,34 @@ def test_workers_from_their_beats() -> None:
         1,
         ["celery@a"],
     )
-    assert [(n["node"], n["alive"], n["age_s"]) for n in w["nodes"]] == [
-        ("celery@a", True, 1.0),
-        ("celery@b", False, 16.0),
-    ]
+    assert [(n["node"], n["alive"], n["age_s"]) for n in w["nodes"]] == [("celery@a", True, 1.0)]
+    assert [(n["node"], n["age_s"]) for n in w["gone"]] == [("celery@b", 16.0)]
+
+
+@pytest.mark.parametrize(
+    ("beats_ago_s", "alive_s", "live", "gone"),
+    [
+        # node -> seconds since its last beat; a restarted node's dead entry is dropped
+        ({"a#1": 1, "b#2": 16}, 15, ["a"], ["b"]),
+        ({"a#1": 1, "b#2": 16}, 20, ["a", "b"], []),
+        ({"a#1": 40, "a#2": 1}, 15, ["a"], []),  # the killed a, restarted: only the live one
+        ({"a#1": 40, "a#2": 30}, 15, [], ["a", "a"]),
+        ({"a#1": 6, "a#2": 1}, 5, ["a"], []),  # a short staleness, chosen in settings
+        ({"a#1": 5}, 5, ["a"], []),  # exactly the staleness: still live
+    ],
+)
+def test_stale_workers_leave_the_live_list(
+    beats_ago_s: dict[str, int], alive_s: int, live: list[str], gone: list[str]
+) -> None:
+    def node(key: str, ago: int) -> WorkerNode:
+        name, pid = key.split("#")
+        return WorkerNode(f"calls@{name}", int(pid), "solo", 1, ("q",), 0, NOW - ago * 1000)
+
+    nodes = [node(k, ago) for k, ago in beats_ago_s.items()]
+    w = shape_workers(nodes, NOW, alive_s * 1000)
+    assert [n["node"] for n in w["nodes"]] == [f"calls@{x}" for x in live]
+    assert [n["node"] for n in w["gone"]] == [f"calls@{x}" for x in gone]
+    assert w["live"] == len(live)
 
 
 def test_a_worker_entry_round_trips_and_a_bad_one_is_skipped() -> None:

@@ -282,7 +282,7 @@ class Heartbeat:
         client = self.client()
         cutoff = int(self.clock() * 1000) - FORGET_NODE_MS
         silent = [
-            n.node for n in worker_nodes(client.hgetall(self.nodes_key)) if n.beat_ms < cutoff
+            n.field for n in worker_nodes(client.hgetall(self.nodes_key)) if n.beat_ms < cutoff
         ]
         if silent:
             client.hdel(self.nodes_key, *silent)
@@ -345,6 +345,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         lambda: app.redis,
         keys.workers,
         queues,
+        every=app.settings.worker.beat_s,
         node=node,
         nodes_key=keys.worker_nodes,
         waiting=waiting,

@@ -400,7 +400,7 @@ class AsyncToolQueue:
     @server_errors
     async def list_operations(
         self,
-        state: str,
+        state: str | None,
         *,
         tool: str | None = None,
         code: str | None = None,
@@ -409,12 +409,14 @@ class AsyncToolQueue:
         cursor: str | None = None,
         limit: int = lists.DEFAULT_LIMIT,
         newest_first: bool = False,
+        search: str | None = None,
     ) -> OperationPage:
-        """One page of the operations in ``state``, oldest first (see
-        :mod:`toolq.adapters.ledger.lists`).
+        """One page of the operations in ``state`` (None: every state), oldest first
+        (see :mod:`toolq.adapters.ledger.lists`).
 
-        Pass the page's ``next_cursor`` back for the next one. A bad filter is
-        :class:`errors.InvalidArguments` naming the fields.
+        Pass the page's ``next_cursor`` back for the next one (``prev_cursor`` for the
+        one before). ``search``: a ref containing it, or a tool whose name contains it.
+        A bad filter is :class:`errors.InvalidArguments` naming the fields.
         """
         q = self.app.list_query(
             state,
@@ -425,6 +427,7 @@ class AsyncToolQueue:
             cursor=cursor,
             limit=limit,
             newest_first=newest_first,
+            search=search,
         )
         b = await self._bound()
         # Every cell's page, merged (the single tag: one cell, its page as it is).

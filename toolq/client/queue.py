@@ -288,7 +288,7 @@ class ToolQueue:
         return self._apply(self.app.resolution(self._view(ref), how, r, result))
 
     @server_errors
-    def list_operations(self, state: str, **filters: Any) -> OperationPage:
+    def list_operations(self, state: str | None, **filters: Any) -> OperationPage:
         """One page of the operations in ``state`` (as :meth:`AsyncToolQueue.list_operations`)."""
         q = self.app.list_query(state, **filters)
         # Every cell's page, merged (the single tag: one cell, its page as it is).

@@ -142,6 +142,15 @@ class OperationSummary(BaseModel):
     #: When the scheduler looks at the operation next (ms; None: nothing is due for it):
     #: a waiting retry's dispatch, a verification's next check, an approval's timeout.
     due_ms: int | None = None
+    #: When the operation was submitted (ms); None from a ledger that did not say.
+    created_ms: int | None = None
+
+    def duration_ms(self, now_ms: int) -> int | None:
+        """Submitted to finished (a terminal state), or to ``now_ms`` while it is not."""
+        if self.created_ms is None:
+            return None
+        end = self.entered_ms if self.state in TERMINAL else now_ms
+        return max(0, end - self.created_ms)
 
 
 class OperationPage(BaseModel):
@@ -159,6 +168,8 @@ class OperationPage(BaseModel):
 
     items: list[OperationSummary]
     next_cursor: str | None
+    #: The page before this one (None on the first page, or when there is none).
+    prev_cursor: str | None = None
     total: int | None
     partial: bool = False
     #: Index entries examined for this page.

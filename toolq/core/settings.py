@@ -167,6 +167,21 @@ class WorkerSettings(BaseModel):
     #: this many messages wait behind busy slots. Unset: one per eight slots, none
     #: below eight (prefork -c 2: 0, threads -c 16: 2). 0: none, as before.
     reserve: int | None = Field(default=None, ge=0, le=1024)
+    #: Seconds between a worker's heartbeats (its entry in ``Keys.worker_nodes``).
+    beat_s: float = Field(default=5.0, ge=0.1, le=60)
+    #: A worker whose last heartbeat is older than this is not live: ``toolq status``,
+    #: the API and the console list it as gone, not beside the live ones (three beats
+    #: missed by default; tests choose shorter ones). At least two beats.
+    alive_s: float = Field(default=15.0, ge=0.5, le=3600)
+
+    @model_validator(mode="after")
+    def _two_beats(self) -> WorkerSettings:
+        if self.alive_s < 2 * self.beat_s:
+            raise ValueError(
+                f"worker.alive_s ({self.alive_s:g}) must be at least two beats "
+                f"(2 x worker.beat_s = {2 * self.beat_s:g}): a live worker would look gone"
+            )
+        return self
 
 
 class ClientSettings(BaseModel):

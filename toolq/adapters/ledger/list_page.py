@@ -10,6 +10,7 @@ from typing import Any
 from toolq.adapters.ledger.list_query import ListQuery, Position, encode_cursor, not_before_ms
 from toolq.core.keys import Keys
 from toolq.core.record import OperationPage, OperationSummary
+from toolq.core.states import State
 from toolq.core.text import as_text
 
 # --------------------------------------------------------------------------- the walk (Lua)
@@ -20,11 +21,16 @@ from toolq.core.text import as_text
 # 1,000 records spent 240 ms in Python when it was walked from here).
 #
 # KEYS: the record prefix (records are named from the refs found), the due set,
-#       then one state index per tool.
+#       then the state indexes walked (one per tool, or per tool and state).
 # ARGV: newest(0/1) after_score after_ref bound limit scan_budget code_budget chunk
-#       ref_part code state count_total(0/1)      ('' for none)
-# ->    JSON {rows=[[ref, tool, score, attempt, max_attempts, code, not_before, due]],
-#             last=[score, ref] | nil, more=bool, scanned=n, budget=bool, total=n | nil}
+#       ref_part code count_total(0/1) search, then per index: its state and
+#       whole(0/1) (its tool matches the search: every entry does)   ('' for none)
+# ->    JSON {rows=[[ref, tool, score, attempt, max_attempts, code, not_before, due,
+#             state, created]], last=[score, ref] | nil, more=bool, scanned=n,
+#             budget=bool, total=n | nil}
+#
+# The walk looks for limit + 1 rows and returns limit: the one more says whether
+# there is a next page (else the last page offered "Next" to an empty one).
 #
 # Members are compared byte by byte, as a sorted set orders them: Lua's own `<`
 # on strings follows the server's locale, which Redis sets from the environment.
@@ -36,7 +42,7 @@ local after_score, after_ref = tonumber(ARGV[2]), ARGV[3]
 local bound = ARGV[4]
 local limit, scan_budget = tonumber(ARGV[5]), tonumber(ARGV[6])
 local code_budget, chunk = tonumber(ARGV[7]), tonumber(ARGV[8])
-local ref_part, code, want = ARGV[9], ARGV[10], ARGV[11]
+local ref_part, code, search = ARGV[9], ARGV[10], ARGV[12]
 
 local function lt(a, b)
   local n = math.min(#a, #b)
@@ -69,22 +75,41 @@ end
 
 local sources = {}
 for i = 3, #KEYS do
-  table.insert(sources, {key = KEYS[i], start = first, offset = 0, done = false, buf = {}, at = 1})
+  local j = 12 + (i - 2) * 2
+  table.insert(sources, {key = KEYS[i], start = first, offset = 0, done = false, buf = {}, at = 1,
+    state = ARGV[j - 1], whole = ARGV[j] == '1', size = math.min(chunk, limit + 2), front = nil})
+  -- all of an index up to the cursor is behind us: its front starts there
+  if has_after then sources[#sources].front = {after_score, after_ref, ARGV[2]} end
 end
 
+-- Does an index entry pass the filters on its member (the ref)? The rest (its
+-- state, its code) needs its record, read only for the entries a page takes.
+local function keep(s, ref)
+  if ref_part ~= '' and not string.find(ref, ref_part, 1, true) then return false end
+  if search ~= '' and not s.whole and not string.find(ref, search, 1, true) then return false end
+  return true
+end
+
+local examined = 0
+
 -- The next chunk of one index: from where the last one ended (its score, and how
--- many entries at exactly that score were read), keeping entries past the cursor.
+-- many entries at exactly that score were read), keeping entries past the cursor
+-- that pass `keep`. `front`: the last entry examined, so every entry of the index
+-- up to it has been seen. A page's worth first (most indexes a search walks give
+-- few rows), then doubling, never far past the budget.
 local function fetch(s)
   local r
+  local size = math.max(1, math.min(s.size, scan_budget - examined))
+  s.size = math.min(chunk, s.size * 2)
   if newest then
-    r = redis.call('ZRANGE', s.key, s.start, far, 'BYSCORE', 'REV', 'LIMIT', s.offset, chunk,
+    r = redis.call('ZRANGE', s.key, s.start, far, 'BYSCORE', 'REV', 'LIMIT', s.offset, size,
       'WITHSCORES')
   else
-    r = redis.call('ZRANGE', s.key, s.start, far, 'BYSCORE', 'LIMIT', s.offset, chunk,
+    r = redis.call('ZRANGE', s.key, s.start, far, 'BYSCORE', 'LIMIT', s.offset, size,
       'WITHSCORES')
   end
   local n = #r / 2
-  if n < chunk then s.done = true end
+  if n < size then s.done = true end
   s.buf, s.at = {}, 1
   if n == 0 then return end
   local last = tonumber(r[#r])
@@ -95,12 +120,18 @@ local function fetch(s)
   else
     s.start, s.offset = last, same
   end
+  local fs, fr, fraw = nil, nil, nil
+  local buf, whole = s.buf, ref_part == '' and (search == '' or s.whole)
   for i = 1, #r, 2 do
-    local score = tonumber(r[i + 1])
-    if not has_after or before(after_score, after_ref, score, r[i]) then
-      table.insert(s.buf, {score, r[i], r[i + 1]})
+    local ref, raw = r[i], r[i + 1]
+    local score = tonumber(raw)
+    if not has_after or before(after_score, after_ref, score, ref) then
+      examined = examined + 1
+      fs, fr, fraw = score, ref, raw
+      if whole or keep(s, ref) then buf[#buf + 1] = {score, ref, raw} end
     end
   end
+  if fs then s.front = {fs, fr, fraw} end
 end
 
 -- (code, not_before) of a failure's envelope; a success has neither.
@@ -116,12 +147,23 @@ local function envelope_fields(env)
   return c, nb
 end
 
-local rows, examined, code_reads, last, budget = {}, 0, 0, nil, false
-while #rows < limit do
-  if examined >= scan_budget or code_reads >= code_budget then budget = true; break end
+-- The merge: the earliest buffered entry is taken once no index that may still
+-- hold an earlier one (its buffer empty, its `front` before that entry) is left
+-- unread; only those indexes are read on, a chunk each per pass. Out of budget,
+-- the page stops at the earliest such front (the wall): every entry before it was
+-- examined, so the next page starts there.
+-- May this index hold an entry before e (any, with no e) that is not read yet?
+local function blocks(s, e)
+  if s.at <= #s.buf or s.done then return false end
+  local f = s.front
+  return f == nil or e == nil or before(f[1], f[2], e[1], e[2])
+end
+
+local rows, code_reads, last, budget, stop = {}, 0, nil, false, nil
+while #rows <= limit do
+  if code_reads >= code_budget then budget = true; break end
   local best = nil
   for _, s in ipairs(sources) do
-    while s.at > #s.buf and not s.done do fetch(s) end
     if s.at <= #s.buf then
       local e = s.buf[s.at]
       if best == nil or before(e[1], e[2], best.buf[best.at][1], best.buf[best.at][2]) then
@@ -129,36 +171,65 @@ while #rows < limit do
       end
     end
   end
-  if best == nil then break end
-  local e = best.buf[best.at]
-  best.at = best.at + 1
-  examined = examined + 1
-  last = e
-  local ref = e[2]
-  if ref_part == '' or string.find(ref, ref_part, 1, true) then
+  local e = best and best.buf[best.at]
+  local blocked, blind, wall = false, false, nil
+  for _, s in ipairs(sources) do
+    if blocks(s, e) then
+      blocked = true
+      local f = s.front
+      if f == nil then blind = true
+      elseif wall == nil or before(f[1], f[2], wall[1], wall[2]) then wall = f end
+    end
+  end
+  if blocked then
+    -- Out of budget, stop at the wall, if it moved past the cursor: else the next
+    -- page would start where this one did (ties at the cursor, a tiny budget).
+    local moved = not blind and (not has_after or before(after_score, after_ref, wall[1], wall[2]))
+    if examined >= scan_budget and moved then
+      budget = true
+      stop = wall
+      break
+    end
+    for _, s in ipairs(sources) do
+      if blocks(s, e) then fetch(s) end
+    end
+  elseif e == nil then
+    break  -- every index read through
+  else
+    best.at = best.at + 1
+    last = e
+    local ref = e[2]
     local f = redis.call('HMGET', OPS .. ref, 'state', 'tool', 'attempt', 'max_attempts',
-      'envelope')
-    if f[1] == want then  -- else it moved on since the index was read, or expired
+      'envelope', 'created')
+    if f[1] == best.state then  -- else it moved on since the index was read, or expired
       local c, nb = envelope_fields(f[5] or nil)
-      local keep = true
+      local keep_it = true
       if code ~= '' then
         code_reads = code_reads + 1
-        keep = f[5] ~= false and string.find(f[5], '"' .. code .. '"', 1, true) ~= nil
+        keep_it = f[5] ~= false and string.find(f[5], '"' .. code .. '"', 1, true) ~= nil
           and c == code
       end
-      if keep then
+      if keep_it then
         local due = redis.call('ZSCORE', DUE, ref)
-        table.insert(rows, {ref, f[2] or '', e[3], f[3] or '0', f[4] or '0', c, nb, due or ''})
+        table.insert(rows, {ref, f[2] or '', e[3], f[3] or '0', f[4] or '0', c, nb, due or '',
+          f[1], f[6] or ''})
       end
     end
   end
 end
 local more = false
-for _, s in ipairs(sources) do
-  if s.at <= #s.buf or not s.done then more = true end
+if #rows > limit then
+  -- the one more row: there is a next page, which starts after the last row given
+  table.remove(rows)
+  local at = rows[#rows]
+  last = {tonumber(at[3]), at[1], at[3]}
+  more = true
+elseif budget then
+  more = true
+  if stop then last = stop end
 end
 local total = nil
-if ARGV[12] == '1' then
+if ARGV[11] == '1' then
   total = 0
   local hi = (bound ~= '' and bound) or '+inf'
   for _, s in ipairs(sources) do total = total + redis.call('ZCOUNT', s.key, '-inf', hi) end
@@ -170,8 +241,22 @@ return cjson.encode(out)
 """
 
 
+def indexes(tools: list[str], q: ListQuery) -> list[tuple[str, State]]:
+    """The (tool, state) indexes a query walks: its state's, or every state's."""
+    states = list(State) if q.state is None else [q.state]
+    return [(t, st) for t in tools for st in states]
+
+
 def list_keys(keys: Keys, tools: list[str], q: ListQuery) -> list[str]:
-    return [keys.op_prefix, keys.due, *(keys.index(t, q.state) for t in tools)]
+    return [keys.op_prefix, keys.due, *(keys.index(t, st) for t, st in indexes(tools, q))]
+
+
+def index_args(tools: list[str], q: ListQuery) -> list[str]:
+    """Per index walked: its state, and whether its tool matches the search."""
+    out: list[str] = []
+    for t, st in indexes(tools, q):
+        out += [st.value, "1" if q.tool_matches(t) else "0"]
+    return out
 
 
 def merge_cells(raws: list[Any], q: ListQuery) -> OperationPage:
@@ -186,18 +271,19 @@ def merge_cells(raws: list[Any], q: ListQuery) -> OperationPage:
     def at(score: Any, ref: Any) -> Position:
         return Position(int(float(score)), str(ref))
 
+    newest = q.walk_newest
     rows = sorted(
         (row for out in outs for row in out.get("rows") or ()),
         key=lambda row: at(row[2], row[0]),
-        reverse=q.newest_first,
+        reverse=newest,
     )
     stops = [at(*out["last"]) for out in outs if out.get("more") and out.get("last")]
-    stop = (max(stops) if q.newest_first else min(stops)) if stops else None
+    stop = (max(stops) if newest else min(stops)) if stops else None
     if stop is not None:
         rows = [
             row
             for row in rows
-            if (at(row[2], row[0]) >= stop if q.newest_first else at(row[2], row[0]) <= stop)
+            if (at(row[2], row[0]) >= stop if newest else at(row[2], row[0]) <= stop)
         ]
     more = stop is not None or len(rows) > q.limit
     if len(rows) > q.limit:
@@ -216,35 +302,52 @@ def merge_cells(raws: list[Any], q: ListQuery) -> OperationPage:
 
 
 def page_of(raw: Any, q: ListQuery) -> OperationPage:
-    """The script's answer as a page (the rows' fields as the script found them)."""
+    """The script's answer as a page (the rows' fields as the script found them).
+
+    A previous page (``q.backward``) was walked back from the cursor: its rows are
+    shown in the page's order, its next page is the one the cursor came from."""
     out = json.loads(raw)
-    items = [
-        OperationSummary(
-            operation_ref=ref,
-            tool=tool,
-            state=q.state,
-            entered_ms=int(float(score)),
-            attempt=int(attempt),
-            max_attempts=int(max_attempts),
-            code=code or None,
-            not_before_ms=not_before_ms(not_before),
-            due_ms=int(float(due)) if due else None,
-        )
-        for ref, tool, score, attempt, max_attempts, code, not_before, due in out.get("rows") or ()
-    ]
+    items = [_summary(row, q) for row in out.get("rows") or ()]
     last = out.get("last")
     more = bool(out.get("more"))
-    cursor = None
-    if more and last:
-        cursor = encode_cursor(Position(int(float(last[0])), str(last[1])), q.newest_first)
+    stop = Position(int(float(last[0])), str(last[1])) if more and last else None
+    if q.backward:
+        items.reverse()
+        after = _position(items[-1]) if items else None
+        before = _position(items[0]) if items and stop is not None else None
+    else:
+        after = stop
+        before = _position(items[0]) if items and q.after is not None else None
     total = out.get("total")
     return OperationPage(
         items=items,
-        next_cursor=cursor,
+        next_cursor=None if after is None else encode_cursor(after, q.newest_first),
+        prev_cursor=None if before is None else encode_cursor(before, q.newest_first, True),
         total=None if q.filtered or total is None else int(total),
         partial=bool(out.get("budget")) and len(items) < q.limit and more,
         scanned=int(out.get("scanned") or 0),
     )
+
+
+def _summary(row: list[Any], q: ListQuery) -> OperationSummary:
+    ref, tool, score, attempt, max_attempts, code, not_before, due, *more = row
+    state, created = (*more, "", "")[:2]
+    return OperationSummary(
+        operation_ref=ref,
+        tool=tool,
+        state=State(state) if state else q.state,
+        entered_ms=int(float(score)),
+        attempt=int(attempt),
+        max_attempts=int(max_attempts),
+        code=code or None,
+        not_before_ms=not_before_ms(not_before),
+        due_ms=int(float(due)) if due else None,
+        created_ms=int(float(created)) if created else None,
+    )
+
+
+def _position(item: OperationSummary) -> Position:
+    return Position(item.entered_ms, item.operation_ref)
 
 
 def tools_of(q: ListQuery, members: Any) -> list[str]:

@@ -36,7 +36,8 @@ class Position:
 class ListQuery:
     """A checked request for one page (see :func:`parse_query`)."""
 
-    state: State
+    #: None: every state (a search).
+    state: State | None
     tool: str | None = None
     code: str | None = None
     ref_contains: str | None = None
@@ -45,11 +46,24 @@ class ListQuery:
     after: Position | None = None
     limit: int = DEFAULT_LIMIT
     newest_first: bool = False
+    #: The search box: a ref containing it, or a tool whose name contains it.
+    search: str | None = None
+    #: A "previous page": walk back from ``after``, then show the rows in the page's order.
+    backward: bool = False
 
     @property
     def filtered(self) -> bool:
         """Whether the index alone cannot answer (so the walk is budgeted)."""
-        return self.code is not None or self.ref_contains is not None
+        return self.code is not None or self.ref_contains is not None or self.search is not None
+
+    @property
+    def walk_newest(self) -> bool:
+        """The order the walk goes in: the page's, or its reverse for a previous page."""
+        return self.newest_first != self.backward
+
+    def tool_matches(self, tool: str) -> bool:
+        """Whether every operation of ``tool`` matches the search (its name contains it)."""
+        return self.search is not None and self.search.lower() in tool.lower()
 
 
 # --------------------------------------------------------------------------- checking (pure)
@@ -65,20 +79,24 @@ def parse_query(
     cursor: object = None,
     limit: object = DEFAULT_LIMIT,
     newest_first: bool = False,
+    search: object = None,
     now_ms: int,
     max_ref_length: int = 200,
 ) -> ListQuery:
-    """Check a list request; :class:`errors.InvalidArguments` names every bad field."""
+    """Check a list request; :class:`errors.InvalidArguments` names every bad field.
+
+    ``state`` None lists every state (what the search box does)."""
     bad: list[FieldError] = []
 
     def refuse(name: str, rule: str) -> None:
         bad.append(FieldError(field=name, rule=rule))
 
     st: State | None = None
-    try:
-        st = State(str(state))
-    except ValueError:
-        refuse("state", f"one of {', '.join(s.value for s in State)}")
+    if state is not None:
+        try:
+            st = State(str(state))
+        except ValueError:
+            refuse("state", f"one of {', '.join(s.value for s in State)}")
     if tool is not None and not (isinstance(tool, str) and TOOL_RE.fullmatch(tool)):
         refuse("tool", "a tool name: a letter or _, then up to 63 of A-Z a-z 0-9 _ . -")
     if code is not None and not (isinstance(code, str) and is_valid_code(code)):
@@ -89,6 +107,8 @@ def parse_query(
         and ref_contains.isprintable()
     ):
         refuse("ref_contains", f"1 to {max_ref_length} printable characters")
+    if search is not None and not _printable(search, max_ref_length):
+        refuse("q", f"1 to {max_ref_length} printable characters (a part of a ref, or a tool)")
     max_score = None
     if older_than_s is not None:
         age = _number(older_than_s)
@@ -99,16 +119,16 @@ def parse_query(
     n = _number(limit)
     if n is None or n != int(n) or not 1 <= n <= MAX_LIMIT:
         refuse("limit", f"a whole number from 1 to {MAX_LIMIT}")
-    after = None
+    after, backward = None, False
     if cursor is not None:
         try:
-            after, direction = decode_cursor(cursor)
+            after, direction, backward = read_cursor(cursor)
         except ValueError:
             refuse("cursor", "a next_cursor from a previous page, unchanged")
         else:
             if direction != newest_first:
                 refuse("cursor", "from a page of the same order (oldest or newest first)")
-    if bad or st is None or n is None:
+    if bad or (st is None and state is not None) or n is None:
         names = ", ".join(dict.fromkeys(fe.field for fe in bad))
         raise errors.InvalidArguments(f"invalid list request ({names})", field_errors=bad)
     return ListQuery(
@@ -120,7 +140,13 @@ def parse_query(
         after=after,
         limit=int(n),
         newest_first=newest_first,
+        search=search if isinstance(search, str) else None,
+        backward=backward,
     )
+
+
+def _printable(value: object, longest: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= longest and value.isprintable()
 
 
 def _number(value: object) -> float | None:
@@ -136,20 +162,30 @@ def _number(value: object) -> float | None:
     return None
 
 
-def encode_cursor(pos: Position, newest_first: bool = False) -> str:
-    """An opaque, URL-safe token for ``pos`` (and the walk's direction)."""
-    fields = [_CURSOR_VERSION, int(newest_first), pos.score, pos.ref]
+def encode_cursor(pos: Position, newest_first: bool = False, backward: bool = False) -> str:
+    """An opaque, URL-safe token for ``pos`` (and the page's order); ``backward``: the
+    page before ``pos`` (a "previous page" link), not the one after it."""
+    fields: list[object] = [_CURSOR_VERSION, int(newest_first), pos.score, pos.ref]
+    if backward:
+        fields.append(1)
     raw = json.dumps(fields, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 def decode_cursor(token: object) -> tuple[Position, bool]:
-    """The position and direction in a cursor; ``ValueError`` for anything else."""
+    """The position and order in a cursor; ``ValueError`` for anything else."""
+    pos, newest, _backward = read_cursor(token)
+    return pos, newest
+
+
+def read_cursor(token: object) -> tuple[Position, bool, bool]:
+    """The position, order and direction (backward: a previous page) in a cursor;
+    ``ValueError`` for anything else."""
     if not isinstance(token, str) or not 0 < len(token) <= 1024:
         raise ValueError("not a cursor")
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        version, newest, score, ref = json.loads(raw)
+        version, newest, score, ref, *rest = json.loads(raw)
     except (ValueError, TypeError) as exc:  # binascii.Error and JSONDecodeError are ValueErrors
         raise ValueError("not a cursor") from exc
     ok = (
@@ -158,10 +194,11 @@ def decode_cursor(token: object) -> tuple[Position, bool]:
         and type(score) is int
         and isinstance(ref, str)
         and ref
+        and rest in ([], [1])
     )
     if not ok:
         raise ValueError("not a cursor")
-    return Position(score, ref), bool(newest)
+    return Position(score, ref), bool(newest), bool(rest)
 
 
 def not_before_ms(text: str) -> int | None:

@@ -16,6 +16,14 @@ merged across tools, starting after a cursor:
   entries (``code`` reads their records, at most :data:`CODE_BUDGET`), then
   returns what matched with ``partial`` set and a cursor where it stopped,
   so that no page costs more than a bounded read however rare the matches are.
+- **Search.** ``state`` None walks every state's index of every tool at once,
+  merged by score (when each entered its state). The search (``search``, the
+  API's ``q``) keeps a ref that contains it, or every entry of a tool whose name
+  contains it (that tool's indexes match whole). Entries are filtered on their
+  member as they are read; a record is read only for a row the page takes.
+- **Pages.** A page looks for ``limit + 1`` rows and returns ``limit``: the one
+  more is what says there is a next page, so the last page offers none.
+  ``prev_cursor`` walks back from a page's first row (the same walk, reversed).
 
 The checks, the cursor and which filters the index serves are pure
 (:func:`parse_query`, :func:`encode_cursor`), tested as tables. The walk
@@ -31,6 +39,7 @@ import redis.asyncio as aioredis
 from toolq.adapters.ledger.list_page import (
     LIST,
     empty_page,
+    index_args,
     list_keys,
     merge_cells,
     page_of,
@@ -46,6 +55,7 @@ from toolq.adapters.ledger.list_query import (
     decode_cursor,
     encode_cursor,
     parse_query,
+    read_cursor,
 )
 from toolq.core.keys import Keys
 from toolq.core.record import OperationPage
@@ -68,33 +78,40 @@ __all__ = [
     "merge_cells",
     "page_of",
     "parse_query",
+    "read_cursor",
     "read_page",
     "read_page_cells",
 ]
 
-#: Index entries a filtered page examines at most (``ref_contains``: members only).
-SCAN_BUDGET = 5_000
+#: Index entries a filtered page examines at most (``ref_contains`` and the search
+#: read members only). A search of 10,000 operations in every state is one page:
+#: 23 ms (60 ms with the machine's two cores busy) for a ref part that matched 2 of
+#: them (tests/integration/test_search.py); a page that finds nothing in 10^6 costs
+#: ~100-150 ms at this budget on that busy machine (bench/lists_bench.py at 20,000:
+#: 224 ms; it was 5,000 before the search, which then took two pages for 10,000).
+SCAN_BUDGET = 12_000
 #: Records a ``code`` filter reads at most per page (their envelopes are parsed).
 CODE_BUDGET = 1_000
 #: Entries read from one index per round trip while filtering.
 CHUNK = 1_000
 
 
-def _args(q: ListQuery) -> list[str | int]:
+def _args(q: ListQuery, tools: list[str]) -> list[str | int]:
     after = q.after
     return [
-        int(q.newest_first),
+        int(q.walk_newest),
         "" if after is None else after.score,
         "" if after is None else after.ref,
         "" if q.max_score is None else q.max_score,
         q.limit,
         SCAN_BUDGET,
         CODE_BUDGET if q.code is not None else SCAN_BUDGET,
-        CHUNK if q.filtered else q.limit + 1,
+        CHUNK if q.filtered else q.limit + 2,
         q.ref_contains or "",
         q.code or "",
-        q.state.value,
         int(not q.filtered),
+        q.search or "",
+        *index_args(tools, q),
     ]
 
 
@@ -107,7 +124,7 @@ def read_page(client: redis.Redis, q: ListQuery, keys: Keys) -> OperationPage:
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    return page_of(script(keys=list_keys(keys, tools, q), args=_args(q)), q)
+    return page_of(script(keys=list_keys(keys, tools, q), args=_args(q, tools)), q)
 
 
 def read_page_cells(client: redis.Redis, q: ListQuery, cells: list[Keys]) -> OperationPage:
@@ -122,7 +139,9 @@ def read_page_cells(client: redis.Redis, q: ListQuery, cells: list[Keys]) -> Ope
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    return merge_cells([script(keys=list_keys(keys, tools, q), args=_args(q)) for keys in cells], q)
+    return merge_cells(
+        [script(keys=list_keys(keys, tools, q), args=_args(q, tools)) for keys in cells], q
+    )
 
 
 async def aread_page_cells(
@@ -139,7 +158,7 @@ async def aread_page_cells(
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    raws = [await script(keys=list_keys(keys, tools, q), args=_args(q)) for keys in cells]
+    raws = [await script(keys=list_keys(keys, tools, q), args=_args(q, tools)) for keys in cells]
     return merge_cells(raws, q)
 
 
@@ -149,4 +168,4 @@ async def aread_page(client: aioredis.Redis, q: ListQuery, keys: Keys) -> Operat
     if not tools:
         return empty_page(q)
     script = client.register_script(LIST)
-    return page_of(await script(keys=list_keys(keys, tools, q), args=_args(q)), q)
+    return page_of(await script(keys=list_keys(keys, tools, q), args=_args(q, tools)), q)

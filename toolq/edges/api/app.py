@@ -245,7 +245,9 @@ def create_app(
         dependencies=[_require("read")],
     )
     async def list_operations(
-        state: Annotated[str, Query(description="The state listed, e.g. waiting_retry.")],
+        state: Annotated[
+            str | None, Query(description="The state listed, e.g. waiting_retry; none: all.")
+        ] = None,
         tool: Annotated[str | None, Query(max_length=64)] = None,
         code: Annotated[str | None, Query(max_length=64, description="Envelope code.")] = None,
         ref_contains: Annotated[str | None, Query(max_length=max_ref)] = None,
@@ -255,12 +257,16 @@ def create_app(
         cursor: Annotated[str | None, Query(max_length=1024)] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         order: Annotated[Literal["oldest", "newest"], Query()] = "oldest",
+        q: Annotated[
+            str | None, Query(description="Search: a part of a ref, or of a tool's name.")
+        ] = None,
     ) -> OperationPage:
-        """Operations in a state, a page at a time (``next_cursor`` continues).
+        """Operations in a state (or in every state), a page at a time (``next_cursor``
+        continues, ``prev_cursor`` goes back).
 
         ``total`` counts the list when only ``tool``/``older_than`` filter it; with
-        ``code`` or ``ref_contains`` a page examines a bounded number of entries and
-        says ``partial`` when it stopped before it was full.
+        ``code``, ``ref_contains`` or ``q`` a page examines a bounded number of entries
+        and says ``partial`` when it stopped before it was full.
         """
         return await tq.aio.list_operations(
             state,
@@ -271,6 +277,7 @@ def create_app(
             cursor=cursor,
             limit=limit,
             newest_first=order == "newest",
+            search=q,
         )
 
     @app.get("/v1/tools", responses=ERROR_RESPONSES, dependencies=[_require("read")])

@@ -17,7 +17,16 @@ import click
 from toolq.core.settings import settings_problem
 
 #: Where each area of commands lives (``toolq.edges.cli.<name>``, its ``COMMANDS``).
-MODULES = ("processes", "operations", "monitor", "stack", "interfaces", "cells", "ledger")
+MODULES = (
+    "processes",
+    "operations",
+    "monitor",
+    "stack",
+    "interfaces",
+    "cells",
+    "ledger",
+    "lists",
+)
 #: Commands that load only their own module; any other name loads every module.
 QUICK = {"status": "monitor", "show": "operations"}
 

@@ -310,6 +310,8 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
         + ("  (none live: nothing due will move)" if not sched["live"] and sched["backlog"] else "")
     )
     lines.append(f"workers     {_workers(workers)}")
+    if snap.get("rates"):
+        lines.append(f"per minute  {_rates(snap['rates'])}")
     lines += [_waiting(w) for w in snap.get("waiting", ())]
     if snap.get("stack"):
         lines += ["", *_stack_lines(snap["stack"], snap.get("at"))]
@@ -395,6 +397,16 @@ def _beats(per_queue: dict[str, Any]) -> str:
     return "  ".join(cells)
 
 
+def _rates(r: dict[str, Any]) -> str:
+    """Submitted and succeeded a minute, over 5 and 60 minutes (count / window)."""
+    if r["last_60m"].get("submitted") is None:
+        return "- (no samples: no scheduler has run)"
+    return "  ".join(
+        f"last {label}: submitted {r[key]['submitted']:g}, succeeded {r[key]['succeeded']:g}"
+        for label, key in (("5 min", "last_5m"), ("60 min", "last_60m"))
+    )
+
+
 def _workers(w: dict[str, Any]) -> str:
     if not w.get("checked"):
         return "not checked (--no-workers)"
@@ -403,10 +415,10 @@ def _workers(w: dict[str, Any]) -> str:
     names = ", ".join(w.get("names", [])[:5])
     more = "" if len(w.get("names", [])) <= 5 else ", ..."
     text = f"live {w['live']}" + (f"  ({names}{more})" if names else "")
-    silent = [n for n in w.get("nodes", ()) if not n["alive"]]
-    if silent:  # stopped beating without saying goodbye (killed, or cut off)
-        latest = min(n["age_s"] for n in silent)
-        text += f"  silent {len(silent)} (the latest beat {_age(latest)} ago)"
+    gone = w.get("gone") or [n for n in w.get("nodes", ()) if not n["alive"]]
+    if gone:  # stopped beating without saying goodbye (killed, or cut off)
+        latest = min(n["age_s"] for n in gone)
+        text += f"  gone {len(gone)} (the latest beat {_age(latest)} ago)"
     return text
 
 

@@ -70,7 +70,7 @@ async def aread_status(
             per_tool[tool] = parse_tool(more, sources)
             escalated[tool] = parse_escalated(more, sources)
     snap = shape_read(common, per_tool, ledger_tools, sources, now_ms)
-    snap["workers"] = shape_workers(common["nodes"], now_ms)
+    snap["workers"] = shape_workers(common["nodes"], now_ms, sources.alive_ms)
     snap["waiting"] = waiting(snap, now_ms)
     oldest_escalated = {
         t: (as_text(first[0][0]), int(first[0][1])) for t, first in escalated.items() if first

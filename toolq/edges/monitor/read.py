@@ -24,7 +24,8 @@ from toolq.core.layout import Layout, SingleTag
 from toolq.core.settings import ToolqSettings
 from toolq.core.states import State
 from toolq.core.text import as_text
-from toolq.edges.monitor.shape import AGED, STATES, shape, shape_workers, waiting
+from toolq.edges.monitor.shape import AGED, STATES, rates, shape, shape_workers, waiting
+from toolq.services.scheduler import series as samples
 from toolq.topology import topology_for
 from toolq.topology.publish import Inline, Outbox, Publish
 
@@ -130,6 +131,8 @@ class Sources:
     #: The ledger's cells (None: the single tag of :attr:`keys`); :attr:`keys` names
     #: the deployment-wide keys.
     layout: Layout | None = None
+    #: A worker beat older than this (ms) is not live (``worker.alive_s``).
+    alive_ms: int = ALIVE_MS
 
     @property
     def cell_keys(self) -> list[Keys]:
@@ -148,6 +151,7 @@ def settings_sources(settings: ToolqSettings) -> Sources:
         (q.calls, q.verify),
         backlog=backlogs[type(topology.publish)](),
         layout=topology.layout,
+        alive_ms=int(settings.worker.alive_s * 1000),
     )
 
 
@@ -177,12 +181,15 @@ def read_status(
     """
     probe = _Background(workers) if workers is not None else None
     guess = sorted(set(tools_hint))
+    fields = samples.series_fields(now_ms, 1.0)
     pipe = client.pipeline(transaction=False)
     queue_common(pipe, sources, now_ms)
+    pipe.hmget(sources.keys.series, [str(f) for f in fields])
     for tool in guess:
         queue_tool(pipe, sources, tool)
     replies = iter(pipe.execute())
     common = parse_common(replies, sources, now_ms)
+    sampled = [samples.parse_sample(raw) for raw in next(replies)]
     per_tool = {tool: parse_tool(replies, sources) for tool in guess}
     ledger_tools = known_tools(common)
     missing = sorted(ledger_tools - set(guess))
@@ -197,10 +204,11 @@ def read_status(
     if probe is not None:
         snap["workers"] = probe.result()
     elif beats:
-        snap["workers"] = shape_workers(common["nodes"], now_ms)
+        snap["workers"] = shape_workers(common["nodes"], now_ms, sources.alive_ms)
     else:
         snap["workers"] = {"checked": False}
     snap["waiting"] = waiting(snap, now_ms)
+    snap["rates"] = rates(samples.points(sampled), now_ms)
     return snap
 
 
@@ -229,6 +237,7 @@ def shape_read(
         schedulers=common["schedulers"],
         worker_beats=common["worker_beats"],
         outbox=common["outbox"],
+        alive_ms=sources.alive_ms,
     )
 
 

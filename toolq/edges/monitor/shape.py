@@ -4,7 +4,7 @@ them together)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,6 +64,7 @@ def shape(
     schedulers: dict[str, int],
     worker_beats: dict[str, int] | None = None,
     outbox: dict[str, Any] | None = None,
+    alive_ms: int = ALIVE_MS,
 ) -> dict[str, Any]:
     """The snapshot from what was read; pure, so it is tested without Redis.
 
@@ -120,7 +121,9 @@ def shape(
             "depth": dict(queues),
             "unacked": unacked,
             # every queue read, and any other a worker beats for
-            "workers": {q: _beat(beats.get(q), now_ms) for q in sorted(set(queues) | set(beats))},
+            "workers": {
+                q: _beat(beats.get(q), now_ms, alive_ms) for q in sorted(set(queues) | set(beats))
+            },
         },
         "scheduler": {
             "backlog": backlog,
@@ -136,8 +139,15 @@ def shape(
     return snap
 
 
-def shape_workers(nodes: Iterable[WorkerNode], now_ms: int) -> dict[str, Any]:
-    """The workers as their heartbeats tell: every entry, and which are live. Pure."""
+def shape_workers(
+    nodes: Sequence[WorkerNode], now_ms: int, alive_ms: int = ALIVE_MS
+) -> dict[str, Any]:
+    """The workers as their heartbeats tell. Pure.
+
+    ``nodes``: the live ones (a beat at most ``alive_ms`` old); ``gone``: the others,
+    since their last beat, unless a live worker of the same node name replaced them
+    (a restart), so that a dead worker leaves the live list and does not linger beside
+    its successor."""
     shown = [
         {
             "node": n.node,
@@ -148,22 +158,28 @@ def shape_workers(nodes: Iterable[WorkerNode], now_ms: int) -> dict[str, Any]:
             "started_ms": n.started_ms,
             "last_beat_ms": n.beat_ms,
             "age_s": _secs(max(0, now_ms - n.beat_ms)),
-            "alive": now_ms - n.beat_ms <= ALIVE_MS,
+            "alive": now_ms - n.beat_ms <= alive_ms,
             "waiting": n.waiting,
         }
         for n in nodes
     ]
-    names = [w["node"] for w in shown if w["alive"]]
+    live = [w for w in shown if w["alive"]]
+    names = [w["node"] for w in live]
+    gone = [
+        {**w, "gone_since": _iso(n.beat_ms)}
+        for n, w in zip(nodes, shown, strict=True)
+        if not w["alive"] and w["node"] not in names
+    ]
     return {"checked": True, "source": "heartbeats", "live": len(names), "names": names,
-            "nodes": shown}  # fmt: skip
+            "nodes": live, "gone": gone}  # fmt: skip
 
 
-def _beat(beat_ms: int | None, now_ms: int) -> dict[str, Any]:
+def _beat(beat_ms: int | None, now_ms: int, alive_ms: int) -> dict[str, Any]:
     """A queue's last worker heartbeat: when, and whether that counts as live."""
     if beat_ms is None:
         return {"last_beat_ms": None, "age_s": None, "alive": False}
     age = now_ms - beat_ms
-    return {"last_beat_ms": beat_ms, "age_s": _secs(max(0, age)), "alive": age <= ALIVE_MS}
+    return {"last_beat_ms": beat_ms, "age_s": _secs(max(0, age)), "alive": age <= alive_ms}
 
 
 def _aged(ref: str, since_ms: int, now_ms: int) -> dict[str, Any]:
@@ -188,7 +204,7 @@ def shape_overview(
 
     ``pending``: per state of :data:`RECOVERY`, how many and the oldest (tool,
     ref, age); ``scheduler.lag_s``: how late the earliest due item is;
-    ``rates``: operations per minute over the last 5 and 60 minutes of samples.
+    ``rates``: operations per minute over the last 5 and 60 minutes (count / window).
     """
     tools: dict[str, Any] = snap["tools"]
     totals = snap["totals"]
@@ -205,19 +221,33 @@ def shape_overview(
         **snap,
         "pending": pending,
         "scheduler": {**snap["scheduler"], "lag_s": lag},
-        "rates": {"last_5m": _rates(recent, now_ms, 5), "last_60m": _rates(recent, now_ms, 60)},
+        "rates": rates(recent, now_ms),
         "tools_count": len(tools),
     }
 
 
+def rates(recent: list[Point], now_ms: int) -> dict[str, dict[str, float | None]]:
+    """Operations per minute over the last 5 and 60 minutes (count / window). Pure."""
+    return {"last_5m": _rates(recent, now_ms, 5), "last_60m": _rates(recent, now_ms, 60)}
+
+
 def _rates(recent: list[Point], now_ms: int, minutes: int) -> dict[str, float | None]:
-    """Per minute, over the points of the last ``minutes`` (None: no samples yet)."""
+    """Per minute over the last ``minutes``: the counts of the points in it over the
+    window (None: no samples yet). A stack younger than the window had nothing
+    before it: those minutes count as none, they do not shorten the window."""
     since = now_ms - minutes * 60_000
     window = [p for p in recent if p.at_ms > since and p.interval_ms > 0]
     span_ms = sum(p.interval_ms for p in window)
     if not span_ms:
         return dict.fromkeys(samples.COUNTED)
     return {
-        name: round(sum(p.counts.get(name, 0) for p in window) * 60_000 / span_ms, 2)
+        name: per_minute(sum(p.counts.get(name, 0) for p in window), minutes, span_ms)
         for name in samples.COUNTED
     }
+
+
+def per_minute(count: int, minutes: float, span_ms: int) -> float:
+    """``count`` per minute over a window of ``minutes``: count / window, whatever part
+    of it the samples cover; over the samples' span if it is longer (a sample missed
+    at the window's start makes the first point cover more than its minute). Pure."""
+    return round(count * 60_000 / max(span_ms, minutes * 60_000), 2)

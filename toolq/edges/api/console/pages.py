@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
 
 PAGE_SIZES = (25, 50, 100, 200)
+#: The list's ``state`` for every state (what a search shows unless one is asked for).
+ALL = "all"
 #: Hours the overview's charts cover.
 CHART_HOURS = 3.0
 
@@ -102,16 +104,21 @@ class Pages:
         visitor = self.web.visitor(request, "read")
         live = request.url.path.endswith("/live")
         q = request.query_params
-        state_text = q.get("state") or str(State.WAITING_RETRY)
+        search = q.get("q", "").strip()
+        # A search looks in every state unless a state is asked for; a list, in one.
+        state_text = q.get("state") or (ALL if search else str(State.WAITING_RETRY))
         filters = {k: q.get(k, "").strip() for k in ("tool", "code", "ref", "older_than")}
         limit_text = q.get("limit") or "50"
+        order = "newest" if q.get("order") == "newest" else "oldest"
         cursor = q.get("cursor") or None
         problems: dict[str, str] = {}
-        try:
-            state = State(state_text)
-        except ValueError:
-            state = State.WAITING_RETRY
-            problems["state"] = "not a state"
+        state: State | None = None
+        if state_text != ALL:
+            try:
+                state = State(state_text)
+            except ValueError:
+                state = State.WAITING_RETRY
+                problems["state"] = "not a state"
         try:
             older = present.parse_age(filters["older_than"])
         except ValueError as exc:
@@ -131,48 +138,48 @@ class Pages:
                     older_than_s=older,
                     cursor=cursor,
                     limit=limit,
+                    newest_first=order == "newest",
+                    search=search or None,
                 )
             except errors.InvalidArguments as exc:
                 problems = list_problems(exc)
         base = base_path(request)
-        here = with_query(
-            f"{base}/operations", state=str(state), **filters, limit=limit_text, cursor=cursor
-        )
+        shown = ALL if state is None else str(state)
+        kept = {"state": shown, "q": search, **filters, "limit": limit_text}
+
+        def at(path: str = "/operations", **more: str | None) -> str:
+            newest = order if order == "newest" else None
+            return with_query(f"{base}{path}", **{**kept, "order": newest, **more})
+
         context = {
-            "title": f"{state}",
+            "title": f"Search: {search}" if search else shown,
             "page_kind": "list",
-            "state": str(state),
+            "state": shown,
+            "search": search,
             "states": [str(s) for s in present.LIST_STATES],
             "filters": filters,
             "limit": limit_text,
+            "order": order,
             "page_sizes": PAGE_SIZES,
             "cursor": cursor or "",
             "page": page,
             "problems": problems,
-            "here": here,
-            "first_page": with_query(
-                f"{base}/operations", state=str(state), **filters, limit=limit_text
+            "here": at(cursor=cursor),
+            "first_page": at(),
+            "prev_page": at(cursor=page.prev_cursor) if page and page.prev_cursor else None,
+            "next_page": at(cursor=page.next_cursor) if page and page.next_cursor else None,
+            "flip_order": with_query(
+                f"{base}/operations",
+                **kept,
+                order=None if order == "newest" else "newest",
             ),
-            "next_page": (
-                with_query(
-                    f"{base}/operations",
-                    state=str(state),
-                    **filters,
-                    limit=limit_text,
-                    cursor=page.next_cursor,
-                )
-                if page is not None and page.next_cursor
-                else None
-            ),
-            "live_url": with_query(
-                f"{base}/operations/live",
-                state=str(state),
-                **filters,
-                limit=limit_text,
-                cursor=cursor,
-            ),
-            "bulk_actions": [a for a in actions_for(state, bulk=True) if visitor.may(a.scope)],
-            "bulk_refused": [a for a in actions_for(state, bulk=True) if not visitor.may(a.scope)],
+            "live_url": at("/operations/live", cursor=cursor),
+            "bulk_actions": [a for a in actions_for(state, bulk=True) if visitor.may(a.scope)]
+            if state is not None
+            else [],
+            "bulk_refused": [a for a in actions_for(state, bulk=True) if not visitor.may(a.scope)]
+            if state is not None
+            else [],
             "tools": sorted(t.name for t in self.tq.registry),
         }
         template = "operations_live.html" if live else "operations.html"
@@ -237,7 +244,7 @@ class Pages:
 
 
 def list_problems(exc: errors.InvalidArguments) -> dict[str, str]:
-    names = {"ref_contains": "ref", "older_than": "older_than"}
+    names = {"ref_contains": "ref", "older_than": "older_than", "q": "search"}
     out: dict[str, str] = {}
     for fe in exc.field_errors:
         out[names.get(fe.field, fe.field)] = scrub(fe.rule)[:200]

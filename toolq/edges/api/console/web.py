@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from toolq.core.states import TERMINAL
 from toolq.edges.api.auth import Tokens
 from toolq.edges.api.console import present
 from toolq.edges.api.console.session import (
@@ -124,6 +125,7 @@ class Web:
         self.env.globals["until"] = present.until
         self.env.globals["recovery_time"] = present.recovery_time
         self.env.globals["covered"] = present.covered
+        self.env.globals["terminal_states"] = TERMINAL
         from toolq import __version__
 
         self.version = __version__
