@@ -44,6 +44,8 @@ from toolq import ToolQueue
 from toolq.core.envelope import ToolError, parse_envelope
 from toolq.core.errors import RateLimited as RateLimitedFailure
 from toolq.core.errors import error_envelope
+from toolq.core.own_envelopes import success_envelope
+from toolq.core.record import HistoryEntry
 from toolq.core.states import State
 from toolq.edges.mcp_server import create_server
 from toolq.edges.mcp_server.taskview import (
@@ -52,6 +54,7 @@ from toolq.edges.mcp_server.taskview import (
     BadAnswer,
     answer,
     describe,
+    detailed,
     form_schema,
     input_requests,
     poll_interval_ms,
@@ -265,6 +268,34 @@ def test_the_status_message_says_what_toolq_is_doing(
     state: State, envelope: ToolError | None, message: str
 ) -> None:
     assert describe(state, envelope, 2, 5) == message
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "code"),
+    [
+        # an operator's retry of an escalated write: its task ended at the escalation
+        (State.QUEUED, "completed", "VERIFICATION_UNAVAILABLE"),
+        (State.RUNNING, "completed", "VERIFICATION_UNAVAILABLE"),
+        (State.AWAITING_APPROVAL, "completed", "VERIFICATION_UNAVAILABLE"),
+        # the retry settled: the task's result is what happened
+        (State.SUCCEEDED, "completed", "OK"),
+    ],
+)
+def test_a_task_stays_completed_when_an_operator_retries_its_escalated_write(
+    state: State, status: str, code: str
+) -> None:
+    escalated = HistoryEntry(at=0, to=State.ESCALATED, code="VERIFICATION_UNAVAILABLE")
+    rec = record_in(state).model_copy(update={"operator_retries": 1, "history": [escalated]})
+    if state is State.SUCCEEDED:
+        ok = success_envelope(rec.operation_ref, "t", None, {"id": 1}, NOW)
+        rec = rec.model_copy(update={"envelope": ok})
+    got = detailed(rec, poll=0.5, now=NOW, input_schema=None)
+    assert got["status"] == status
+    env = parse_envelope(got["result"]["structuredContent"])
+    assert getattr(env, "code", "OK") == code
+    # never retried: the state's own status
+    never = record_in(state).model_copy(update={"envelope": rec.envelope})
+    assert detailed(never, poll=0.5, now=NOW, input_schema=None)["status"] == task_status(state)
 
 
 def test_a_waiting_retry_is_polled_at_its_not_before() -> None:

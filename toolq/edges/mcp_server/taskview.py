@@ -16,6 +16,11 @@ succeeded, failed, escalated                 ``completed``     the ``CallToolRes
 cancelled                                    ``cancelled``
 ===========================================  ================  ==========================
 
+A task ends when its operation is escalated: ``completed`` is final in the
+extension. An operator may still retry an escalated write (``tq.resolve``); its
+task then stays ``completed`` with the escalation as its result until the retry
+settles, and the retry is followed with ``get_operation`` (:func:`reopened`).
+
 ``failed`` (a task status) is for JSON-RPC errors only, and toolq answers every
 call with an envelope, so no operation maps to it. An input request's key names
 what it asks and the attempt it belongs to (``approval-0``, ``arguments-2``):
@@ -33,7 +38,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from toolq.core.envelope import AnyEnvelope, Category, ToolError
-from toolq.core.own_envelopes import escalation_envelope
+from toolq.core.own_envelopes import FIXED, escalation_envelope
 from toolq.core.record import OperationRecord
 from toolq.core.redact import scrub, shown_args
 from toolq.core.render import to_mcp_result
@@ -140,14 +145,27 @@ def poll_interval_ms(record: OperationRecord, poll: float, now: datetime) -> int
     return max(1, math.ceil(interval * 1000))
 
 
+def reopened(record: OperationRecord) -> bool:
+    """An escalated operation an operator retried, not settled again: its task ended
+    at the escalation (``completed`` is final), so it stays completed."""
+    return record.operator_retries > 0 and task_status(record.state) in (
+        "working",
+        "input_required",
+    )
+
+
 def task(record: OperationRecord, *, poll: float, now: datetime) -> dict[str, Any]:
     """The ``Task`` fields shared by ``CreateTaskResult`` and ``tasks/get``."""
+    if reopened(record):
+        status: TaskStatus = "completed"
+        message = "escalated, then retried by an operator: follow it with get_operation"
+    else:
+        status = task_status(record.state)
+        message = describe(record.state, record.envelope, record.attempt, record.max_attempts)
     return {
         "taskId": record.operation_ref,
-        "status": task_status(record.state),
-        "statusMessage": describe(
-            record.state, record.envelope, record.attempt, record.max_attempts
-        ),
+        "status": status,
+        "statusMessage": message,
         "createdAt": stamp(record.created_at),
         "lastUpdatedAt": stamp(record.updated_at),
         # toolq keeps an operation as long as its retention allows; it sets no TTL of its own.
@@ -179,12 +197,15 @@ def detailed(
 
 
 def final_envelope(record: OperationRecord) -> AnyEnvelope:
-    """A settled operation's envelope (every terminal transition writes one)."""
-    if record.envelope is not None:
+    """A settled operation's envelope (every terminal transition writes one); for a
+    :func:`reopened` one, the escalation its task ended with."""
+    if record.envelope is not None and not reopened(record):
         return record.envelope
-    return escalation_envelope(  # pragma: no cover - a record written by hand
-        "ESCALATED", record.operation_ref, record.tool, record.call_id
-    )
+    # The escalation's own code where toolq has a fixed envelope for it (a lost
+    # worker's is OUTCOME_UNVERIFIABLE's words); else: a person must check.
+    codes = [h.code for h in record.history if h.to is State.ESCALATED and h.code in FIXED]
+    code = codes[-1] if codes else "OUTCOME_UNVERIFIABLE"
+    return escalation_envelope(code, record.operation_ref, record.tool, record.call_id)
 
 
 # --------------------------------------------------------------------------- input
