@@ -75,7 +75,6 @@ from agents.strict_schema import ensure_strict_json_schema
 from agents.tool_context import ToolContext
 
 from toolq.core import errors
-from toolq.core.record import OperationRecord
 from toolq.core.states import State
 from toolq.integrations import common
 from toolq.integrations.common import DEFAULT_WAIT, FOLLOW_TOOL, Kind, kind_of, output_text
@@ -209,7 +208,8 @@ async def forward_decisions(
             else:
                 await tq.aio.cancel(ref, by=f"{BY}:reject")
         except errors.InvalidState:
-            if not decision and _approved(await tq.aio.get(ref)):
+            rec = await tq.aio.get(ref)
+            if not decision and rec is not None and rec.approved:
                 state.approve(item)  # toolq approved it first: the write is not undone
         except errors.OperationNotFound:
             continue  # never submitted (toolq was away): the SDK's decision is the only one
@@ -222,14 +222,6 @@ def tools(
     unless ``follow=False``."""
     made = [tool(tq, name, wait=wait, scope=scope) for name in common.tool_names(tq)]
     return [*made, follow_tool(tq, wait=wait)] if follow else made
-
-
-def _approved(rec: OperationRecord | None) -> bool:
-    """Whether toolq approved the operation (it left ``awaiting_approval`` to run)."""
-    return rec is not None and any(
-        h.from_ is State.AWAITING_APPROVAL and h.to in (State.QUEUED, State.RUNNING)
-        for h in rec.history
-    )
 
 
 def _arguments(raw: str) -> Any:
