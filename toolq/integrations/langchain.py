@@ -45,7 +45,8 @@ with ``create_agent``); a plain ``tool.ainvoke(tool_call)`` works too.
   ``Command(resume={"type": "approve"})`` or ``{"type": "reject", "message": ...}``
   (keyed by interrupt id when several calls paused at once; answers are
   validated: a bad one can be given again). The decision is forwarded to toolq
-  (``approve`` / ``cancel``) and the write runs once, under the same ref. The
+  (``approve`` / ``cancel``, recorded as ``langgraph:approve`` / ``langgraph:reject``;
+  docs/integrations.md, "Approval: one rule") and the write runs once, under the same ref. The
   operation waits in toolq meanwhile, so an operator may decide first (console,
   CLI, API): the resumed call then answers with what happened. Outside a graph,
   or in one run without a thread (it could never be resumed), the model is told

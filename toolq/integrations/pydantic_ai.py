@@ -27,8 +27,12 @@ What an envelope becomes (:mod:`toolq.integrations.common` kinds):
   run again with ``ctx.tool_call_approved``: the decision goes to toolq
   (``tq.aio.approve``, recorded as ``pydantic-ai:approve``) and the write runs
   once. Pydantic AI never runs a denied call, so pass the results to
-  :func:`forward_decisions` to cancel it in toolq (else toolq's
-  ``approval_timeout`` escalates it; nothing is written either way). An
+  :func:`forward_decisions` to cancel it in toolq (``pydantic-ai:reject``; else
+  toolq's ``approval_timeout`` escalates it; nothing is written either way). The
+  operation waits in toolq (``awaiting_approval``, in the console) from the
+  pause on, so an operator may decide first: the resumed call answers with what
+  happened, and a denial after an operator's approval becomes an approval (the
+  write is not undone; docs/integrations.md, "Approval: one rule"). An
   approval that edits the arguments (``override_args``) is refused by toolq,
   which binds an approval to the arguments it was asked for.
 - still pending past ``wait`` (toolq retries a rate limit, verifies an
