@@ -305,6 +305,44 @@ def test_a_rejected_approval_writes_nothing(agents_tq: ToolQueue, forward: bool)
         assert rec.state is State.AWAITING_APPROVAL
 
 
+@pytest.mark.parametrize("always", ["approve", "reject"])
+def test_a_sticky_decision_is_not_asked_again(agents_tq: ToolQueue, always: str) -> None:
+    # Given a run paused on its first transfer, decided for every later call of the tool
+    first = {"to_account": "acc-1", "amount_cents": 100}
+    second = {"to_account": "acc-2", "amount_cents": 200}
+    ids = (f"call_st_{always}_1", f"call_st_{always}_2")
+    model = ScriptedModel(
+        [
+            [function_call("transfer", first, call_id=ids[0])],
+            [function_call("transfer", second, call_id=ids[1])],
+            [assistant_message("done")],
+        ]
+    )
+    agent = Agent(name="agent", model=model, tools=openai_agents.tools(agents_tq))
+
+    async def body() -> RunResult:
+        paused = await Runner.run(agent, "go", run_config=CONFIG)
+        state = paused.to_state()
+        for item in paused.interruptions:
+            if always == "approve":
+                state.approve(item, always_approve=True)
+            else:
+                state.reject(item, always_reject=True)
+        await openai_agents.forward_decisions(agents_tq, state)
+        return await Runner.run(agent, state, run_config=CONFIG)
+
+    resumed = run_async(agents_tq, body)
+    # Then the second call was not asked (the run did not stop again)
+    assert resumed.interruptions == [] and resumed.final_output == "done"
+    later = agents_tq.get(ids[1])
+    if always == "approve":  # submitted and approved in toolq when the tool ran
+        assert later is not None and later.approved and effects(agents_tq, ids[1]) == 1
+        assert "openai-agents:approve" in [h.by for h in later.history]
+    else:  # the SDK rejected it without calling the tool: it never reached toolq
+        assert later is None and effects(agents_tq, ids[1]) == 0
+        assert "not approved" in outputs(model)[ids[1]]
+
+
 def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQueue) -> None:
     _, model = run(
         agents_tq,
