@@ -244,7 +244,33 @@ def test_a_rejected_approval_cancels_the_operation_and_tells_the_model(
     assert answer.artifact["code"] == "OPERATION_CANCELLED"
     rec = agents_tq.get(ref)
     assert rec is not None and rec.state is State.CANCELLED
+    assert rec.history[-1].by == "langgraph:reject"
     assert effects(agents_tq, ref) == 0 and attempts(agents_tq, ref) == []
+
+
+@pytest.mark.parametrize("resume", ["approve", "reject"])
+def test_an_operator_decides_in_toolq_while_the_graph_is_paused(
+    agents_tq: ToolQueue, resume: str
+) -> None:
+    # Given a graph paused for approval, its call listed awaiting approval (the console)
+    args = {"to_account": "acct_ann", "amount_cents": 300}
+    call_id = f"call_op_{resume}"
+    c = Conversation(agents_tq, [call("transfer", args, call_id), AIMessage(content="ok")])
+    ref = c.ref(call_id)
+    c.run()
+    listed = agents_tq.list_operations("awaiting_approval")
+    assert ref in [i.operation_ref for i in listed.items]
+    # When an operator approves it there and the write completes, then the graph resumes
+    agents_tq.approve(ref, by="operator:approve")
+    assert agents_tq.wait(ref, timeout=15).ok
+    c.run(Command(resume={"type": resume, "message": "no"}))
+    # Then the first decision stood: one write, and the model reads its result either way
+    answer = c.tool_messages()[call_id]
+    assert answer.status == "success" and "rejected" not in str(answer.content)
+    assert json.loads(str(answer.content))["transferred"] == 300
+    rec = agents_tq.get(ref)
+    assert rec is not None and effects(agents_tq, ref) == 1 and attempts(agents_tq, ref) == [1]
+    assert not any(h.by.startswith("langgraph:") for h in rec.history)
 
 
 def test_a_graph_run_without_a_thread_tells_the_model_instead_of_pausing(

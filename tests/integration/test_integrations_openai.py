@@ -121,45 +121,134 @@ def test_invalid_arguments_come_back_as_the_tool_output_naming_the_fields(
     assert [effects(agents_tq, f"call_inv_{i}") for i in (1, 2, 3, 4)] == [0, 0, 0, 1]
 
 
+TRANSFER_RESULT = {"transferred": 500, "to": "acc-9", "approved": True}
+
+
+def transfer_run(tq: ToolQueue, call_id: str) -> tuple[Agent[Any], ScriptedModel]:
+    """An agent whose model asks for one ``transfer`` (approval required), then answers."""
+    args = {"to_account": "acc-9", "amount_cents": 500}
+    model = ScriptedModel(
+        [[function_call("transfer", args, call_id=call_id)], [assistant_message("done")]]
+    )
+    return Agent(name="agent", model=model, tools=openai_agents.tools(tq)), model
+
+
+async def paused_and_listed(
+    tq: ToolQueue, agent: Agent[Any], ref: str
+) -> tuple[RunResult, list[str]]:
+    """The run, paused for approval, and the refs toolq lists awaiting approval (the
+    console's list), checked to hold the call with its arguments."""
+    paused = await Runner.run(agent, "go", run_config=CONFIG)
+    assert [i.tool_name for i in paused.interruptions] == ["transfer"]
+    listed = await tq.aio.list_operations("awaiting_approval")
+    rec = await tq.aio.get(ref)
+    assert rec is not None and rec.state is State.AWAITING_APPROVAL
+    assert rec.args == {"to_account": "acc-9", "amount_cents": 500} and rec.call_id == ref
+    return paused, [i.operation_ref for i in listed.items]
+
+
 def test_an_approval_pauses_the_run_and_the_approved_write_runs_once(
     agents_tq: ToolQueue,
 ) -> None:
-    args = {"to_account": "acc-9", "amount_cents": 500}
-    model = ScriptedModel(
-        [[function_call("transfer", args, call_id="call_appr_1")], [assistant_message("done")]]
-    )
-    agent = Agent(name="agent", model=model, tools=openai_agents.tools(agents_tq))
+    agent, model = transfer_run(agents_tq, "call_appr_1")
 
-    async def body() -> tuple[RunResult, Any, RunResult]:
-        paused = await Runner.run(agent, "go", run_config=CONFIG)
-        before = await agents_tq.aio.get("call_appr_1")
+    async def body() -> tuple[list[str], RunResult]:
+        paused, listed = await paused_and_listed(agents_tq, agent, "call_appr_1")
         state = paused.to_state()
         for item in paused.interruptions:
             state.approve(item)
-        return paused, before, await Runner.run(agent, state, run_config=CONFIG)
+        return listed, await Runner.run(agent, state, run_config=CONFIG)
 
-    paused, before, resumed = run_async(agents_tq, body)
+    listed, resumed = run_async(agents_tq, body)
 
-    # The run stopped before anything reached toolq or the provider
-    assert [i.tool_name for i in paused.interruptions] == ["transfer"]
-    assert before is None
+    # While the run was paused the call waited in toolq, as the console lists it,
+    # and nothing had reached the provider
+    assert "call_appr_1" in listed
     # Approved and resumed: the write ran once, approved, and toolq recorded who approved
     assert resumed.final_output == "done"
-    assert json.loads(outputs(model)["call_appr_1"]) == {
-        "transferred": 500,
-        "to": "acc-9",
-        "approved": True,
-    }
+    assert json.loads(outputs(model)["call_appr_1"]) == TRANSFER_RESULT
     assert effects(agents_tq, "call_appr_1") == 1
     rec = agents_tq.get("call_appr_1")
     assert rec is not None and "openai-agents:approve" in [h.by for h in rec.history]
 
     # A replay of the approved step is not asked again and writes nothing new
+    args = {"to_account": "acc-9", "amount_cents": 500}
     again, _ = run(
         agents_tq,
         [[function_call("transfer", args, call_id="call_appr_1")], [assistant_message("done")]],
     )
     assert again.interruptions == [] and effects(agents_tq, "call_appr_1") == 1
+
+
+def test_an_operator_approves_in_toolq_while_the_run_is_paused(agents_tq: ToolQueue) -> None:
+    # Given a run paused for approval, its call awaiting approval in toolq
+    agent, model = transfer_run(agents_tq, "call_op_1")
+
+    async def body() -> RunResult:
+        paused, listed = await paused_and_listed(agents_tq, agent, "call_op_1")
+        assert "call_op_1" in listed
+        # When an operator approves it in toolq (as the console's button does) and the
+        # write completes, then the run's user approves too and the run resumes
+        await agents_tq.aio.approve("call_op_1", by="operator:approve")
+        await agents_tq.aio.wait("call_op_1", timeout=15)
+        state = paused.to_state()
+        for item in paused.interruptions:
+            state.approve(item)
+        await openai_agents.forward_decisions(agents_tq, state)
+        return await Runner.run(agent, state, run_config=CONFIG)
+
+    resumed = run_async(agents_tq, body)
+    # Then the resumed call reads the one write's result; the second approval wrote nothing
+    assert resumed.final_output == "done"
+    assert json.loads(outputs(model)["call_op_1"]) == TRANSFER_RESULT
+    assert effects(agents_tq, "call_op_1") == 1 and attempts(agents_tq, "call_op_1") == [1]
+    rec = agents_tq.get("call_op_1")
+    assert rec is not None and rec.state is State.SUCCEEDED
+    by = [h.by for h in rec.history]
+    assert "operator:approve" in by and "openai-agents:approve" not in by
+
+
+def test_a_rejection_after_an_operator_approved_reads_what_happened(
+    agents_tq: ToolQueue,
+) -> None:
+    agent, model = transfer_run(agents_tq, "call_late_1")
+
+    async def body() -> RunResult:
+        paused, _ = await paused_and_listed(agents_tq, agent, "call_late_1")
+        await agents_tq.aio.approve("call_late_1", by="operator:approve")
+        await agents_tq.aio.wait("call_late_1", timeout=15)
+        state = paused.to_state()
+        for item in paused.interruptions:
+            state.reject(item)
+        await openai_agents.forward_decisions(agents_tq, state)
+        return await Runner.run(agent, state, run_config=CONFIG)
+
+    run_async(agents_tq, body)
+    # toolq decided first: the write happened once and the model is told so, not "rejected"
+    assert json.loads(outputs(model)["call_late_1"]) == TRANSFER_RESULT
+    assert effects(agents_tq, "call_late_1") == 1
+    rec = agents_tq.get("call_late_1")
+    assert rec is not None and "openai-agents:reject" not in [h.by for h in rec.history]
+
+
+def test_an_operator_cancels_in_toolq_and_the_approved_resume_writes_nothing(
+    agents_tq: ToolQueue,
+) -> None:
+    agent, model = transfer_run(agents_tq, "call_opc_1")
+
+    async def body() -> RunResult:
+        paused, _ = await paused_and_listed(agents_tq, agent, "call_opc_1")
+        await agents_tq.aio.cancel("call_opc_1", by="operator:cancel")
+        state = paused.to_state()
+        for item in paused.interruptions:
+            state.approve(item)
+        await openai_agents.forward_decisions(agents_tq, state)
+        return await Runner.run(agent, state, run_config=CONFIG)
+
+    run_async(agents_tq, body)
+    assert "OPERATION_CANCELLED" in outputs(model)["call_opc_1"]
+    assert effects(agents_tq, "call_opc_1") == 0
+    assert agents_tq.get("call_opc_1").state is State.CANCELLED  # type: ignore[union-attr]
 
 
 def test_an_approved_state_resumed_twice_writes_once(agents_tq: ToolQueue) -> None:
@@ -191,10 +280,44 @@ def test_an_approved_state_resumed_twice_writes_once(agents_tq: ToolQueue) -> No
     assert effects(agents_tq, "call_twice_1") == 1 and attempts(agents_tq, "call_twice_1") == [1]
 
 
-def test_a_rejected_approval_sends_nothing(agents_tq: ToolQueue) -> None:
-    args = {"to_account": "acc-9", "amount_cents": 700}
+@pytest.mark.parametrize("forward", [True, False])
+def test_a_rejected_approval_writes_nothing(agents_tq: ToolQueue, forward: bool) -> None:
+    call_id = f"call_rej_{forward}"
+    agent, model = transfer_run(agents_tq, call_id)
+
+    async def body() -> RunResult:
+        paused, _ = await paused_and_listed(agents_tq, agent, call_id)
+        state = paused.to_state()
+        for item in paused.interruptions:
+            state.reject(item)
+        if forward:
+            await openai_agents.forward_decisions(agents_tq, state)
+        return await Runner.run(agent, state, run_config=CONFIG)
+
+    run_async(agents_tq, body)
+    assert "not approved" in outputs(model)[call_id]
+    assert effects(agents_tq, call_id) == 0
+    rec = agents_tq.get(call_id)
+    assert rec is not None
+    if forward:  # cancelled in toolq, recorded as the run's rejection
+        assert rec.state is State.CANCELLED
+        assert rec.history[-1].by == "openai-agents:reject"
+    else:  # the SDK never calls a rejected tool: toolq still waits (approval_timeout escalates)
+        assert rec.state is State.AWAITING_APPROVAL
+
+
+@pytest.mark.parametrize("always", ["approve", "reject"])
+def test_a_sticky_decision_is_not_asked_again(agents_tq: ToolQueue, always: str) -> None:
+    # Given a run paused on its first transfer, decided for every later call of the tool
+    first = {"to_account": "acc-1", "amount_cents": 100}
+    second = {"to_account": "acc-2", "amount_cents": 200}
+    ids = (f"call_st_{always}_1", f"call_st_{always}_2")
     model = ScriptedModel(
-        [[function_call("transfer", args, call_id="call_rej_1")], [assistant_message("ok")]]
+        [
+            [function_call("transfer", first, call_id=ids[0])],
+            [function_call("transfer", second, call_id=ids[1])],
+            [assistant_message("done")],
+        ]
     )
     agent = Agent(name="agent", model=model, tools=openai_agents.tools(agents_tq))
 
@@ -202,12 +325,23 @@ def test_a_rejected_approval_sends_nothing(agents_tq: ToolQueue) -> None:
         paused = await Runner.run(agent, "go", run_config=CONFIG)
         state = paused.to_state()
         for item in paused.interruptions:
-            state.reject(item)
+            if always == "approve":
+                state.approve(item, always_approve=True)
+            else:
+                state.reject(item, always_reject=True)
+        await openai_agents.forward_decisions(agents_tq, state)
         return await Runner.run(agent, state, run_config=CONFIG)
 
-    run_async(agents_tq, body)
-    assert "not approved" in outputs(model)["call_rej_1"]
-    assert agents_tq.get("call_rej_1") is None and effects(agents_tq, "call_rej_1") == 0
+    resumed = run_async(agents_tq, body)
+    # Then the second call was not asked (the run did not stop again)
+    assert resumed.interruptions == [] and resumed.final_output == "done"
+    later = agents_tq.get(ids[1])
+    if always == "approve":  # submitted and approved in toolq when the tool ran
+        assert later is not None and later.approved and effects(agents_tq, ids[1]) == 1
+        assert "openai-agents:approve" in [h.by for h in later.history]
+    else:  # the SDK rejected it without calling the tool: it never reached toolq
+        assert later is None and effects(agents_tq, ids[1]) == 0
+        assert "not approved" in outputs(model)[ids[1]]
 
 
 def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQueue) -> None:

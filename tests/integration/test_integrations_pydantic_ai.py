@@ -271,6 +271,30 @@ def test_a_denied_approval_is_forwarded_to_toolq_and_nothing_is_written(
     assert effects(agents_tq, ref) == 0 and attempts(agents_tq, ref) == []
 
 
+def test_a_denial_after_an_operator_approved_reads_what_happened(agents_tq: ToolQueue) -> None:
+    # Given a run paused for approval, whose call an operator approves in toolq (the
+    # console) and which then completes
+    args = {"to_account": "acct_ann", "amount_cents": 300}
+    c = Conversation(agents_tq, [call("transfer", args, "call_late"), say("done")])
+    ref = c.ref("call_late")
+    first, requests = c.run_to_pause()
+    agents_tq.approve(ref, by="operator:approve")
+    assert agents_tq.wait(ref, timeout=15).ok
+    # When the run's user denies it and the decisions are forwarded
+    results = requests.build_results(approvals={"call_late": ToolDenied("no")})
+    run_async(agents_tq, lambda: toolq_pydantic_ai.forward_decisions(agents_tq, requests, results))
+    c.run(first, deferred_tool_results=results)
+    # Then toolq's decision stands: one write, and the model reads it rather than the denial
+    assert c.answers()["call_late"].content == {
+        "transferred": 300,
+        "to": "acct_ann",
+        "approved": True,
+    }
+    rec = agents_tq.get(ref)
+    assert rec is not None and rec.approved and effects(agents_tq, ref) == 1
+    assert not any(h.by == "pydantic-ai:reject" for h in rec.history)
+
+
 def test_a_secret_in_an_upstream_error_never_reaches_the_model(agents_tq: ToolQueue) -> None:
     c = Conversation(
         agents_tq, [call("lookup_customer", {"customer_id": "cus_1"}, "call_crm"), say("sorry")]

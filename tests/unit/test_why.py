@@ -245,3 +245,27 @@ def test_toolq_show_says_why_under_the_timeline() -> None:
         f"escalated: {REASONS['VERIFICATION_UNAVAILABLE']}",
         "tried: 1 of 3 attempts, 0 verification checks (0 failed)",
     ]
+
+
+# (history, state) -> approved: an APPROVED entry, whoever made it, whatever came after
+APPROVED_TABLE = [
+    ([h(0, None, S.AWAITING_APPROVAL, "submit")], S.AWAITING_APPROVAL, False),
+    ([h(0, None, S.AWAITING_APPROVAL, "submit"),
+      h(1, S.AWAITING_APPROVAL, S.CANCELLED, "openai-agents:reject", "CANCELLED")],
+     S.CANCELLED, False),
+    ([h(0, None, S.AWAITING_APPROVAL, "submit"),
+      h(1, S.AWAITING_APPROVAL, S.ESCALATED, "scheduler", "APPROVAL_TIMEOUT")],
+     S.ESCALATED, False),
+    ([h(0, None, S.AWAITING_APPROVAL, "submit"),
+      h(1, S.AWAITING_APPROVAL, S.QUEUED, "operator:approve", "APPROVED")], S.QUEUED, True),
+    ([h(0, None, S.AWAITING_APPROVAL, "submit"),
+      h(1, S.AWAITING_APPROVAL, S.QUEUED, "langgraph:approve", "APPROVED"),
+      h(2, S.QUEUED, S.RUNNING), h(3, S.RUNNING, S.SUCCEEDED)], S.SUCCEEDED, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("history", "state", "approved"), APPROVED_TABLE)
+def test_a_record_says_whether_toolq_approved_it(
+    history: list[HistoryEntry], state: State, approved: bool
+) -> None:
+    assert record(state, history).approved is approved

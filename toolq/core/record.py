@@ -88,6 +88,12 @@ class OperationRecord(BaseModel):
     def pending_recovery(self) -> bool:
         return self.state in PENDING_RECOVERY
 
+    @property
+    def approved(self) -> bool:
+        """Whether someone approved it in toolq (an ``APPROVED`` entry in its history):
+        a later rejection elsewhere cannot undo it (docs/integrations.md)."""
+        return any(h.code == "APPROVED" for h in self.history)
+
     @classmethod
     def from_fields(cls, f: dict[str, str], history: list[HistoryEntry]) -> OperationRecord:
         def ms(name: str) -> int:

@@ -47,7 +47,8 @@ answers ``MISSING_APPROVAL`` (``is_error``, with its ref) and the operation
 waits in toolq. Approve it there (:func:`decide`, ``tq.aio.approve``, the
 console or ``toolq approve``), then let the model follow the ref with
 ``toolq_get_operation``: the write runs once. :func:`decide` with
-``approved=False`` cancels it.
+``approved=False`` cancels it (recorded as ``anthropic:approve`` /
+``anthropic:reject``; docs/integrations.md, "Approval: one rule").
 """
 
 from __future__ import annotations

@@ -45,9 +45,11 @@ with ``create_agent``); a plain ``tool.ainvoke(tool_call)`` works too.
   ``Command(resume={"type": "approve"})`` or ``{"type": "reject", "message": ...}``
   (keyed by interrupt id when several calls paused at once; answers are
   validated: a bad one can be given again). The decision is forwarded to toolq
-  (``approve`` / ``cancel``) and the write runs once, under the same ref. The
+  (``approve`` / ``cancel``, recorded as ``langgraph:approve`` / ``langgraph:reject``;
+  docs/integrations.md, "Approval: one rule") and the write runs once, under the same ref. The
   operation waits in toolq meanwhile, so an operator may decide first (console,
-  CLI, API): the resumed call then answers with what happened. Outside a graph,
+  CLI, API): the resumed call then answers with what happened (a rejection after
+  an operator's approval reads the write's outcome, without the reviewer's note). Outside a graph,
   or in one run without a thread (it could never be resumed), the model is told
   approval is requested, and an operator decides.
 - **Sync** ``invoke`` runs the async path on a private event loop when none is
@@ -228,7 +230,10 @@ class ToolqTool(_ToolqBase):
         env = await resolve_approval(
             tq, ref, approved, wait=self.wait, by=DECIDED_BY, call_id=call.tool_call_id
         )
-        return self._answer(env, call, _note(decision))
+        # The reviewer's reason only when the rejection is what happened: a rejection
+        # that came after an operator's approval is answered with the outcome alone.
+        cancelled = isinstance(env, ToolError) and env.code == "OPERATION_CANCELLED"
+        return self._answer(env, call, _note(decision) if cancelled else "")
 
 
 class _FollowTool(_ToolqBase):

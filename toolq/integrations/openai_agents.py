@@ -34,15 +34,32 @@ conversation id, so pass ``scope`` (a string, or a function of the
 call ids can repeat between runs (models that number their calls, scripted
 models).
 
-**Approval.** A toolq tool with ``requires_approval=True`` gets the SDK's
-``needs_approval``: the run stops with an interruption before anything is
-submitted. ``state.approve(item)`` and resuming the run submits the call and
-forwards the decision to toolq (``tq.aio.approve``, recorded as
-``openai-agents:approve``), so the write runs once; ``state.reject(item)``
-sends the model the SDK's rejection and nothing reaches toolq. A call whose
-operation is already past approval (a replay) is not asked again. A tool that
-asks for approval from inside (``raise errors.NeedsApproval``) is answered with
-the envelope: an operator approves it in toolq, the model follows the ref.
+**Approval** (docs/integrations.md, "Approval: one rule"). A toolq tool with
+``requires_approval=True`` gets the SDK's ``needs_approval``, which first
+submits the call to toolq (the same ref and call id, the model's arguments):
+the operation waits there, ``awaiting_approval``, listed in the console with
+its arguments, while the run stops with an interruption. Whichever decides
+first is applied once, in toolq:
+
+- ``state.approve(item)`` and resuming: the tool forwards the approval
+  (``tq.aio.approve``, recorded as ``openai-agents:approve``); the write runs once.
+- ``state.reject(item)``: the SDK never calls a rejected tool, so call
+  :func:`forward_decisions` before resuming; it cancels the operation in toolq
+  (``openai-agents:reject``; nothing is written). Without it the operation
+  stays ``awaiting_approval`` until toolq's ``approval_timeout`` escalates it
+  (nothing is written, unless an operator approves it meanwhile).
+- An operator (console, ``toolq approve``/``cancel``, the API) may decide
+  while the run is paused: the resumed call then answers with what happened
+  (the result; or OPERATION_CANCELLED), never a second write. A rejection that
+  comes after an operator's approval cannot undo the write:
+  :func:`forward_decisions` turns it into an approval in the state, so the
+  model reads the outcome rather than "not approved".
+
+A call whose operation is already past approval (a replay) is not asked again.
+A call whose arguments toolq refuses is not asked either: it answers with the
+fields to fix. A tool that asks for approval from inside (``raise
+errors.NeedsApproval``) is answered with the envelope: an operator approves it
+in toolq, the model follows the ref.
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents import FunctionTool, RunContextWrapper
 from agents.exceptions import UserError
+from agents.run_state import RunState
 from agents.strict_schema import ensure_strict_json_schema
 from agents.tool_context import ToolContext
 
@@ -67,10 +85,11 @@ if TYPE_CHECKING:
 #: A scope: a fixed string, or read from the run context for each call.
 Scope = str | Callable[[RunContextWrapper[Any]], str | None] | None
 
-#: What toolq records as the approver of a call the SDK's run approved.
+#: What toolq records as the approver (``:approve``) or canceller (``:reject``) of a
+#: call the SDK's run decided.
 BY = "openai-agents"
 
-__all__ = ["Scope", "follow_tool", "tool", "tools"]
+__all__ = ["Scope", "follow_tool", "forward_decisions", "tool", "tools"]
 
 
 def tool(
@@ -112,15 +131,22 @@ def tool(
         return output_text(env)
 
     async def needs_approval(
-        ctx: RunContextWrapper[Any], _params: dict[str, Any], call_id: str
+        ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
     ) -> bool:
-        # Ask unless toolq already has this call past its approval (a replayed step);
-        # ask too when toolq cannot tell (the cautious answer).
+        # Submit first, so the operation waits in toolq (and the console) while the SDK
+        # asks; the same ref again returns the operation as it is. Ask unless toolq has
+        # it past its approval (a replayed step, or an operator decided); not when toolq
+        # refuses the arguments (the tool then answers with the fields to fix); ask too
+        # when toolq cannot tell (the cautious answer: the tool submits on approval).
         try:
-            rec = await tq.aio.get(ref_of(ctx, call_id))
+            sub = await tq.aio.submit(
+                name, params, operation_ref=ref_of(ctx, call_id), call_id=call_id
+            )
+        except (errors.InvalidArguments, errors.IdempotencyKeyReused):
+            return False
         except errors.RequestRefused:
             return True
-        return rec is None or rec.state is State.AWAITING_APPROVAL
+        return sub.state is State.AWAITING_APPROVAL
 
     return FunctionTool(
         name=name,
@@ -147,6 +173,46 @@ def follow_tool(tq: ToolQueue, *, wait: float = DEFAULT_WAIT) -> FunctionTool:
         on_invoke_tool=invoke,
         strict_json_schema=True,
     )
+
+
+async def forward_decisions(
+    tq: ToolQueue, state: RunState[Any, Any], *, scope: Scope = None
+) -> None:
+    """Apply in toolq the decisions recorded on ``state`` for its pending toolq calls;
+    call it after ``state.approve``/``state.reject`` and before resuming the run.
+
+    A rejected call is cancelled (``openai-agents:reject``): the SDK never calls
+    it, so toolq would hear of it only when its ``approval_timeout`` escalates.
+    An approved one is approved (``openai-agents:approve``; resuming would too).
+    A decision toolq already took (an operator, or a repeated call) stays as it
+    is; a rejection of a call toolq already approved becomes an approval on
+    ``state``, so that the resumed run reads what happened instead of "not
+    approved". ``scope``: as given to :func:`tool`. Calls without a decision, and
+    tools that are not toolq's, are left alone.
+    """
+    ctx = state._context  # the SDK keeps the decisions there; no public accessor in 0.24
+    if ctx is None:
+        return
+    limits = tq.settings.limits
+    for item in state.get_interruptions():
+        name, call_id = item.tool_name, item.call_id
+        if name is None or call_id is None or name not in tq.app.registry:
+            continue
+        decision = ctx.is_tool_approved(name, call_id)
+        ref = common.stable_ref(call_id, scope=_scope(scope, ctx), limits=limits)
+        if decision is None or ref is None:
+            continue
+        try:
+            if decision:
+                await tq.aio.approve(ref, by=f"{BY}:approve")
+            else:
+                await tq.aio.cancel(ref, by=f"{BY}:reject")
+        except errors.InvalidState:
+            rec = await tq.aio.get(ref)
+            if not decision and rec is not None and rec.approved:
+                state.approve(item)  # toolq approved it first: the write is not undone
+        except errors.OperationNotFound:
+            continue  # never submitted (toolq was away): the SDK's decision is the only one
 
 
 def tools(

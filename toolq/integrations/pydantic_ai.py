@@ -27,8 +27,12 @@ What an envelope becomes (:mod:`toolq.integrations.common` kinds):
   run again with ``ctx.tool_call_approved``: the decision goes to toolq
   (``tq.aio.approve``, recorded as ``pydantic-ai:approve``) and the write runs
   once. Pydantic AI never runs a denied call, so pass the results to
-  :func:`forward_decisions` to cancel it in toolq (else toolq's
-  ``approval_timeout`` escalates it; nothing is written either way). An
+  :func:`forward_decisions` to cancel it in toolq (``pydantic-ai:reject``; else
+  toolq's ``approval_timeout`` escalates it; nothing is written either way). The
+  operation waits in toolq (``awaiting_approval``, in the console) from the
+  pause on, so an operator may decide first: the resumed call answers with what
+  happened, and a denial after an operator's approval becomes an approval (the
+  write is not undone; docs/integrations.md, "Approval: one rule"). An
   approval that edits the arguments (``override_args``) is refused by toolq,
   which binds an approval to the arguments it was asked for.
 - still pending past ``wait`` (toolq retries a rate limit, verifies an
@@ -59,7 +63,6 @@ Tested with pydantic-ai-slim 2.68.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -256,7 +259,9 @@ async def forward_decisions(
     would hear of it otherwise only when its approval times out). An approval
     with ``override_args`` cancels the original: toolq binds an approval to the
     arguments it was asked for. A decision already taken (by an operator, or a
-    call made twice) stays as it is."""
+    call made twice) stays as it is; a denial of a call toolq already approved
+    becomes an approval in ``results`` (the write is not undone), so the resumed
+    run reads what happened instead of the denial."""
     for call in requests.approvals:
         ref = _ref_of(requests.metadata.get(call.tool_call_id))
         decision = results.approvals.get(call.tool_call_id)
@@ -265,11 +270,17 @@ async def forward_decisions(
         approved = decision is True or (
             isinstance(decision, ToolApproved) and decision.override_args is None
         )
-        with contextlib.suppress(errors.RequestRefused):  # decided already, or gone
+        try:
             if approved:
                 await tq.aio.approve(ref, by=f"{BY}:approve")
             else:
                 await tq.aio.cancel(ref, by=f"{BY}:reject")
+        except errors.InvalidState:  # decided already
+            rec = await tq.aio.get(ref)
+            if not approved and rec is not None and rec.approved:
+                results.approvals[call.tool_call_id] = True
+        except errors.RequestRefused:  # gone, or toolq away: the framework's decision stands
+            continue
 
 
 def _as_result(envelope: AnyEnvelope) -> Any:
