@@ -18,6 +18,8 @@ import redis
 import yaml
 from pydantic import BaseModel
 
+from tests.cluster import free_port as cluster_port
+from tests.rabbit import RabbitServer, start_rabbit
 from tests.recipes import ROOT, page_recipes, run, stand_ins, units
 from toolq import CallContext, ToolQueue
 from toolq.adapters.embedded.server import EmbeddedServer
@@ -174,3 +176,38 @@ def test_systemd_finds_nothing_wrong_in_the_units(tmp_path: Path) -> None:
         if line.strip() and "/etc/toolq/toolq.env" not in line and str(tmp_path) in line
     ]
     assert not complaints, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def rabbit() -> Iterator[RabbitServer]:
+    server = start_rabbit()
+    yield server
+    server.stop()
+
+
+def test_a_fresh_cluster_with_rabbitmq_runs_calls_before_and_after_balancing(
+    tmp_path: Path, tools_bin: Path, rabbit: RabbitServer
+) -> None:
+    recipe = page_recipes("cluster.md")["cluster"]
+    ports = [cluster_port() for _ in range(3)]
+    out = run(
+        recipe,
+        {
+            "CLUSTER_DIR": str(tmp_path / "cluster"),
+            "PORT_A": str(ports[0]),
+            "PORT_B": str(ports[1]),
+            "PORT_C": str(ports[2]),
+            "TOOLQ_BROKER_URL": rabbit.url,
+        },
+        cwd=tmp_path,
+        path=[tools_bin],
+        timeout=240,
+    )
+    assert "cluster_state:ok" in out, out
+    assert "before balance" in out and "after balance" in out, out
+    assert "balanced" in out, out
+    # every primary serves cells now, and the two calls ran once each
+    moved = [line for line in out.splitlines() if "cells" in line and "->" in line]
+    assert len(moved) == 3 and all(not line.rstrip().endswith("-> 0 cells") for line in moved)
+    row = next(line for line in out.splitlines() if line.startswith("echo "))
+    assert row.split()[7] == "2", out  # OK column
