@@ -211,3 +211,53 @@ def test_a_fresh_cluster_with_rabbitmq_runs_calls_before_and_after_balancing(
     assert len(moved) == 3 and all(not line.rstrip().endswith("-> 0 cells") for line in moved)
     row = next(line for line in out.splitlines() if line.startswith("echo "))
     assert row.split()[7] == "2", out  # OK column
+
+
+def _has_migrate() -> bool:
+    toolq = Path(sys.executable).parent / "toolq"
+    proc = subprocess.run(
+        [str(toolq), "migrate", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return proc.returncode == 0
+
+
+def test_an_upgrade_migrates_an_earlier_ledger_and_toolq_reads_it(
+    tmp_path: Path, redis_url: str
+) -> None:
+    if not _has_migrate():
+        pytest.skip(
+            "`toolq migrate` is not in this tree yet (branch wt-migrate adds it); "
+            "docs/deploy/upgrading.md's recipe runs once both are merged"
+        )
+    # A ledger of the oldest earlier format, as tests/integration/test_upgrade.py loads it.
+    from tests.integration.test_upgrade import (  # type: ignore[import-not-found,unused-ignore]
+        FORMATS,
+        dump_of,
+        load,
+    )
+
+    client = redis.Redis.from_url(redis_url)
+    if FORMATS:
+        load(client, dump_of(FORMATS[0])["keys"])
+    client.close()
+    out = run(
+        page_recipes("upgrading.md")["upgrade"],
+        {"TOOLQ_REDIS_URL": redis_url},
+        cwd=tmp_path,
+    )
+    assert "dry run: nothing was changed" in out, out
+    assert "is now in format" in out or "nothing to do" in out, out
+    assert "TOOL" in out, out  # toolq status read the migrated ledger
+
+
+def test_the_upgrading_page_quotes_what_a_process_says() -> None:
+    if not _has_migrate():
+        pytest.skip("`toolq migrate` is not in this tree yet (branch wt-migrate adds it)")
+    from toolq.decisions import formats  # type: ignore[attr-defined,import-not-found,unused-ignore]
+
+    page = " ".join((ROOT / "docs" / "deploy" / "upgrading.md").read_text().split())
+    older = formats.refusal("toolq", formats.FORMAT - 1)
+    newer = formats.refusal("toolq", formats.FORMAT + 1)
+    assert older is not None and newer is not None
+    assert " ".join(older.split()) in page
+    assert " ".join(newer.split()) in page
