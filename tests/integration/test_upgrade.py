@@ -145,6 +145,9 @@ def test_a_ledger_of_an_earlier_format_migrates_whole_and_its_work_finishes(
         main, ["show", "legacy/succeeded", "--app", APP, "--redis-url", redis_url]
     )
     assert show.exit_code != 0 and "toolq migrate" in show.output, show.output
+    for light in (["show", "legacy/succeeded"], ["status"]):  # the no-app reads too
+        said = CliRunner().invoke(main, [*light, "--redis-url", redis_url])
+        assert said.exit_code != 0 and "toolq migrate" in said.output, said.output
     for process in ("worker", "scheduler"):  # each exits at once, saying so
         p = start_toolq([process, "--app", APP, "--redis-url", redis_url], stderr=subprocess.PIPE)
         try:

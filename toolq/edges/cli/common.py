@@ -180,12 +180,11 @@ def open_app(
             ) from None
 
 
-def open_ledger(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any]:
-    """The ledger's settings-chosen topology and a plain client on its server, without
-    importing the app (nor Celery): what the read-only commands that need no tool
-    (``toolq status``, ``toolq show``) answer with in well under a second. The settings
-    come from TOOLQ_* and the mode a ``toolq up`` recorded in ``state_dir``; a ledger
-    on another number of cells is refused (every read would answer "nothing")."""
+def ledger_client(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any, Any, str]:
+    """The settings (from TOOLQ_* and the mode a ``toolq up`` recorded in ``state_dir``),
+    the topology they choose, a plain client on the ledger's server and its URL, without
+    importing the app (nor Celery). Nothing is sent yet: :func:`check_meta` is the first
+    read."""
     from toolq.core.settings import ToolqSettings
     from toolq.topology import topology_for
 
@@ -199,17 +198,44 @@ def open_ledger(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any
     if not redis_url:  # the server `toolq up` recorded: its mode too
         settings = recorded_settings(settings, state_dir, publishes=False)
     topology = topology_for(settings)
+    # On a Cluster a node answers MOVED for the cells it does not serve: the cluster
+    # client (the ledger's, which reads FCALL's keys itself) sends each its own.
     client = topology.make_redis(url, {"socket_connect_timeout": 5, "socket_timeout": 30})
+    return settings, topology, client, url
+
+
+def check_meta(topology: Any, client: Any) -> None:
+    """Read the ledger's meta and refuse (CliError) a ledger on another number of cells
+    or in another stored format (every read would answer "nothing"); an empty ledger is
+    stamped with today's format, as any process's first use does."""
+    from toolq.adapters.ledger.stored_format import format_checked
+    from toolq.core.errors import LedgerFormat
+    from toolq.decisions.formats import FORMAT_FIELD
+
+    root = topology.layout.root
+    cells, stored = client.hmget(root.meta, ["cells", FORMAT_FIELD])
+    why = topology.layout.conflict(cells)
+    if why is not None:
+        raise CliError(why)
     try:
-        recorded = client.hget(topology.layout.root.meta, "cells")
+        format_checked(client, root.prefix, stored)
+    except LedgerFormat as exc:
+        raise CliError(exc.message) from None
+
+
+def open_ledger(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any]:
+    """The ledger's settings-chosen topology and a plain client on its server, without
+    importing the app (nor Celery): what the read-only commands that need no tool
+    (``toolq show``) answer with in well under a second; a ledger on another number
+    of cells or in another format is refused (:func:`check_meta`)."""
+    _, topology, client, url = ledger_client(redis_url, state_dir)
+    try:
+        check_meta(topology, client)
     except FAILED as exc:
         line = unreachable_line(url, exc, cluster=isinstance(exc, CLUSTER_AWAY))
         raise CliError(
             line or f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}"
         ) from None
-    why = topology.layout.conflict(recorded)
-    if why is not None:
-        raise CliError(why)
     return topology, client
 
 

@@ -19,10 +19,11 @@ from toolq.edges.cli.common import (
     CLUSTER_AWAY,
     CliError,
     app_option,
+    check_meta,
     echo_json,
     handle_errors,
+    ledger_client,
     open_app,
-    recorded_settings,
     redis_option,
     resolve_app_path,
     resolve_url,
@@ -147,33 +148,15 @@ def _light(
 ) -> tuple[Callable[[], dict[str, Any]], str, str]:
     """The snapshot read with the settings from the environment, on a plain client:
     no app, no Celery imported (what keeps ``toolq status`` under 0.3 s)."""
-    from toolq.core.settings import ToolqSettings
-    from toolq.topology import topology_for
-
-    settings = ToolqSettings()
-    url = resolve_url(redis_url, state_dir)
-    if url is None:
-        raise CliError(
-            "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
-            "directory"
-        )
-    if not redis_url:  # the server `toolq up` recorded: its mode too
-        settings = recorded_settings(settings, state_dir, publishes=False)
-    topology = topology_for(settings)
-    # On a Cluster a node answers MOVED for the cells it does not serve: the cluster
-    # client (the ledger's, which reads FCALL's keys itself) sends each its own.
-    client = topology.make_redis(url, {"socket_connect_timeout": 5, "socket_timeout": 30})
+    settings, topology, client, url = ledger_client(redis_url, state_dir)
     try:
         client.ping()
-        recorded = client.hget(topology.layout.root.meta, "cells")
+        check_meta(topology, client)
     except redis.RedisError as exc:
         raise CliError(
             f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
             "server: toolq's processes wait for it and resume once it answers)"
         ) from None
-    why = topology.layout.conflict(recorded)  # else an empty table: a wrong answer
-    if why is not None:
-        raise CliError(why)
     sources = settings_sources(settings)
     depths = broker_depths(settings)
     seen: frozenset[str] = frozenset()
