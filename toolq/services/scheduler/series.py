@@ -136,27 +136,28 @@ def points(samples: Sequence[dict[str, Any] | None]) -> list[Point]:
     return out
 
 
-def parse_sample(raw: Any) -> dict[str, Any] | None:
+def _json_object(raw: Any) -> dict[str, Any] | None:
+    """A stored sample's JSON object, or None (missing, not JSON, not an object)."""
     if raw is None:
         return None
     try:
         data = json.loads(raw)
     except ValueError:
         return None
-    ok = isinstance(data, dict) and isinstance(data.get("totals"), dict)
-    return data if ok and isinstance(data.get("pending"), dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def parse_sample(raw: Any) -> dict[str, Any] | None:
+    data = _json_object(raw) or {}
+    ok = isinstance(data.get("totals"), dict) and isinstance(data.get("pending"), dict)
+    return data if ok else None
 
 
 def parse_tools_sample(raw: Any) -> dict[str, Any] | None:
     """A per-tool sample (``at``, ``read``, ``tools``), or None if it is not one."""
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    ok = isinstance(data, dict) and isinstance(data.get("at"), int)
-    return data if ok and isinstance(data.get("tools"), dict) else None
+    data = _json_object(raw) or {}
+    ok = isinstance(data.get("at"), int) and isinstance(data.get("tools"), dict)
+    return data if ok else None
 
 
 def series_fields(now_ms: int, hours: float, every_s: int = EVERY_S) -> list[int]:
