@@ -124,9 +124,16 @@ def test_a_write_goes_ledger_outbox_relay_rabbitmq_worker_and_back(
     # the message crossed RabbitMQ, not a list in the ledger's Redis
     assert not tq.redis.exists(tq.settings.queues.calls)
     probe = Depths(rabbit.url)
-    depths = probe.read([tq.settings.queues.calls])
-    probe.close()
-    assert depths == {tq.settings.queues.calls: 0}  # declared there (a quorum queue), drained
+    try:
+        # Declared there (a quorum queue) and drained. The worker acknowledges after it
+        # records the outcome the wait returned on, so the acknowledgement may still be
+        # on its way to RabbitMQ: wait for it rather than read the depth once.
+        def drained() -> bool:
+            return probe.read([tq.settings.queues.calls]) == {tq.settings.queues.calls: 0}
+
+        assert wait_until(drained, 10)
+    finally:
+        probe.close()
     assert wait_until(lambda: outbox_len(tq) == 0, 10)  # acknowledged and deleted
 
 
