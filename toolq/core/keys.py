@@ -193,3 +193,29 @@ class Keys:
         """Hash: sample time (ms) -> each tool's counters then (JSON; the trust figures'
         minute tier of toolq.services.scheduler.series, kept 2 hours)."""
         return f"{self.tag}:series:tools"
+
+    # ------------------------------------------------------- limits per dependency
+    # (toolq.core.deps: their fields and who writes them)
+
+    @property
+    def dep_prefix(self) -> str:
+        """``dep(key)`` is this plus the dependency key (scripts that read a record's
+        ``dep`` field build the names from it)."""
+        return f"{self.tag}:dep:"
+
+    def dep(self, key: str) -> str:
+        """Hash: one dependency key's limiter (rate, shared backoff, breaker, counters)."""
+        return self.dep_prefix + key
+
+    def dep_slots(self, key: str) -> str:
+        """Sorted set: refs holding one of the key's concurrency slots -> lease end (ms)."""
+        return self.dep_prefix + key + ":slots"
+
+    def dep_waiting(self, key: str) -> str:
+        """Sorted set: refs waiting for one of the key's concurrency slots -> since (ms)."""
+        return self.dep_prefix + key + ":waiting"
+
+    @property
+    def deps(self) -> str:
+        """Sorted set: every dependency key the ledger has limited -> its last use (ms)."""
+        return f"{self.tag}:deps"
