@@ -28,6 +28,7 @@ def submit(
     now: int = NOW,
     due: int | None = None,
     queue: str = QUEUE,
+    extra: tuple[tuple[str, str], ...] = (),
 ) -> SubmitResult:
     """Submit as the client does: a queued operation pushes its first message."""
     queued = state is State.QUEUED
@@ -44,6 +45,7 @@ def submit(
         due_ms=now + 60_000 if due is None else due,
         queue=queue if queued else "",
         message=f"run {ref}" if queued else "",
+        extra=extra,
     )
 
 

@@ -49,6 +49,20 @@ def test_submit_writes_the_record_its_index_its_due_time_and_its_first_message(
     ]
 
 
+def test_a_submit_writes_the_extra_fields_it_is_given_with_the_others(ledger: Ledger) -> None:
+    extra = (("dep", "stripe:acct_1"), ("trace", "00-abc-def-01"))
+    assert submit(ledger, "x/1", extra=extra).outcome == "created"
+    assert ledger.fields("x/1", "dep", "trace", "state") == {
+        "dep": "stripe:acct_1",
+        "trace": "00-abc-def-01",
+        "state": "queued",
+    }
+    assert ledger.redis.lrange(QUEUE, 0, -1) == [b"run x/1"]
+    # a repeat is answered for the first one and writes none of its own
+    assert submit(ledger, "x/1", extra=(("dep", "other"),)).outcome == "exists"
+    assert ledger.fields("x/1", "dep") == {"dep": "stripe:acct_1"}
+
+
 def test_a_submit_awaiting_approval_sends_nothing_and_counts_no_attempt(ledger: Ledger) -> None:
     assert submit(ledger, "a/2", state=S.AWAITING_APPROVAL).outcome == "created"
     assert ledger.fields("a/2", "attempt", "published") == {"attempt": "0", "published": "0"}

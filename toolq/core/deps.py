@@ -23,8 +23,10 @@ a circuit breaker. Their state lives in the ledger, beside the operations it lim
 
 ``Keys.dep_slots(key)`` (sorted set): the refs holding a concurrency slot, scored by
 their lease's end (ms); an expired slot (its worker died) is dropped on the next
-acquire. ``Keys.dep_waiting(key)`` (sorted set): refs waiting for a slot, scored by
-when they asked. ``Keys.deps`` (sorted set): every key, scored by its last use (ms).
+acquire. ``Keys.dep_waiting(key)`` (sorted set): the refs the key holds back (limited:
+``waiting_retry`` with ``DEPENDENCY_LIMITED``), scored by their ``not_before`` (ms); a
+released slot, or an operator lifting a pause, makes the first of them due now.
+``Keys.deps`` (sorted set): every key, scored by its last use (ms).
 
 On one tag these are the ledger's own keys. With cells, a key's limiter lives in the
 one cell :func:`dep_cell` picks from the key (not the operation's): no global key,

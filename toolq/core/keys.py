@@ -212,7 +212,7 @@ class Keys:
         return self.dep_prefix + key + ":slots"
 
     def dep_waiting(self, key: str) -> str:
-        """Sorted set: refs waiting for one of the key's concurrency slots -> since (ms)."""
+        """Sorted set: refs the key holds back (limited) -> their not_before (ms)."""
         return self.dep_prefix + key + ":waiting"
 
     @property

@@ -105,6 +105,9 @@ class NewOperation:
     due_ms: int
     queue: str
     message: str
+    #: More record fields the submit writes with the others (a dependency key, a trace
+    #: context): (field, value) pairs, each value a string.
+    extra: tuple[tuple[str, str], ...] = ()
 
     def ledger_args(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

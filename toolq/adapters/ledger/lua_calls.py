@@ -8,13 +8,14 @@ from __future__ import annotations
 # Create an operation, or answer for the one that holds its ref (writing nothing but the
 # count of repeats, duplicate_submits).
 # KEYS: fixed, op[, queue]  ARGV: notify ref tool args fp call_id now max_attempts
-#   deadline state due msg [qname]  (the queue is a key only when msg is not empty;
-#   in outbox mode it is the outbox and qname the queue's name)
+#   deadline state due msg extra [qname]  (the queue is a key only when msg is not empty;
+#   in outbox mode it is the outbox and qname the queue's name; extra: more record
+#   fields, a flat JSON array [field, value, ...], "" for none)
 SUBMIT = r"""
 local key, queue = KEYS[NFIXED + 1], KEYS[NFIXED + 2]
 local ref, tool, args, fp, call_id = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local now, max_attempts, deadline = ARGV[7], ARGV[8], ARGV[9]
-local state, due, msg = ARGV[10], tonumber(ARGV[11]), ARGV[12]
+local state, due, msg, extra = ARGV[10], tonumber(ARGV[11]), ARGV[12], ARGV[13]
 NOW = tonumber(now)
 if not INITIAL[state] then
   return redis.error_reply('toolq: an operation is never created ' .. state)
@@ -38,7 +39,8 @@ redis.call('HSET', key, 'ref', ref, 'tool', tool, 'args', args, 'fp', fp, 'submi
   'deadline', deadline, 'created', now, 'updated', now, 'entered', now, 'rev', 1,
   'vcheck', 0, 'vfail', 0, 'repubs', 0, 'published', (msg ~= '' and now) or 0,
   'hn', 1, 'h1', entry(now, nil, state, attempt, 'submit'))
-if msg ~= '' then push(queue, msg, ARGV[13]) end
+if extra ~= '' then redis.call('HSET', key, unpack(cjson.decode(extra))) end
+if msg ~= '' then push(queue, msg, ARGV[14]) end
 redis.call('ZADD', idxkey(tool, state), now, ref)
 set_due(ref, due)
 -- The tool joins the tools set with its first submit (its counter's first 1), not

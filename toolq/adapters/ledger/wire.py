@@ -171,10 +171,12 @@ class ScriptArgs:
         due_ms: int,
         queue: str,
         message: str,
+        extra: Sequence[tuple[str, str]] = (),
     ) -> Call:
         keys: list[Any] = [*self.fixed, self.keys.op(ref)]
         args: list[Any] = [self.notify, ref, tool, args_json, fp, call_id, now_ms, max_attempts]
-        args += (deadline_ms, str(state), due_ms, message)
+        more = json.dumps([v for pair in extra for v in pair]) if extra else ""
+        args += (deadline_ms, str(state), due_ms, message, more)
         if message:
             more_keys, more_args = self.push.submit_tail(self.keys, queue)
             keys += more_keys
