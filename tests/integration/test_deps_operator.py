@@ -319,3 +319,106 @@ def test_a_call_held_back_by_a_paused_key_runs_once_the_pause_is_lifted(
     assert tq.wait(ref, timeout=30).ok
     rec = tq.get(ref)
     assert rec is not None and rec.state is State.SUCCEEDED and rec.attempt == 2
+
+
+READER = "reader-token-0123456789"
+APPROVER = "approver-token-0123456789"
+RESOLVER = "resolver-token-0123456789"
+
+
+def test_the_http_api_lists_shows_and_settles_keys_with_the_resolve_scope(
+    redis_url: str,
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from toolq.edges.api import ApiSettings, create_app
+
+    tq = ToolQueue(redis_url, settings=ToolqSettings(durability="none"))
+    try:
+        now = tq.app.now_ms()
+        layout = tq.app.topology.layout
+        seed_dep(tq.redis, layout, "stripe:acct_1", now, paused_until=now + 60_000,
+                 breaker="half_open", probe="run/7", rate="20/s")  # fmt: skip
+        tokens = f"{READER}=read;{APPROVER}=approve,read;{RESOLVER}=resolve,read"
+        app = create_app(tq, ApiSettings(tokens=tokens, allowed_hosts="testserver"))
+
+        def as_(token: str) -> TestClient:
+            return TestClient(app, headers={"Authorization": f"Bearer {token}"})
+
+        reader, approver, resolver = as_(READER), as_(APPROVER), as_(RESOLVER)
+        listed = reader.get("/v1/deps")
+        assert listed.status_code == 200, listed.text
+        [dep] = listed.json()["deps"]
+        assert (dep["key"], dep["breaker"]) == ("stripe:acct_1", "half_open")
+        assert dep["limits"]["rate"] == "20/s"
+        one = reader.get("/v1/deps/stripe:acct_1")
+        assert one.status_code == 200 and one.json()["probe"] == "run/7"
+        assert reader.get("/v1/deps/nobody").json()["code"] == "UNKNOWN_DEPENDENCY"
+        assert reader.get("/v1/deps/nobody").status_code == 404
+        bad = reader.get("/v1/deps/%20bad")
+        assert (bad.status_code, bad.json()["code"]) == (422, "INVALID_DEPENDENCY_KEY")
+
+        body = {"reason": "provider is back"}
+        assert reader.post("/v1/deps/stripe:acct_1:lift", json=body).status_code == 403
+        assert approver.post("/v1/deps/stripe:acct_1:close", json=body).status_code == 403
+        assert resolver.post("/v1/deps/stripe:acct_1:lift", json={}).status_code == 422
+        foreign = resolver.post(
+            "/v1/deps/stripe:acct_1:lift", json=body, headers={"Origin": "http://evil.example"}
+        )
+        assert foreign.status_code == 403
+        assert tq.deps.show("stripe:acct_1").paused_until_ms is not None  # nothing written
+
+        lifted = resolver.post("/v1/deps/stripe:acct_1:lift", json=body)
+        assert lifted.status_code == 200, lifted.text
+        got = lifted.json()
+        assert got["dependency"]["paused_until_ms"] is None and got["made_due"] == 0
+        assert got["dependency"]["actions"][0]["by"].startswith("api:")
+        again = resolver.post("/v1/deps/stripe:acct_1:lift", json=body)
+        assert (again.status_code, again.json()["code"]) == (409, "NOT_PAUSED")
+        closed = resolver.post("/v1/deps/stripe:acct_1:close", json=body)
+        assert closed.status_code == 200 and closed.json()["dependency"]["breaker"] == "closed"
+
+        paths = reader.get("/openapi.json").json()["paths"]
+        assert {"/v1/deps", "/v1/deps/{key}", "/v1/deps/{key}:lift", "/v1/deps/{key}:close"} <= set(
+            paths
+        )
+    finally:
+        tq.close()
+
+
+def test_a_scrape_serves_each_keys_series(redis_url: str) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from toolq.edges.metrics import start_metrics_server
+
+    tq = ToolQueue(redis_url, settings=ToolqSettings(cells=4, durability="none"))
+    server = start_metrics_server(0, tq, "test")
+    try:
+        now = tq.app.now_ms()
+        layout = tq.app.topology.layout
+        seed_dep(tq.redis, layout, "stripe", now, slots={"a": now + 60_000},
+                 waiting={"w": now + 1000, "x": now + 2000}, paused_until=now + 60_000,
+                 breaker="half_open", n_admitted=11, n_limited=4)  # fmt: skip
+        seed_dep(tq.redis, layout, "mailer", now, breaker="open", n_admitted=2)
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            text = response.read().decode()
+        samples = {
+            (s.name, s.labels.get("dependency")): s.value
+            for family in text_string_to_metric_families(text)
+            if family.name.startswith("toolq_dependency")
+            for s in family.samples
+        }
+        assert samples[("toolq_dependency_in_flight", "stripe")] == 1
+        assert samples[("toolq_dependency_waiting", "stripe")] == 2
+        assert samples[("toolq_dependency_paused", "stripe")] == 1
+        assert samples[("toolq_dependency_paused", "mailer")] == 0
+        assert samples[("toolq_dependency_breaker_state", "stripe")] == 1
+        assert samples[("toolq_dependency_breaker_state", "mailer")] == 2
+        assert samples[("toolq_dependency_admitted_total", "stripe")] == 11
+        assert samples[("toolq_dependency_limited_total", "stripe")] == 4
+        assert samples[("toolq_dependency_admitted_total", "mailer")] == 2
+    finally:
+        server.shutdown()
+        tq.close()
