@@ -422,3 +422,75 @@ def test_a_scrape_serves_each_keys_series(redis_url: str) -> None:
     finally:
         server.shutdown()
         tq.close()
+
+
+def readme_block(name: str) -> list[str]:
+    """The commands of the README's ``<!-- doc-test: name -->`` shell block, one a line
+    (continuation lines joined)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    found = re.search(rf"<!-- doc-test: {name}\b[^>]*-->\n```sh\n(.*?)\n```", text, re.S)
+    assert found, f"no doc-test block {name!r} in the README"
+    return found.group(1).replace("\\\n", " ").splitlines()
+
+
+def test_the_readmes_deps_commands_run_as_shown(redis_url: str, tmp_path: Any) -> None:
+    import shlex
+
+    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    now = int(__import__("time").time() * 1000)
+    seed_dep(c, SingleTag("toolq"), "stripe", now, paused_until=now + 60_000, breaker="open")
+    env = {"TOOLQ_REDIS_URL": redis_url, "TOOLQ_STATE_DIR": str(tmp_path)}
+    commands = readme_block("deps-cli")
+    assert len(commands) == 5
+    for line in commands:
+        argv = shlex.split(line)
+        assert argv[0] == "toolq"
+        result = CliRunner().invoke(main, argv[1:], env=env)
+        assert result.exit_code == 0, (line, result.output)
+    view = DepState(c, SingleTag("toolq")).view("stripe", now)
+    assert (view.paused_until_ms, view.breaker) == (None, "closed")
+    assert [a.what for a in view.actions] == ["close", "lift"]
+    c.close()
+
+
+def test_the_readmes_deps_requests_answer_as_shown(redis_url: str) -> None:
+    import shlex
+    from urllib.parse import urlsplit
+
+    from fastapi.testclient import TestClient
+
+    from toolq.edges.api import ApiSettings, create_app
+
+    token = "readme-token-0123456789"
+    tq = ToolQueue(redis_url, settings=ToolqSettings(durability="none"))
+    try:
+        now = tq.app.now_ms()
+        seed_dep(tq.redis, tq.app.topology.layout, "stripe", now, paused_until=now + 60_000,
+                 breaker="open")  # fmt: skip
+        app = create_app(tq, ApiSettings(tokens=f"{token}=read,resolve"))
+        client = TestClient(app, base_url="http://127.0.0.1:8000")
+        requests = readme_block("deps-http")
+        assert len(requests) == 4
+        for line in requests:
+            argv = shlex.split(line.replace("$TOKEN", token))
+            assert argv[0] == "curl"
+            method, headers, data, url = "GET", {}, None, ""
+            args = iter(argv[1:])
+            for a in args:
+                if a == "-X":
+                    method = next(args)
+                elif a == "-H":
+                    name, _, value = next(args).partition(": ")
+                    headers[name] = value
+                elif a == "-d":
+                    data = next(args)
+                else:
+                    url = a
+            r = client.request(method, urlsplit(url).path, headers=headers, content=data)
+            assert r.status_code == 200, (line, r.text)
+        assert tq.deps.show("stripe").breaker == "closed"
+    finally:
+        tq.close()
