@@ -138,7 +138,7 @@ def _sub_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
-@deps.command()
+@deps.command(short_help="One key, with the operators' actions on it.")
 @click.argument("key")
 @_sub_options
 @click.pass_context
@@ -155,8 +155,8 @@ def show(
         click.echo(render_one(view, now))
 
 
-def _action(action: DepAction, doc: str) -> click.Command:
-    @click.command(name=action.value, help=doc)
+def _action(action: DepAction, short: str, doc: str) -> click.Command:
+    @click.command(name=action.value, help=doc, short_help=short)
     @click.argument("key")
     @click.option(
         "--reason",
@@ -190,6 +190,7 @@ def _action(action: DepAction, doc: str) -> click.Command:
 deps.add_command(
     _action(
         DepAction.LIFT,
+        "End a key's pause now; its held-back calls go now.",
         "End a key's shared backoff now (refused if it is not paused); the calls it held "
         "back go now, spread over a moment, not at the pause's end.",
     )
@@ -197,6 +198,7 @@ deps.add_command(
 deps.add_command(
     _action(
         DepAction.CLOSE,
+        "Close a key's open or half-open breaker.",
         "Close a key's open or half-open breaker (refused if it is closed): its failures are "
         "forgotten and the calls it held back go now. Do it once the provider is back.",
     )
