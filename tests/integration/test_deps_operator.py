@@ -351,6 +351,11 @@ def test_the_http_api_lists_shows_and_settles_keys_with_the_resolve_scope(
         [dep] = listed.json()["deps"]
         assert (dep["key"], dep["breaker"]) == ("stripe:acct_1", "half_open")
         assert dep["limits"]["rate"] == "20/s"
+        # /v1/status names the key as toolq status does (paused, its breaker half-open)
+        status = reader.get("/v1/status").json()
+        assert [(d["key"], d["breaker"]) for d in status["deps"]] == [
+            ("stripe:acct_1", "half_open")
+        ]
         one = reader.get("/v1/deps/stripe:acct_1")
         assert one.status_code == 200 and one.json()["probe"] == "run/7"
         assert reader.get("/v1/deps/nobody").json()["code"] == "UNKNOWN_DEPENDENCY"

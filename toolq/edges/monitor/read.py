@@ -226,11 +226,12 @@ def dep_attention(
     if not names:
         return []
     views = deps.DepState(client, layout).views(now_ms, names)
-    return [
-        v.model_dump(mode="json", include=set(DepView.model_fields))
-        for v in views
-        if deps.needs_attention(v)
-    ]
+    return [attention_of(v) for v in views if deps.needs_attention(v)]
+
+
+def attention_of(view: DepView) -> dict[str, Any]:
+    """A key in the snapshot's ``deps``: its :class:`DepView` fields, as JSON."""
+    return view.model_dump(mode="json", include=set(DepView.model_fields))
 
 
 def known_tools(common: dict[str, Any]) -> set[str]:
