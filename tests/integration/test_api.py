@@ -414,7 +414,7 @@ def test_fuzz_openapi(tq: ToolQueue, mode: GenerationMode) -> None:
         no_stack_trace,
     ]
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 14  # :resolve and /v1/trust (issue 27)
+    assert len(operations) == 18  # :resolve and /v1/trust (issue 27), /v1/deps (issue 28)
 
     # When every operation gets generated requests, then none is a 500 or leaks
     for operation in operations:

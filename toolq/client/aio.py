@@ -51,6 +51,7 @@ from toolq.adapters.ledger import lists
 from toolq.adapters.notify import Event, Progress, Waiter
 from toolq.adapters.outage import MISUSE, UNREACHABLE, server_errors, translated, unavailable
 from toolq.client.app import App
+from toolq.client.deps import AsyncDeps
 from toolq.client.loops import CALLS_PER_PASS as CALLS_PER_PASS
 from toolq.client.loops import CLUSTER_SPARE_CONNECTIONS as CLUSTER_SPARE_CONNECTIONS
 from toolq.client.loops import CONNECTIONS_PER_LOOP as CONNECTIONS_PER_LOOP
@@ -144,6 +145,11 @@ class AsyncToolQueue:
         """This loop's Redis client, for read-only views (:mod:`toolq.edges.monitor`, the
         console)."""
         return (await self._bound()).redis
+
+    @property
+    def deps(self) -> AsyncDeps:
+        """The dependency keys, awaited (:mod:`toolq.client.deps`)."""
+        return AsyncDeps(self.app, self.client)
 
     def watching(self) -> int:
         """Waits and watches registered on this loop (0 once they all ended)."""

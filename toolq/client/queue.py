@@ -27,6 +27,7 @@ from toolq.adapters.notify import Wake
 from toolq.adapters.outage import server_errors
 from toolq.client.aio import AsyncToolQueue
 from toolq.client.app import App
+from toolq.client.deps import Deps
 from toolq.core.deps import DEP_KEY_PATTERN, Limits, is_dep_key
 from toolq.core.envelope import ToolError, ToolSuccess
 from toolq.core.record import OperationPage, OperationRecord
@@ -108,6 +109,12 @@ class ToolQueue:
     def celery(self) -> Celery:
         """The Celery app: ``celery -A module:celery_app worker`` serves every toolq queue."""
         return self.app.celery
+
+    @property
+    def deps(self) -> Deps:
+        """The dependency keys: list, show, lift a pause, close a breaker
+        (:mod:`toolq.client.deps`)."""
+        return Deps(self.app)
 
     @property
     def runtime(self) -> Runtime:

@@ -17,11 +17,15 @@ One root, two branches::
     └── RequestRefused              raised by toolq's API to its caller; carries ``code``
         ├── UnknownTool                      (and its envelope where one applies)
         ├── InvalidArguments
+        │   └── InvalidDependencyKey         not a dependency key's shape (toolq.core.deps)
         ├── IdempotencyKeyReused
         ├── OperationNotFound
+        ├── UnknownDependency                no dependency key by that name in the ledger
         ├── InvalidState
         │   ├── StaleRevision                the operation moved on since the operator read it
-        │   └── OperatorRetriesSpent         an escalated write's operator retries are used up
+        │   ├── OperatorRetriesSpent         an escalated write's operator retries are used up
+        │   └── DependencyActionRefused      lifting a pause that is not there, closing a
+        │                                    closed breaker (code NOT_PAUSED, BREAKER_CLOSED)
         ├── LedgerFormat                     the ledger is stored in another format
         │                                    (an older one: run ``toolq migrate``)
         └── ServerUnavailable                the ledger's server did not answer; a write
@@ -296,6 +300,27 @@ class OperatorRetriesSpent(InvalidState):
     ``recovery.operator_retries`` allows; resolve it as committed or not committed."""
 
     code = "OPERATOR_RETRIES_SPENT"
+
+
+class InvalidDependencyKey(InvalidArguments):
+    """Not a dependency key (:data:`toolq.core.deps.DEP_KEY_PATTERN`)."""
+
+    code = "INVALID_DEPENDENCY_KEY"
+
+
+class UnknownDependency(RequestRefused):
+    """No dependency key by that name has been used (none in the ledger)."""
+
+    code = "UNKNOWN_DEPENDENCY"
+
+
+class DependencyActionRefused(InvalidState):
+    """An operator's action that does not apply to the key as it is
+    (:mod:`toolq.decisions.dep_actions`); nothing was written. ``code`` says which."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        self.code = code
+        super().__init__(message, **details)
 
 
 class LedgerFormat(RequestRefused):

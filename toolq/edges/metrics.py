@@ -29,6 +29,12 @@ Two kinds of series:
     (a broker URL) ``toolq_outbox_messages``, ``toolq_outbox_oldest_seconds``,
     ``toolq_relays_live`` and ``toolq_relay_lag_seconds``, and the queue depths
     read from the broker (``toolq_queue_unacked_messages`` is the broker's own)
+  - per dependency key (label ``dependency``; one more round trip, only when the
+    ledger has keys): ``toolq_dependency_in_flight``, ``toolq_dependency_waiting``,
+    ``toolq_dependency_paused`` (0/1), ``toolq_dependency_breaker_state`` (0 closed,
+    1 half-open, 2 open), ``toolq_dependency_admitted_total`` and
+    ``toolq_dependency_limited_total``. A key per account is a series per account:
+    keep such keys few, or drop the label at the scrape
 
 * **Per process, observed where the event happens**:
 
@@ -68,6 +74,7 @@ from prometheus_client.registry import Collector
 
 from toolq.adapters import observe
 from toolq.adapters.observe import observe_recovery
+from toolq.core.deps import DepView
 from toolq.core.errors import ToolqError
 from toolq.core.stats import RECOVERY_STATES, SUM, cumulative
 from toolq.edges.monitor import PENDING, status_snapshot
@@ -75,6 +82,7 @@ from toolq.edges.monitor import PENDING, status_snapshot
 __all__ = [
     "LedgerCollector",
     "MetricsServer",
+    "dep_metrics",
     "observe_recovery",
     "observe_tick",
     "snapshot_metrics",
@@ -163,6 +171,52 @@ class LedgerCollector(Collector):
         took.add_metric([], time.perf_counter() - started)
         yield took
         yield from snapshot_metrics(snap)
+        try:
+            views = self.tq.deps.list()
+        except (redis.RedisError, OSError, ToolqError):
+            return
+        yield from dep_metrics(views)
+
+
+#: ``toolq_dependency_breaker_state``'s values.
+BREAKER_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def dep_metrics(views: Iterable[DepView]) -> Iterator[Metric]:
+    """The families of each dependency key (pure)."""
+    label = ["dependency"]
+    gauges = {
+        "in_flight": GaugeMetricFamily(
+            "toolq_dependency_in_flight", "Calls holding one of the key's slots.", labels=label
+        ),
+        "waiting": GaugeMetricFamily(
+            "toolq_dependency_waiting", "Calls the key holds back.", labels=label
+        ),
+        "paused": GaugeMetricFamily(
+            "toolq_dependency_paused", "Whether the key's shared backoff runs (0/1).", labels=label
+        ),
+        "breaker": GaugeMetricFamily(
+            "toolq_dependency_breaker_state",
+            "The key's breaker: 0 closed, 1 half-open, 2 open.",
+            labels=label,
+        ),
+    }
+    admitted = CounterMetricFamily(
+        "toolq_dependency_admitted", "Calls the key's limiter let through.", labels=label
+    )
+    limited = CounterMetricFamily(
+        "toolq_dependency_limited", "Calls the key's limiter held back.", labels=label
+    )
+    for v in views:
+        gauges["in_flight"].add_metric([v.key], v.in_flight)
+        gauges["waiting"].add_metric([v.key], v.waiting)
+        gauges["paused"].add_metric([v.key], 0 if v.paused_until_ms is None else 1)
+        gauges["breaker"].add_metric([v.key], BREAKER_VALUES[v.breaker])
+        admitted.add_metric([v.key], v.admitted)
+        limited.add_metric([v.key], v.limited)
+    yield from gauges.values()
+    yield admitted
+    yield limited
 
 
 def snapshot_metrics(snap: dict[str, Any]) -> Iterator[Metric]:

@@ -68,6 +68,7 @@ import hashlib
 # scheduler's); this one assembles them. They are names of this module too: the
 # library is built from these names (bench/server_ablation.py edits them here).
 from toolq.adapters.ledger.lua_calls import APPLY, CLAIM, ITEM_HEAD, RENEW, SUBMIT
+from toolq.adapters.ledger.lua_dep_ops import DEP_ACT, DEP_DUE
 from toolq.adapters.ledger.lua_prelude import FIXED, PRELUDE, WAKE_HORIZON_MS, lua_tables
 from toolq.adapters.ledger.lua_schedule import CELL_LEASE, CLAIM_DUE, DUE_FIELDS, PLAN_SLEEP
 from toolq.core.keys import Keys
@@ -95,7 +96,18 @@ __all__ = [
 ]
 
 #: The scripts, by the name callers use (the function is ``<library>_<name>``).
-NAMES = ("submit", "claim", "renew", "apply", "claim_due", "plan_sleep", "cell_lease")
+NAMES = (
+    "submit",
+    "claim",
+    "renew",
+    "apply",
+    "claim_due",
+    "plan_sleep",
+    "cell_lease",
+    # an operator's actions on a dependency key (toolq.adapters.ledger.dep_state)
+    "dep_act",
+    "dep_due",
+)
 
 
 def fixed_keys(keys: Keys) -> list[str]:
@@ -119,6 +131,8 @@ _BODIES = {
     "claim_due": CLAIM_DUE,
     "plan_sleep": PLAN_SLEEP,
     "cell_lease": CELL_LEASE,
+    "dep_act": DEP_ACT,
+    "dep_due": DEP_DUE,
 }
 
 

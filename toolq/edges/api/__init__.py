@@ -14,6 +14,11 @@ Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
     POST /v1/operations/{ref}:resolve     escalated -> succeeded, failed or      scope resolve
                                           queued (body: outcome, reason, ...)
     GET  /v1/operations?state=..          a page of a state's list (cursor)      scope read
+    GET  /v1/deps                         every dependency key: limits, in       scope read
+                                          flight, waiting, pause, breaker
+    GET  /v1/deps/{key}                   one key, with operators' actions       scope read
+    POST /v1/deps/{key}:lift              end its pause; held-back calls go now  scope resolve
+    POST /v1/deps/{key}:close             close its breaker (body: reason)       scope resolve
     GET  /v1/tools                        each tool's input schema, writes       scope read
     GET  /v1/status                       ``toolq status --json``, plus overview scope read
     GET  /v1/health                       Redis answers; no token needed

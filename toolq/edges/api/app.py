@@ -13,6 +13,7 @@ from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from toolq.adapters.ledger.dep_state import DepActed, DepDetail
 from toolq.core import errors
 from toolq.core.record import OperationPage
 from toolq.core.states import SETTLED
@@ -23,7 +24,14 @@ from toolq.edges.api.events import EventStream, open_stream
 from toolq.edges.api.guard import ERROR_RESPONSES, ApiError, install
 from toolq.edges.api.hosts import HostGuard, allowed_hosts, wildcard_note
 from toolq.edges.api.sizes import SizeGuard
-from toolq.edges.api.views import OperationView, ResolveRequest, tool_view, view_response
+from toolq.edges.api.views import (
+    DepActionRequest,
+    DepList,
+    OperationView,
+    ResolveRequest,
+    tool_view,
+    view_response,
+)
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
@@ -237,6 +245,50 @@ def create_app(
             by=by,
         )
         return await view(ref)
+
+    # Dependency keys: what the limiter holds now, and an operator settling a key. Lifting
+    # a pause or closing a breaker is a person's word about a provider, as resolving is:
+    # the resolve scope.
+    DepKey = Annotated[
+        str, Path(max_length=128, description="A dependency key, e.g. stripe or stripe:acct_1.")
+    ]
+    deps_route: dict[str, Any] = {"responses": ERROR_RESPONSES}
+
+    @app.get("/v1/deps", response_model=DepList, **deps_route, dependencies=[_require("read")])
+    async def list_deps() -> DepList:
+        """Every dependency key the ledger has limited: its limits, calls in flight and
+        waiting, its pause, its breaker and its counters."""
+        return DepList(deps=await tq.aio.deps.list())
+
+    @app.post(
+        "/v1/deps/{key}:lift",
+        response_model=DepActed,
+        **deps_route,
+        dependencies=[_require("resolve")],
+    )
+    async def lift_dep(key: DepKey, body: DepActionRequest, by: By) -> DepActed:
+        """End the key's shared backoff now; the calls it held back go now (spread over a
+        moment). 409 ``NOT_PAUSED`` if it is not paused, 404 for a key never used."""
+        return await tq.aio.deps.lift(key, reason=body.reason, by=by)
+
+    @app.post(
+        "/v1/deps/{key}:close",
+        response_model=DepActed,
+        **deps_route,
+        dependencies=[_require("resolve")],
+    )
+    async def close_dep(key: DepKey, body: DepActionRequest, by: By) -> DepActed:
+        """Close the key's open or half-open breaker (its failures forgotten); the calls it
+        held back go now. 409 ``BREAKER_CLOSED`` if it is closed."""
+        return await tq.aio.deps.close(key, reason=body.reason, by=by)
+
+    @app.get(
+        "/v1/deps/{key}", response_model=DepDetail, **deps_route, dependencies=[_require("read")]
+    )
+    async def get_dep(key: DepKey) -> DepDetail:
+        """One dependency key, with the operators' last actions on it (422 for a key of
+        the wrong shape, 404 for one never used)."""
+        return await tq.aio.deps.show(key)
 
     @app.get(
         "/v1/operations",

@@ -82,6 +82,7 @@ def error_response(
 _REFUSAL_STATUS: tuple[tuple[type[errors.RequestRefused], int], ...] = (
     (errors.UnknownTool, 404),
     (errors.OperationNotFound, 404),
+    (errors.UnknownDependency, 404),
     (errors.InvalidArguments, 422),
     (errors.IdempotencyKeyReused, 422),
     (errors.InvalidState, 409),

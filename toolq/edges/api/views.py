@@ -10,11 +10,13 @@ from urllib.parse import quote
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolq.adapters.ledger.dep_state import DepDetail
 from toolq.core import own_envelopes as fixed
 from toolq.core import why
 from toolq.core.envelope import ToolError, ToolSuccess, to_dict
 from toolq.core.record import OperationRecord
 from toolq.core.states import SETTLED, State
+from toolq.decisions.dep_actions import MAX_REASON
 
 
 class OperationView(BaseModel):
@@ -59,6 +61,22 @@ class ResolveRequest(BaseModel):
     reference: str = Field(default="", max_length=200)
     #: The revision read (the view's ``rev``): refused with 409 if it moved on since.
     rev: int | None = Field(default=None, ge=0)
+
+
+class DepActionRequest(BaseModel):
+    """Why an operator lifts a key's pause or closes its breaker (``/v1/deps/{key}:lift``,
+    ``:close``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Kept on the key with who acted and when.
+    reason: str = Field(min_length=1, max_length=MAX_REASON)
+
+
+class DepList(BaseModel):
+    """Every dependency key the ledger has limited."""
+
+    deps: list[DepDetail]
 
 
 def view_body(

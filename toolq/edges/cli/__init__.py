@@ -26,6 +26,7 @@ MODULES = (
     "cells",
     "ledger",
     "lists",
+    "deps",
 )
 #: Commands that load only their own module; any other name loads every module.
 QUICK = {"status": "monitor", "show": "operations"}

@@ -30,6 +30,7 @@ from toolq.edges.cli.common import (
     state_dir_option,
     unreachable_line,
 )
+from toolq.edges.deps_text import status_line
 from toolq.edges.monitor import (
     STATES,
     broker_depths,
@@ -296,6 +297,9 @@ def render_status(snap: dict[str, Any], *, source: str = "") -> str:
     if snap.get("rates"):
         lines.append(f"per minute  {_rates(snap['rates'])}")
     lines += [_waiting(w) for w in snap.get("waiting", ())]
+    if snap.get("deps"):
+        now_ms = int(snap.get("now_ms") or time.time() * 1000)
+        lines += [f"dependency  {status_line(d, now_ms)}" for d in snap["deps"]]
     if snap.get("stack"):
         lines += ["", *_stack_lines(snap["stack"], snap.get("at"))]
     return "\n".join(lines)

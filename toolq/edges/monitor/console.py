@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 
+from toolq.adapters.ledger import dep_state as deps
+from toolq.core.layout import SingleTag
 from toolq.core.text import as_text
 from toolq.edges.monitor.read import (
     Sources,
+    attention_of,
     broker_depths,
     known_tools,
     parse_common,
@@ -51,6 +54,8 @@ async def aread_status(
         for tool in guess:
             queue_tool(pipe, sources, tool)
             queue_escalated(pipe, sources, tool)
+        layout = sources.layout or SingleTag(sources.keys.prefix)
+        deps.queue_list(pipe, layout)
         replies = iter(await pipe.execute())
     common = parse_common(replies, sources, now_ms)
     sampled = [samples.parse_sample(raw) for raw in next(replies)]
@@ -58,6 +63,7 @@ async def aread_status(
     for tool in guess:
         per_tool[tool] = parse_tool(replies, sources)
         escalated[tool] = parse_escalated(replies, sources)
+    dep_names = deps.parse_list([next(replies) for _ in layout.every_cell()])
     ledger_tools = known_tools(common)
     missing = sorted(ledger_tools - set(guess))
     if missing:
@@ -72,6 +78,8 @@ async def aread_status(
     snap = shape_read(common, per_tool, ledger_tools, sources, now_ms)
     snap["workers"] = shape_workers(common["nodes"], now_ms, sources.alive_ms)
     snap["waiting"] = waiting(snap, now_ms)
+    views = await deps.AsyncDepState(client, layout).views(now_ms, dep_names) if dep_names else []
+    snap["deps"] = [attention_of(v) for v in views if deps.needs_attention(v)]
     oldest_escalated = {
         t: (as_text(first[0][0]), int(first[0][1])) for t, first in escalated.items() if first
     }

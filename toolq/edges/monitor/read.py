@@ -17,8 +17,10 @@ from typing import Any
 
 import redis
 
+from toolq.adapters.ledger import dep_state as deps
 from toolq.adapters.ledger import outbox
 from toolq.adapters.liveness import ALIVE_MS, worker_beats, worker_nodes
+from toolq.core.deps import DepView
 from toolq.core.keys import KOMBU_UNACKED, Keys
 from toolq.core.layout import Layout, SingleTag
 from toolq.core.settings import ToolqSettings
@@ -187,10 +189,13 @@ def read_status(
     pipe.hmget(sources.keys.series, [str(f) for f in fields])
     for tool in guess:
         queue_tool(pipe, sources, tool)
+    layout = sources.layout or SingleTag(sources.keys.prefix)
+    deps.queue_list(pipe, layout)
     replies = iter(pipe.execute())
     common = parse_common(replies, sources, now_ms)
     sampled = [samples.parse_sample(raw) for raw in next(replies)]
     per_tool = {tool: parse_tool(replies, sources) for tool in guess}
+    dep_names = deps.parse_list([next(replies) for _ in layout.every_cell()])
     ledger_tools = known_tools(common)
     missing = sorted(ledger_tools - set(guess))
     if missing:
@@ -209,7 +214,24 @@ def read_status(
         snap["workers"] = {"checked": False}
     snap["waiting"] = waiting(snap, now_ms)
     snap["rates"] = rates(samples.points(sampled), now_ms)
+    snap["deps"] = dep_attention(client, layout, dep_names, now_ms)
     return snap
+
+
+def dep_attention(
+    client: redis.Redis, layout: Layout, names: list[str], now_ms: int
+) -> list[dict[str, Any]]:
+    """The dependency keys that are paused, whose breaker is not closed, or that hold
+    calls back (one more round trip, only when the ledger has keys)."""
+    if not names:
+        return []
+    views = deps.DepState(client, layout).views(now_ms, names)
+    return [attention_of(v) for v in views if deps.needs_attention(v)]
+
+
+def attention_of(view: DepView) -> dict[str, Any]:
+    """A key in the snapshot's ``deps``: its :class:`DepView` fields, as JSON."""
+    return view.model_dump(mode="json", include=set(DepView.model_fields))
 
 
 def known_tools(common: dict[str, Any]) -> set[str]:

@@ -10,6 +10,9 @@ Pages (all need the ``read`` scope)::
     GET  /ui/operation?ref=R          one operation: timeline, envelope, not_before countdown,
                                       verification checks, arguments (redacted), actions
     GET  /ui/tools/NAME               one tool: its trust figures over 1 h, 24 h and 7 d
+    GET  /ui/deps                     every dependency key: limit, in flight, waiting,
+                                      paused until (a countdown), breaker, counters
+    GET  /ui/deps/KEY                 one key, operators' actions on it, and the actions
     GET  /ui/events?ref=R             the API's event stream for that page (session auth)
     GET  /ui/login, POST /ui/login, POST /ui/logout
 
@@ -23,6 +26,8 @@ Actions (POST, CSRF-checked; each through ``tq.aio`` with ``by="console:<who>"``
     /ui/actions/resolve    escalated -> succeeded, failed or     scope resolve
                            queued (outcome, reason, result...)
     /ui/actions/bulk       approve, retry or cancel many refs    that action's scope
+    /ui/actions/deps       lift a key's pause or close its       scope resolve
+                           breaker (key, action, reason)
 
 Log in with an API token (``TOOLQ_API_TOKENS``); the session is a signed,
 ``HttpOnly``, ``SameSite=Strict`` cookie that holds no token

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from toolq.core import errors
 from toolq.edges.api.auth import ApiSettings, Tokens, token_id
 from toolq.edges.api.console.actions import Actions
+from toolq.edges.api.console.deps import DepPages
 from toolq.edges.api.console.pages import Pages
 from toolq.edges.api.console.session import (
     COOKIE,
@@ -73,10 +74,11 @@ class Console:
         self.max_ref = tq.settings.limits.max_ref_length
         self.pages = Pages(tq, self.web)
         self.actions = Actions(tq, self.web, self.pages)
+        self.deps = DepPages(tq, self.web)
 
     def app(self) -> Starlette:
         g = self._guarded
-        pages, actions = self.pages, self.actions
+        pages, actions, deps = self.pages, self.actions, self.deps
         routes = [
             Route("/", g(pages.overview)),
             Route("/overview/live", g(pages.overview, live=True)),
@@ -93,6 +95,11 @@ class Console:
             Route("/actions/input", g(actions.provide_input, unsafe=True), methods=["POST"]),
             Route("/actions/bulk", g(actions.bulk, unsafe=True), methods=["POST"]),
             Route("/actions/resolve", g(actions.resolve, unsafe=True), methods=["POST"]),
+            Route("/deps", g(deps.deps)),
+            Route("/deps/live", g(deps.deps, live=True)),
+            Route("/deps/{key}", g(deps.dep)),
+            Route("/deps/{key}/live", g(deps.dep, live=True)),
+            Route("/actions/deps", g(deps.act, unsafe=True), methods=["POST"]),
             Route("/actions/{action}", g(actions.act, unsafe=True), methods=["POST"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
