@@ -121,8 +121,12 @@ def new_operation(
     now_ms: int,
     policy: Policy,
     run_message: Callable[[str, int], tuple[str, str]],
+    trace: str = "",
 ) -> NewOperation:
-    """The operation a submit creates: queued with its first message, or awaiting approval."""
+    """The operation a submit creates: queued with its first message, or awaiting approval.
+
+    ``trace``: the submitter's trace context (``toolq.process.tracing.carrier``), kept
+    in the record's ``trace`` field for every later step; "" writes none."""
     state = State.AWAITING_APPROVAL if tool.options.requires_approval else State.QUEUED
     queue, message = run_message(ref, 1) if state is State.QUEUED else ("", "")
     wait_ms = policy.unclaimed_after_ms if state is State.QUEUED else policy.approval_timeout_ms
@@ -139,6 +143,7 @@ def new_operation(
         due_ms=now_ms + wait_ms,
         queue=queue,
         message=message,
+        extra=(("trace", trace),) if trace else (),
     )
 
 
