@@ -43,6 +43,10 @@ def tq(fake_redis: fakeredis.FakeRedis) -> Iterator[ToolQueue]:
             raise errors.NotFound()
         return {"sent": args.to}
 
+    @send.verifier
+    def find(ctx: CallContext) -> None:
+        return None
+
     @q.tool(requires_approval=True)
     def wire(args: Args, ctx: CallContext) -> str:
         return "wired"
@@ -144,6 +148,22 @@ def test_an_operators_approval_is_a_span_in_the_operations_trace_with_who(tq: To
     assert action.attributes["toolq.by"] == "console:alice"  # type: ignore[index]
     assert [e.name for e in submit.events] == ["awaiting_approval"]
     assert [e.name for e in action.events] == ["queued"]
+
+
+def test_a_copy_of_an_attempt_whose_worker_died_recovers_in_the_operations_trace(
+    tq: ToolQueue,
+) -> None:
+    with in_memory() as memory:
+        tq.submit("send", {"to": "a@example.org"}, operation_ref="k/1")
+        # a worker elsewhere claimed attempt 1 and its lease ran out (it died)
+        assert tq.ledger.claim("k/1", 1, "elsewhere:1:1", 1_000, 1).outcome == "claimed"
+        tq.runtime.run_attempt("k/1", 1)  # the message delivered again
+        spans = memory.get_finished_spans()
+    submit, recover = _one(spans, "submit send"), _one(spans, "recover send")
+    assert recover.parent is not None and recover.parent.span_id == submit.context.span_id
+    assert recover.attributes["toolq.code"] == "LEASE_EXPIRED"  # type: ignore[index]
+    assert [e.name for e in recover.events] == ["verifying"]
+    assert not [s for s in spans if s.name == "execute_tool send"]  # the tool was not called
 
 
 @pytest.mark.parametrize(

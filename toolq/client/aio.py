@@ -65,7 +65,7 @@ from toolq.decisions import operations
 from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.decisions.recovery import operator
 from toolq.decisions.recovery.transition import Transition
-from toolq.process import tracing
+from toolq.process import logs, tracing
 
 OnProgress = Callable[[Progress], Awaitable[None] | None]
 
@@ -458,7 +458,7 @@ class AsyncToolQueue:
     async def _apply(self, b: _Bound, t: Transition) -> State:
         # Traced: the action's span is a child of the submitter's context (one more read).
         stored = (await b.ledger.fields(t.ref, tracing.FIELD)) if tracing.enabled() else {}
-        with tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
+        with logs.about(t.ref), tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
             at = self.app.now_ms()
             answer = await b.ledger.apply_one(t, at)
             span.recorded(t, answer, at)

@@ -35,7 +35,7 @@ from toolq.decisions import operations
 from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.decisions.recovery import operator
 from toolq.decisions.recovery.transition import Transition
-from toolq.process import tracing
+from toolq.process import logs, tracing
 from toolq.services.tasks.run import Runtime
 
 R = TypeVar("R")
@@ -317,7 +317,7 @@ class ToolQueue:
     def _apply(self, t: Transition) -> State:
         # Traced: the action's span is a child of the submitter's context (one more read).
         stored = self.ledger.fields(t.ref, tracing.FIELD) if tracing.enabled() else {}
-        with tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
+        with logs.about(t.ref), tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
             at = self.app.now_ms()
             answer = self.ledger.apply_one(t, at)
             span.recorded(t, answer, at)
