@@ -159,7 +159,8 @@ def one_round(url: str, arm: str, calls: int, concurrency: int, main_tree: str) 
 
 
 def run(url: str, calls: int, rounds: int, concurrency: int, main_tree: str) -> dict[str, Any]:
-    res: dict[str, Any] = {"calls": calls, "rounds": rounds, "hooks_us": hooks(7, 5_000)}
+    res: dict[str, Any] = {"calls": calls, "rounds": rounds, "load": os.getloadavg()}
+    res["hooks_us"] = hooks(7, 5_000)
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     for _ in range(rounds):
         for arm in ARMS:
@@ -195,5 +196,12 @@ def render(res: dict[str, Any]) -> str:
         f"End to end: no-op writes, closed loop of 16, worker threads -c 8, "
         f"{res['calls']:,} calls x {res['rounds']} rounds, A B C alternating; `main` is "
         "the code before tracing (client and worker); `on` traces in the client and the "
-        "worker.\n\n" + table(("arm", "calls/s (median)", "rounds", "vs main", "CPU ms/call"), rows)
+        "worker.\n\n"
+        + table(("arm", "calls/s (median)", "rounds", "vs main", "CPU ms/call"), rows)
+        + f"\n\nLoad average at the start: {' '.join(fmt(x, 2) for x in res.get('load', ()))}. "
+        "Read CPU per call (client and worker processes) before calls/s: on a shared "
+        "machine the rate of one round moves by 2x. Tracing on costs the SDK's work for "
+        "two spans and their events per call (the submit in the client, the attempt in "
+        "the worker), a share of a no-op call's CPU that a real tool's I/O makes small; "
+        "off, its hooks are a few checks (the `off` and `absent` hook figures above)."
     )
