@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,api,mcp,console,openai-agents,langchain,pydantic-ai,anthropic,docs]'
+	$(BIN)/pip install --quiet -e '.[dev,otel,api,mcp,console,openai-agents,langchain,pydantic-ai,anthropic,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -63,6 +63,15 @@ def test_a_submit_writes_the_extra_fields_it_is_given_with_the_others(ledger: Le
     assert ledger.fields("x/1", "dep") == {"dep": "stripe:acct_1"}
 
 
+def test_every_claim_answers_the_trace_context_the_submit_stored(ledger: Ledger) -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01|vendor=1"
+    submit(ledger, "t/1", extra=(("trace", parent),))
+    assert ledger.claim("t/1", 1, "w1", NOW + 10, LEASE).trace == parent
+    # a record without one (tracing off, or written before it) answers ""
+    submit(ledger, "t/2")
+    assert ledger.claim("t/2", 1, "w1", NOW + 10, LEASE).trace == ""
+
+
 def test_a_submit_awaiting_approval_sends_nothing_and_counts_no_attempt(ledger: Ledger) -> None:
     assert submit(ledger, "a/2", state=S.AWAITING_APPROVAL).outcome == "created"
     assert ledger.fields("a/2", "attempt", "published") == {"attempt": "0", "published": "0"}

@@ -66,6 +66,7 @@ from toolq.decisions import operations
 from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.decisions.recovery import operator
 from toolq.decisions.recovery.transition import Transition
+from toolq.process import logs, tracing
 
 OnProgress = Callable[[Progress], Awaitable[None] | None]
 
@@ -171,10 +172,18 @@ class AsyncToolQueue:
     ) -> Submission:
         """Enqueue a call; as :meth:`toolq.client.queue.ToolQueue.submit`."""
         b = await self._bound()
-        op = self.app.new_operation(
-            tool, args, operation_ref=operation_ref, call_id=call_id, run_id=run_id, step=step
-        )
-        res = await b.ledger.submit(**op.ledger_args())
+        with tracing.submitting(tool) as span:
+            op = self.app.new_operation(
+                tool,
+                args,
+                operation_ref=operation_ref,
+                call_id=call_id,
+                run_id=run_id,
+                step=step,
+                trace=span.carrier(),
+            )
+            res = await b.ledger.submit(**op.ledger_args())
+            span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
         sub = operations.submitted(op, res.outcome, res.state)
         warnings = await self.app.liveness.acheck(b.redis, self.app.queue_of(op))
         return dataclasses.replace(sub, warnings=warnings)
@@ -193,12 +202,20 @@ class AsyncToolQueue:
         deadline = asyncio.get_running_loop().time() + max(0.0, timeout)
         try:
             b = await self._bound()
-            op = self.app.new_operation(tool, args, operation_ref=operation_ref, call_id=call_id)
-            # Watch before submitting: every notice after the creation is heard, so a
-            # created operation needs no first read (revision 1 is what was written).
-            w = await b.notifier.watch(op.ref, progress=on_progress is not None)
+            with tracing.submitting(tool) as span:
+                op = self.app.new_operation(
+                    tool, args, operation_ref=operation_ref, call_id=call_id, trace=span.carrier()
+                )
+                # Watch before submitting: every notice after the creation is heard, so a
+                # created operation needs no first read (revision 1 is what was written).
+                w = await b.notifier.watch(op.ref, progress=on_progress is not None)
+                try:
+                    res = await b.ledger.submit(**op.ledger_args())
+                except BaseException:
+                    b.notifier.unwatch(op.ref, w)
+                    raise
+                span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
             try:
-                res = await b.ledger.submit(**op.ledger_args())
                 sub = operations.submitted(op, res.outcome, res.state)
                 seen = Seen.created(op) if sub.created else None
                 return await self._wait(b, w, op.ref, deadline, on_progress, seen)
@@ -445,7 +462,13 @@ class AsyncToolQueue:
         return b, operator.View.from_fields(ref, await b.ledger.fields(ref, *operator.FIELDS))
 
     async def _apply(self, b: _Bound, t: Transition) -> State:
-        return operations.applied(t, await b.ledger.apply_one(t, self.app.now_ms()))
+        # Traced: the action's span is a child of the submitter's context (one more read).
+        stored = (await b.ledger.fields(t.ref, tracing.FIELD)) if tracing.enabled() else {}
+        with logs.about(t.ref), tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
+            at = self.app.now_ms()
+            answer = await b.ledger.apply_one(t, at)
+            span.recorded(t, answer, at)
+        return operations.applied(t, answer)
 
     # ------------------------------------------------------------------ refs
 

@@ -264,15 +264,19 @@ class App:
         call_id: str | None = None,
         run_id: str | None = None,
         step: str | int | None = None,
+        trace: str = "",
     ) -> operations.NewOperation:
-        """The operation a submit creates, checked: UnknownTool, InvalidArguments if not."""
+        """The operation a submit creates, checked: UnknownTool, InvalidArguments if not.
+        ``trace``: the submitter's trace context, stored on the record."""
         limits = self.settings.limits
         t = self.registry.get(tool)
         canonical = operations.canonical_args(t, args, limits)
         ref = operations.operation_ref(operation_ref, run_id, step, limits)
         cid = operations.check_call_id(call_id, limits)
         run = functools.partial(self.messages.run, tool=t.name)
-        return operations.new_operation(t, canonical, ref, cid, self.now_ms(), self.policy, run)
+        return operations.new_operation(
+            t, canonical, ref, cid, self.now_ms(), self.policy, run, trace
+        )
 
     def approval(self, v: operator.View, by: str) -> Transition:
         return operator.approve(v, self.now_ms(), self.policy, self.outbound_for(v.tool), by)

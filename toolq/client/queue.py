@@ -38,6 +38,7 @@ from toolq.decisions import operations
 from toolq.decisions.operations import FALLBACK_READ_S, WAIT_FIELDS, Seen, Submission
 from toolq.decisions.recovery import operator
 from toolq.decisions.recovery.transition import Transition
+from toolq.process import logs, tracing
 from toolq.services.tasks.run import Runtime
 
 R = TypeVar("R")
@@ -195,10 +196,18 @@ class ToolQueue:
         other arguments it raises :class:`errors.IdempotencyKeyReused`. Nothing is
         written when a submit is refused.
         """
-        op = self.app.new_operation(
-            tool, args, operation_ref=operation_ref, call_id=call_id, run_id=run_id, step=step
-        )
-        res = self.ledger.submit(**op.ledger_args())
+        with tracing.submitting(tool) as span:
+            op = self.app.new_operation(
+                tool,
+                args,
+                operation_ref=operation_ref,
+                call_id=call_id,
+                run_id=run_id,
+                step=step,
+                trace=span.carrier(),
+            )
+            res = self.ledger.submit(**op.ledger_args())
+            span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
         sub = operations.submitted(op, res.outcome, res.state)
         return dataclasses.replace(sub, warnings=self.app.warnings_for(op))
 
@@ -214,11 +223,19 @@ class ToolQueue:
     ) -> ToolSuccess | ToolError:
         """Submit and wait in one: the envelope (as :meth:`wait`)."""
         deadline = time.monotonic() + max(0.0, timeout)
-        op = self.app.new_operation(tool, args, operation_ref=operation_ref, call_id=call_id)
-        # Watch before submitting: a created operation then needs no first read.
-        ev = self.app.notifier.watch(op.ref)
+        with tracing.submitting(tool) as span:
+            op = self.app.new_operation(
+                tool, args, operation_ref=operation_ref, call_id=call_id, trace=span.carrier()
+            )
+            # Watch before submitting: a created operation then needs no first read.
+            ev = self.app.notifier.watch(op.ref)
+            try:
+                res = self.ledger.submit(**op.ledger_args())
+            except BaseException:
+                self.app.notifier.unwatch(op.ref, ev)
+                raise
+            span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
         try:
-            res = self.ledger.submit(**op.ledger_args())
             sub = operations.submitted(op, res.outcome, res.state)
             return self._wait(ev, op.ref, deadline, Seen.created(op) if sub.created else None)
         finally:
@@ -322,4 +339,10 @@ class ToolQueue:
         return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))
 
     def _apply(self, t: Transition) -> State:
-        return operations.applied(t, self.ledger.apply_one(t, self.app.now_ms()))
+        # Traced: the action's span is a child of the submitter's context (one more read).
+        stored = self.ledger.fields(t.ref, tracing.FIELD) if tracing.enabled() else {}
+        with logs.about(t.ref), tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
+            at = self.app.now_ms()
+            answer = self.ledger.apply_one(t, at)
+            span.recorded(t, answer, at)
+        return operations.applied(t, answer)

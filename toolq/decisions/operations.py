@@ -122,8 +122,12 @@ def new_operation(
     now_ms: int,
     policy: Policy,
     run_message: Callable[[str, int], tuple[str, str]],
+    trace: str = "",
 ) -> NewOperation:
-    """The operation a submit creates: queued with its first message, or awaiting approval."""
+    """The operation a submit creates: queued with its first message, or awaiting approval.
+
+    ``trace``: the submitter's trace context (``toolq.process.tracing.carrier``), kept
+    in the record's ``trace`` field for every later step; "" writes none."""
     state = State.AWAITING_APPROVAL if tool.options.requires_approval else State.QUEUED
     dep = dependency_of(tool, args_json)
     queue, message = run_message(ref, 1) if state is State.QUEUED else ("", "")
@@ -141,7 +145,7 @@ def new_operation(
         due_ms=now_ms + wait_ms,
         queue=queue,
         message=message,
-        extra=() if dep is None else (("dep", dep),),
+        extra=_extra(dep=dep, trace=trace),
     )
 
 
@@ -272,3 +276,8 @@ class Seen:
         except ValueError:  # not an envelope (pydantic's error is one): the record says
             return None
         return replace(self, state=state, rev=rev, envelope=env)
+
+
+def _extra(**fields: str | None) -> tuple[tuple[str, str], ...]:
+    """The record fields a submit adds beyond the fixed ones: those with a value."""
+    return tuple((name, value) for name, value in fields.items() if value)

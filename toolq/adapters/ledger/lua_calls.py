@@ -66,7 +66,8 @@ CLAIM = r"""
 local function claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck, limits)
 local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
   'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
-  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn', 'dep', 'dep_slot')
+  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn', 'dep', 'dep_slot',
+  'trace')
 local state = f[1]
 if not state then return {'missing'} end
 local tool = f[5]
@@ -114,7 +115,7 @@ else
   return {'stale', state}
 end
 return {'claimed', tool, f[6], f[7] or '', f[8], f[9] or '', f[10], f[11], f[12],
-  f[13] or '0', f[14], f[17], f[2]}
+  f[13] or '0', f[14], f[17], f[2], f[22] or ''}
 end
 
 local key = KEYS[NFIXED + 1]

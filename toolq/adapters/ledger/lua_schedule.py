@@ -28,6 +28,7 @@ DUE_FIELDS = (
     "published",
     "vclaimed",
     "dep_held",
+    "trace",
 )
 
 # Take up to `limit` due items and hide them from other schedulers for `hold` ms.

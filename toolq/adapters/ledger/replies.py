@@ -65,6 +65,8 @@ class Claim:
     holder: str = ""
     lease_until_ms: int = 0
     state: str = ""
+    #: The submitter's trace context (``toolq.process.tracing.FIELD``), "" for none.
+    trace: str = ""
 
 
 def submit_result(out: Any) -> SubmitResult:
@@ -89,6 +91,7 @@ def claim_result(raw: Any) -> Claim:
             vfail=int(out[10] or 0),
             created_ms=int(out[11] or 0),
             attempt=int(out[12] or 0),
+            trace=out[13] if len(out) > 13 else "",
         )
     if outcome is Claimed.HELD:
         return Claim(
