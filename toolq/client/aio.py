@@ -177,7 +177,7 @@ class AsyncToolQueue:
                 trace=span.carrier(),
             )
             res = await b.ledger.submit(**op.ledger_args())
-            span.submitted(op.ref, res.state, res.outcome == "created")
+            span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
         sub = operations.submitted(op, res.outcome, res.state)
         warnings = await self.app.liveness.acheck(b.redis, self.app.queue_of(op))
         return dataclasses.replace(sub, warnings=warnings)
@@ -208,7 +208,7 @@ class AsyncToolQueue:
                 except BaseException:
                     b.notifier.unwatch(op.ref, w)
                     raise
-                span.submitted(op.ref, res.state, res.outcome == "created")
+                span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
             try:
                 sub = operations.submitted(op, res.outcome, res.state)
                 seen = Seen.created(op) if sub.created else None
@@ -459,8 +459,9 @@ class AsyncToolQueue:
         # Traced: the action's span is a child of the submitter's context (one more read).
         stored = (await b.ledger.fields(t.ref, tracing.FIELD)) if tracing.enabled() else {}
         with tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
-            answer = await b.ledger.apply_one(t, self.app.now_ms())
-            span.recorded(t, answer)
+            at = self.app.now_ms()
+            answer = await b.ledger.apply_one(t, at)
+            span.recorded(t, answer, at)
         return operations.applied(t, answer)
 
     # ------------------------------------------------------------------ refs

@@ -183,7 +183,7 @@ class ToolQueue:
                 trace=span.carrier(),
             )
             res = self.ledger.submit(**op.ledger_args())
-            span.submitted(op.ref, res.state, res.outcome == "created")
+            span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
         sub = operations.submitted(op, res.outcome, res.state)
         return dataclasses.replace(sub, warnings=self.app.warnings_for(op))
 
@@ -210,7 +210,7 @@ class ToolQueue:
             except BaseException:
                 self.app.notifier.unwatch(op.ref, ev)
                 raise
-            span.submitted(op.ref, res.state, res.outcome == "created")
+            span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
         try:
             sub = operations.submitted(op, res.outcome, res.state)
             return self._wait(ev, op.ref, deadline, Seen.created(op) if sub.created else None)
@@ -318,6 +318,7 @@ class ToolQueue:
         # Traced: the action's span is a child of the submitter's context (one more read).
         stored = self.ledger.fields(t.ref, tracing.FIELD) if tracing.enabled() else {}
         with tracing.operator(t, stored.get(tracing.FIELD, "")) as span:
-            answer = self.ledger.apply_one(t, self.app.now_ms())
-            span.recorded(t, answer)
+            at = self.app.now_ms()
+            answer = self.ledger.apply_one(t, at)
+            span.recorded(t, answer, at)
         return operations.applied(t, answer)

@@ -19,6 +19,12 @@ string argument, :data:`~toolq.core.redact.LOG_LINE_MAX` per line,
 costs at most a few milliseconds, whatever a request or an upstream sent, on the
 event loop where uvicorn logs its access lines.
 
+Each record also carries the operation it is about (``operation_ref``: what
+:func:`about` set in this thread or task, "" for none) and, while tracing is on, the
+current span's ``trace_id`` and ``span_id`` (:mod:`toolq.process.tracing`). Handlers print
+them after the message, or, with ``TOOLQ_LOG_FORMAT=json``, as fields of one JSON
+object per line (:class:`JsonFormatter`).
+
 A record without a secret is otherwise left exactly as it was made. One with a secret
 has its message formatted and redacted (its ``args`` redacted in place when
 that suffices, as uvicorn's access formatter reads them) and its traceback
@@ -28,15 +34,25 @@ formatter renders the original again).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import traceback
 from collections.abc import Callable
+from contextvars import ContextVar, Token
+from datetime import UTC, datetime
 from typing import Any
 
 from toolq.core.redact import LOG_ARG_MAX, bound_text, cut, redact_text
+from toolq.process import tracing
 
-__all__ = ["RedactingFilter", "install_redaction", "redact_record"]
+__all__ = ["JsonFormatter", "RedactingFilter", "about", "install_redaction", "redact_record"]
+
+#: What the records of this thread or task are about (:func:`about`).
+_REF: ContextVar[str] = ContextVar("toolq_log_ref", default="")
+#: The fields a record gets (and a JSON line holds, after ts, level, logger, msg).
+CONTEXT_FIELDS = ("operation_ref", "trace_id", "span_id")
 
 _MARK = "_toolq_redacted"
 _lock = threading.Lock()
@@ -112,11 +128,92 @@ def _redact_exception(record: logging.LogRecord) -> None:
         record.exc_text, record.exc_info = clean, None
 
 
+class about:
+    """The log records made inside carry ``operation_ref`` (a thread's or a task's own)."""
+
+    __slots__ = ("ref", "token")
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        self.token: Token[str] | None = None
+
+    def __enter__(self) -> None:
+        self.token = _REF.set(self.ref)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            _REF.reset(self.token)
+
+
+def add_context(record: logging.LogRecord) -> logging.LogRecord:
+    """Set the record's ``operation_ref``, ``trace_id`` and ``span_id`` ("" for none)
+    unless it has them (from ``extra=``)."""
+    if "operation_ref" not in record.__dict__:
+        record.operation_ref = _REF.get()
+    if "trace_id" not in record.__dict__:
+        record.trace_id, record.span_id = tracing.ids()
+    return record
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, operation_ref, trace_id,
+    span_id (and ``exc``, the redacted traceback, when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        add_context(record)
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for name in CONTEXT_FIELDS:
+            out[name] = getattr(record, name, "") or None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
+        return json.dumps(out, default=str)
+
+
+class _WithContext(logging.Formatter):
+    """A handler's own format, followed by the record's operation and span ids."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        add_context(record)
+        line = self.inner.format(record)
+        ref = getattr(record, "operation_ref", "")
+        if not ref and not getattr(record, "trace_id", ""):
+            return line
+        more = [f"{n}={getattr(record, n)}" for n in CONTEXT_FIELDS if getattr(record, n, "")]
+        head, nl, tail = line.partition("\n")  # after the message, before a traceback
+        return f"{head} [{' '.join(more)}]{nl}{tail}"
+
+
+def log_format() -> str:
+    """``TOOLQ_LOG_FORMAT``: "json", or "text" (the default, and for anything else)."""
+    return "json" if os.environ.get("TOOLQ_LOG_FORMAT", "").strip().lower() == "json" else "text"
+
+
+def _format_handler(handler: logging.Handler) -> None:
+    if isinstance(handler.formatter, JsonFormatter | _WithContext):
+        return
+    if log_format() == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(_WithContext(handler.formatter))
+
+
 class RedactingFilter(logging.Filter):
     """A handler (or logger) filter that redacts each record; it never drops one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         redact_record(record)
+        add_context(record)
         return True
 
 
@@ -127,6 +224,7 @@ def _filter_handlers(logger: logging.Logger) -> None:
     for handler in logger.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(_FILTER)
+        _format_handler(handler)
 
 
 def _wrap_factory(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
@@ -147,7 +245,9 @@ def install_redaction() -> None:
     """Redact every log record of this process from now on. Idempotent.
 
     Call it first thing in a process entry point (``toolq worker``, ``toolq
-    scheduler``, ``toolq api`` and ``toolq mcp`` do); forked children inherit it.
+    scheduler``, ``toolq api`` and ``toolq mcp`` do); forked children inherit it. The
+    root logger's handlers, then and after Celery sets up logging, also print each
+    record's operation and span ids (:data:`CONTEXT_FIELDS`; ``TOOLQ_LOG_FORMAT=json``).
     """
     global _installed
     with _lock:

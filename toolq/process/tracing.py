@@ -75,24 +75,27 @@ class Step:
         """The context a submit stores: this span's, or (tracing off) the caller's if any."""
         return carrier(self.span)
 
-    def submitted(self, ref: str, state: State, created: bool) -> None:
+    def submitted(self, ref: str, state: State, created: bool, at_ms: int) -> None:
+        """The submit's answer; ``at_ms``: when the record says it was created."""
         if self.span is not None:
             self.span.set_attribute("toolq.operation_ref", ref)
             if created:
-                self.entered(state)
+                self.entered(state, at_ms=at_ms)
             else:
                 self.set(existing=True)
 
-    def entered(self, state: State | str, **attrs: str | int) -> None:
-        """An event for a state entered, named after it."""
+    def entered(self, state: State | str, at_ms: int | None = None, **attrs: str | int) -> None:
+        """An event for a state entered, named after it; ``at_ms``: when the ledger moved
+        it (events of several processes then sort in the order the ledger took them)."""
         if self.span is not None:
             a: dict[str, Any] = {"toolq." + k: v for k, v in attrs.items()}
             a["toolq.state"] = str(state)
             if state in SETTLED:
                 a["toolq.settled"] = True
-            self.span.add_event(str(state), a)
+            at = None if at_ms is None else at_ms * 1_000_000
+            self.span.add_event(str(state), a, at)
 
-    def recorded(self, t: Transition, answer: str) -> None:
+    def recorded(self, t: Transition, answer: str, at_ms: int | None = None) -> None:
         """What an applied transition says: its state and envelope's words, an event, and
         ERROR status for a failure (never for a retry or a check still to come)."""
         if self.span is None:
@@ -114,7 +117,7 @@ class Step:
         if t.note:
             attrs.update({"note." + k: v for k, v in t.note.items()})
         if not t.quiet or t.note:  # a quiet update enters no state; a noted one says why
-            self.entered(t.to, **attrs)
+            self.entered(t.to, at_ms, **attrs)
         if t.to in (State.FAILED, State.ESCALATED):
             self.span.set_status(otel.StatusCode.ERROR, t.code or str(t.to))
 

@@ -27,6 +27,7 @@ DUE_FIELDS = (
     "created",
     "published",
     "vclaimed",
+    "trace",
 )
 
 # Take up to `limit` due items and hide them from other schedulers for `hold` ms.

@@ -29,6 +29,8 @@ class Batch:
     transitions: list[Transition] = field(default_factory=list)
     lags: list[int] = field(default_factory=list)
     left: list[tuple[str, str, int] | None] = field(default_factory=list)
+    #: Tracing on: (tool, stored trace context, the operation's age in ms) per transition.
+    traced: list[tuple[str, str, int]] = field(default_factory=list)
     #: A full batch was due somewhere (more is due right now).
     full: bool = False
 

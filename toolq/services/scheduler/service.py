@@ -37,6 +37,8 @@ from toolq.core.tools import Registry
 from toolq.decisions.recovery import outcome
 from toolq.decisions.recovery.actions import for_decision
 from toolq.decisions.recovery.policy import Action, Snapshot, Timeouts, decide, sleep_seconds
+from toolq.process import tracing
+from toolq.process.logs import about
 from toolq.process.waiting import Outage, Waiter
 from toolq.services import parts
 from toolq.services.scheduler.ages import ages_for
@@ -173,6 +175,7 @@ class Scheduler:
         timeouts = self.timeouts
         queues = self.ages(rows)
         transitions, lags, left = batch.transitions, batch.lags, batch.left
+        traced = batch.traced if tracing.enabled() else None
         for row in rows:
             snap = Snapshot.from_row(row)
             d = decide(snap, now, timeouts, queues)
@@ -186,6 +189,9 @@ class Scheduler:
                     app.redis.zrem(app.ledger.keys_of(snap.ref).due, snap.ref)
                 continue
             transitions.append(t)
+            if traced is not None:
+                created = int(float(row.get("created") or now))
+                traced.append((snap.tool, row.get("trace", ""), now - created))
             leaves = not t.quiet and t.to != snap.state and snap.state in PENDING_RECOVERY
             left.append((snap.tool, str(snap.state), now - snap.entered_ms) if leaves else None)
             if d.action in (Action.DISPATCH, Action.REPUBLISH, Action.VERIFY):
@@ -211,7 +217,10 @@ class Scheduler:
                     stats.recovered.append(gone)
             else:
                 stats.refused += 1
-                log.debug("%s: %s refused (now %s)", t.ref, t.to, res)
+                with about(t.ref):
+                    log.debug("%s: %s refused (now %s)", t.ref, t.to, res)
+        if batch.traced:
+            _trace(batch, results)
         if self.on_tick is not None and stats.taken:
             self.on_tick(stats)
         return stats
@@ -301,3 +310,13 @@ class Scheduler:
         self.share.release()  # the others take its cells over now
         self.app.redis.hdel(self.app.ledger.keys.schedulers, self.id)
         self.listener.close()
+
+
+def _trace(batch: Batch, results: list[str]) -> None:
+    """A ``dispatch`` span per move the batch made (tracing on): each in its operation's
+    trace, or linked to it when the operation is old (:data:`tracing.LINK_AFTER_MS`)."""
+    for t, res, (tool, stored, age_ms) in zip(
+        batch.transitions, results, batch.traced, strict=True
+    ):
+        with about(t.ref), tracing.dispatched(tool, t.ref, stored, age_ms, t.by) as span:
+            span.recorded(t, res, batch.now)

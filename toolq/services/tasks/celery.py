@@ -30,6 +30,7 @@ from toolq.adapters.broker.messages import (
     Requeue,
     task_result,
 )
+from toolq.process.logs import about
 from toolq.services.tasks.run import LedgerAway, Runtime
 
 
@@ -49,15 +50,17 @@ def register_tasks(celery: Celery, runtime: Callable[[], Runtime]) -> None:
     @celery.task(name=RUN_TASK, **options)
     def run(self: Task[Any, Any], ref: str, attempt: int) -> str:
         try:
-            return task_result(runtime().run_attempt(ref, int(attempt), delivery_of(self)))
+            with about(ref):
+                return task_result(runtime().run_attempt(ref, int(attempt), delivery_of(self)))
         except LedgerAway as exc:
             raise Requeue(str(exc)) from exc
 
     @celery.task(name=VERIFY_TASK, **options)
     def verify(self: Task[Any, Any], ref: str, attempt: int, vcheck: int) -> str:
         try:
-            return task_result(
-                runtime().run_check(ref, int(attempt), int(vcheck), delivery_of(self))
-            )
+            with about(ref):
+                return task_result(
+                    runtime().run_check(ref, int(attempt), int(vcheck), delivery_of(self))
+                )
         except LedgerAway as exc:
             raise Requeue(str(exc)) from exc

@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import redis
@@ -30,6 +31,7 @@ from toolq.core.states import State
 from toolq.core.tools import CallContext, Registry, Tool
 from toolq.decisions.recovery import outcome
 from toolq.decisions.recovery.transition import Transition
+from toolq.process import tracing
 from toolq.services.tasks.leases import LeaseKeeper, holder_is_dead
 
 log = logging.getLogger("toolq.worker")
@@ -159,9 +161,10 @@ class Runtime:
         if refused is not None:
             # Delivered past the deadline (late, or after a long queue): never call the tool.
             log.warning("%s attempt %d not started: %s", ref, attempt, refused.code)
-            return self._record(refused, delivery)
+            with _traced(tool, ref, claim, attempt):
+                return self._record(refused, delivery)
         ctx = self._context(ref, tool, claim, attempt)
-        with self.leases.hold(ref, attempt, "run", holder):
+        with _traced(tool, ref, claim, attempt), self.leases.hold(ref, attempt, "run", holder):
             try:
                 result = tool.invoke(ctx.args, ctx)  # awaited here if the tool is async
                 t = outcome.after_success(a, result, self.now_ms(), self.policy)
@@ -183,9 +186,8 @@ class Runtime:
         # A "held" claim does not carry the deadline; a read that runs again needs it
         # (rare: only when the holder died), and it never changes, so a plain read will do.
         # Nothing is recorded yet: a server away here sends the delivery back too.
-        deadline = _claimed(ref, attempt, lambda: self.ledger.fields(ref, "deadline")).get(
-            "deadline"
-        )
+        f = _claimed(ref, attempt, lambda: self.ledger.fields(ref, "deadline", tracing.FIELD))
+        deadline = f.get("deadline")
         lost = outcome.Lost(
             ref=ref,
             tool=tool,
@@ -199,13 +201,15 @@ class Runtime:
             by=f"{holder}:redelivery",
         )
         t = outcome.lease_lost(lost, self.now_ms(), self.policy, self.messages_for(claim.tool))
+        with tracing.recovered(claim.tool, ref, attempt, f.get(tracing.FIELD, ""), lost.by):
+            res = self._record(t, delivery)
         log.warning(
             "%s attempt %d: its worker died mid-call; %s",
             ref,
             attempt,
             "verifying" if t.to == "verifying" else t.to,
         )
-        return self._record(t, delivery)
+        return res
 
     def _tool_or_release(
         self, ref: str, attempt: int, claim: Claim, holder: str, delivery: str | None
@@ -281,7 +285,8 @@ class Runtime:
             holder=holder,
         )
         ctx = self._context(ref, tool, claim, attempt)
-        with self.leases.hold(ref, attempt, "verify", holder):
+        traced = tracing.check(tool.name, ref, attempt, vcheck, claim.trace, claim.call_id)
+        with traced, self.leases.hold(ref, attempt, "verify", holder):
             try:
                 # A worker whose tool lost its verifier fails the check: bounded, then escalated.
                 found = tool.lookup(ctx)
@@ -308,11 +313,18 @@ class Runtime:
     # ---------------------------------------------------------------- recording
 
     def _record(self, t: Transition, delivery: str | None = None) -> str:
+        at = self.now_ms()  # when it was decided: a step after it starts later
         res = _patient(lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S)
+        tracing.current().recorded(t, res, at)  # the attempt's or the check's span, if traced
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
             return f"{REFUSED}{res}"
         return Outcome(t.to, t.code)  # with its code, for what Flower shows
+
+
+def _traced(tool: Tool[Any], ref: str, claim: Claim, attempt: int) -> AbstractContextManager[Any]:
+    """The attempt's span (``execute_tool {tool}``), a child of the submitter's context."""
+    return tracing.attempt(tool.name, ref, attempt, claim.trace, claim.call_id)
 
 
 def _log_failure(tool: str, ref: str, attempt: int, exc: Exception) -> None:
