@@ -12,8 +12,10 @@ its own tracing otherwise), or by an OpenTelemetry callback handler
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -34,7 +36,6 @@ from mcp import Client
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.capabilities import Instrumentation
@@ -42,9 +43,13 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 
+from tests.helpers import start_scheduler, start_worker, stop_process, wait_until
 from tests.integration.agents_fixtures import effects, run_async
+from tests.integration.apps import traced_agents_app
+from tests.integration.apps.traced_app import SPANS_ENV
 from tests.integration.test_integrations_anthropic import Claude, use
 from tests.integration.test_integrations_langchain import ScriptedChat, call
+from tests.otel import in_memory
 from toolq import ToolQueue
 from toolq.edges.mcp_server import create_server
 from toolq.integrations import anthropic as toolq_anthropic
@@ -56,23 +61,64 @@ NOTIFY = {"to": "ops", "text": "hi"}
 
 
 @pytest.fixture(scope="module")
-def provider() -> TracerProvider:
-    """The process's SDK tracer provider (set here when none is yet: it can be set once)."""
-    current = trace.get_tracer_provider()
-    if isinstance(current, TracerProvider):
-        return current
-    made = TracerProvider()
-    trace.set_tracer_provider(made)
-    return made
+def spans_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spans") / "spans.jsonl"
+
+
+@pytest.fixture(scope="module")
+def agents_tq(module_redis_url: str, spans_file: Path) -> Iterator[ToolQueue]:
+    """The adapters' app on this module's database, with a worker and a scheduler that
+    write their spans to :func:`spans_file`."""
+    tq = traced_agents_app.tq
+    tq.configure(redis_url=module_redis_url)
+    env = {SPANS_ENV: str(spans_file)}
+    procs = [
+        start_worker(traced_agents_app.APP, module_redis_url, env=env),
+        start_scheduler(traced_agents_app.APP, module_redis_url, env=env),
+    ]
+    yield tq
+    for p in procs:
+        stop_process(p, timeout=5)
+    tq.close()
 
 
 @pytest.fixture
-def spans(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
-    """Every span this test's process ends, from here on."""
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()  # a processor cannot be removed: a shut exporter records no more
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Every span the test process ends, in this test (the global tracer provider)."""
+    with in_memory() as exporter:
+        yield exporter
+
+
+@pytest.fixture
+def provider(spans: InMemorySpanExporter) -> TracerProvider:
+    made = trace.get_tracer_provider()
+    assert isinstance(made, TracerProvider)
+    return made
+
+
+def attempts_of(spans_file: Path, ref: str) -> list[dict[str, Any]]:
+    """The workers' attempt spans of ``ref`` (once the call settled, they have ended)."""
+    lines = spans_file.read_text().splitlines() if spans_file.exists() else []
+    return [
+        s
+        for s in map(json.loads, lines)
+        if s["name"].startswith("execute_tool ")
+        and s["attributes"].get("toolq.operation_ref") == ref
+        and "toolq.check" not in s["attributes"]
+    ]
+
+
+def assert_attempts_under(spans_file: Path, submit: ReadableSpan, count: int) -> None:
+    """``count`` attempts of the submit's operation ran in a worker, each its child."""
+    assert submit.attributes is not None and submit.context is not None
+    ref = str(submit.attributes["toolq.operation_ref"])
+    # an attempt's span ends after it recorded the outcome the call was answered with
+    assert wait_until(lambda: len(attempts_of(spans_file, ref)) >= count, 10)
+    found = attempts_of(spans_file, ref)
+    assert sorted(s["attributes"]["toolq.attempt"] for s in found) == list(range(1, count + 1))
+    for s in found:
+        assert s["trace_id"] == f"{submit.context.trace_id:032x}"
+        assert s["parent_id"] == f"{submit.context.span_id:016x}"
 
 
 def one(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
@@ -91,7 +137,7 @@ def assert_child(child: ReadableSpan, parent: ReadableSpan) -> None:
 
 
 def test_pydantic_ai_tool_span_is_the_parent_of_the_submit(
-    agents_tq: ToolQueue, spans: InMemorySpanExporter, provider: TracerProvider
+    agents_tq: ToolQueue, spans: InMemorySpanExporter, spans_file: Path, provider: TracerProvider
 ) -> None:
     turns = iter(
         [
@@ -115,6 +161,7 @@ def test_pydantic_ai_tool_span_is_the_parent_of_the_submit(
     assert tool_span.attributes is not None
     assert tool_span.attributes["gen_ai.tool.call.id"] == "call_pai_1"
     submit = one(spans, "submit notify")
+    assert_attempts_under(spans_file, submit, 2)  # rate limited once, retried
     assert_child(submit, tool_span)
     assert submit.attributes is not None
     assert submit.attributes["toolq.operation_ref"] == f"{conversation}/call_pai_1"
@@ -124,7 +171,7 @@ def test_pydantic_ai_tool_span_is_the_parent_of_the_submit(
 
 
 def test_anthropic_tool_runner_span_is_the_parent_of_the_submit(
-    agents_tq: ToolQueue, spans: InMemorySpanExporter, provider: TracerProvider
+    agents_tq: ToolQueue, spans: InMemorySpanExporter, spans_file: Path, provider: TracerProvider
 ) -> None:
     claude = Claude([use("toolu_traced_1", "notify", NOTIFY)])
 
@@ -149,6 +196,7 @@ def test_anthropic_tool_runner_span_is_the_parent_of_the_submit(
 
     tool_span = one(spans, "anthropic.custom_tool_use notify")
     submit = one(spans, "submit notify")
+    assert_attempts_under(spans_file, submit, 2)  # rate limited once, retried
     assert_child(submit, tool_span)
     assert submit.attributes is not None
     assert submit.attributes["toolq.operation_ref"] == "toolu_traced_1"
@@ -158,7 +206,7 @@ def test_anthropic_tool_runner_span_is_the_parent_of_the_submit(
 
 
 def test_mcp_request_span_is_the_parent_of_the_submit(
-    agents_tq: ToolQueue, spans: InMemorySpanExporter
+    agents_tq: ToolQueue, spans: InMemorySpanExporter, spans_file: Path
 ) -> None:
     server = create_server(agents_tq, wait_seconds=15)
     ref = f"mcp-traced-{uuid.uuid4().hex[:8]}"
@@ -177,6 +225,7 @@ def test_mcp_request_span_is_the_parent_of_the_submit(
         if s.name == "tools/call notify" and s.kind is trace.SpanKind.SERVER
     )
     submit = one(spans, "submit notify")
+    assert_attempts_under(spans_file, submit, 2)  # rate limited once, retried
     assert_child(submit, request)
     # the client sent its context in the request's _meta: the server's span is in its trace
     assert request.context is not None and turn.context is not None
@@ -262,7 +311,7 @@ def run_agents(tq: ToolQueue, processor: TracingProcessor, call_id: str) -> None
 
 
 def test_openai_agents_function_span_is_the_parent_of_the_submit_through_a_bridge(
-    agents_tq: ToolQueue, spans: InMemorySpanExporter, agents_tracing: None
+    agents_tq: ToolQueue, spans: InMemorySpanExporter, spans_file: Path, agents_tracing: None
 ) -> None:
     bridge = Bridge()
     run_agents(agents_tq, bridge, "call_oai_bridged")
@@ -270,6 +319,7 @@ def test_openai_agents_function_span_is_the_parent_of_the_submit_through_a_bridg
     function = bridge.function("notify")
     tool_span = one(spans, "agents notify")
     submit = one(spans, "submit notify")
+    assert_attempts_under(spans_file, submit, 2)  # rate limited once, retried
     assert_child(submit, tool_span)
     assert submit.attributes is not None
     assert submit.attributes["openai_agents.span_id"] == function.span_id
@@ -277,7 +327,7 @@ def test_openai_agents_function_span_is_the_parent_of_the_submit_through_a_bridg
 
 
 def test_openai_agents_trace_is_the_trace_of_the_submit_without_a_bridge(
-    agents_tq: ToolQueue, spans: InMemorySpanExporter, agents_tracing: None
+    agents_tq: ToolQueue, spans: InMemorySpanExporter, spans_file: Path, agents_tracing: None
 ) -> None:
     # No OpenTelemetry span is current in the tool: toolq's trace is the agents trace's id,
     # under the function span's id, so one agent run's calls are one trace
@@ -286,6 +336,7 @@ def test_openai_agents_trace_is_the_trace_of_the_submit_without_a_bridge(
 
     function = recorded.function("notify")
     submit = one(spans, "submit notify")
+    assert_attempts_under(spans_file, submit, 2)  # rate limited once, retried
     assert submit.context is not None and submit.parent is not None
     assert f"trace_{submit.context.trace_id:032x}" == function.trace_id
     assert function.span_id.startswith(f"span_{submit.parent.span_id:016x}")
@@ -321,7 +372,7 @@ class OtelToolRuns(BaseCallbackHandler):
 
 
 def test_langchain_tool_run_span_is_the_parent_of_the_submit(
-    agents_tq: ToolQueue, spans: InMemorySpanExporter
+    agents_tq: ToolQueue, spans: InMemorySpanExporter, spans_file: Path
 ) -> None:
     handler = OtelToolRuns()
     model = ScriptedChat(messages=iter([call("notify", NOTIFY, "call_lc_1"), "sent"]), received=[])
@@ -334,6 +385,7 @@ def test_langchain_tool_run_span_is_the_parent_of_the_submit(
 
     tool_span = one(spans, "tool notify")
     submit = one(spans, "submit notify")
+    assert_attempts_under(spans_file, submit, 2)  # rate limited once, retried
     assert_child(submit, tool_span)
     assert submit.attributes is not None
     assert submit.attributes["langchain.run_id"] == str(handler.runs["notify"])
