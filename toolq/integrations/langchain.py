@@ -301,6 +301,8 @@ def _can_pause() -> bool:
 def _run_of() -> dict[str, str]:
     """The tool run's id, for the submit span: the parent run of the callbacks LangChain
     hands the running tool's children (its config in this context)."""
+    if not tracing.enabled():
+        return {}
     callbacks = ensure_config().get("callbacks")
     run_id = getattr(callbacks, "parent_run_id", None)
     return {"langchain.run_id": str(run_id)} if run_id is not None else {}
