@@ -9,6 +9,7 @@
     python -m bench chaos [--ops 2000 --kills 30]
     python -m bench api [--api-polls 1000 --api-wait 30]
     python -m bench aio [--aio-calls 1000 --aio-worker-threads 64 --aio-repeats 3]
+    python -m bench tracing [--tracing-calls 2000 --tracing-rounds 3 --main-tree DIR]
 
 Each part rewrites its own section of RESULTS.md. An embedded Valkey is
 started (appendonly off for the performance parts, on for chaos) unless
@@ -28,7 +29,7 @@ from bench.common import server
 
 PARTS = (
     "throughput", "io", "commands", "latency", "delay", "scheduler", "verify", "chaos", "api",
-    "aio", "server",
+    "aio", "server", "tracing",
 )  # fmt: skip
 
 
@@ -123,6 +124,11 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
 
         res = server_cost.run(url, a.server_calls, a.server_rounds, pools)
         report.update("server", server_cost.render(res), res)
+    elif part == "tracing":
+        from bench import tracing_bench
+
+        res = tracing_bench.run(url, a.tracing_calls, a.tracing_rounds, 16, a.main_tree)
+        report.update("tracing", tracing_bench.render(res), res)
     else:
         raise SystemExit(f"unknown part {part}")
 
@@ -172,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aio-repeats", type=int, default=3, help="aio: waves per client")
     ap.add_argument("--server-calls", type=int, default=2000, help="server: calls per run")
     ap.add_argument("--server-rounds", type=int, default=2, help="server: rounds A B")
+    ap.add_argument("--tracing-calls", type=int, default=2000, help="tracing: calls per round")
+    ap.add_argument("--tracing-rounds", type=int, default=3, help="tracing: rounds A B C")
+    ap.add_argument(
+        "--main-tree", default="/work/main", help="tracing: the code before it, for `main`"
+    )
     ap.add_argument("--ops", type=int, default=2000, help="chaos: operations")
     ap.add_argument("--kills", type=int, default=30, help="chaos: worker/scheduler kills")
     a = ap.parse_args(argv)

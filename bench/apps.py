@@ -26,6 +26,12 @@ if os.environ.get("BENCH_TOOLQ_PREFETCH"):
     # default is 1; Celery's is 4).
     celery_app.conf.worker_prefetch_multiplier = int(os.environ["BENCH_TOOLQ_PREFETCH"])
 
+if os.environ.get("BENCH_TRACING"):
+    # `python -m bench tracing`: the SDK in the worker too (a dropping exporter).
+    from bench.tracing_bench import install_sdk
+
+    install_sdk()
+
 COMMITTED = "bench:committed"
 
 

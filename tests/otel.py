@@ -15,6 +15,7 @@ from opentelemetry.util._once import Once
 
 
 def _reset() -> None:
+    """No tracer provider, as in a process that never set one."""
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace._TRACER_PROVIDER = None
 

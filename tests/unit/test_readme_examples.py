@@ -68,3 +68,18 @@ def test_conditional_approval_asks_only_above_the_limit_and_lets_the_approved_ru
     assert payout(large, context(large, approved=True)) == {"paid": 25_000}
     assert bank.paid == [(500, "run_1/step_1"), (25_000, "run_1/step_1")]
     ns["tq"].close()
+
+
+def test_traces_the_readmes_provider_setup_turns_toolqs_tracing_on() -> None:
+    from tests.otel import _reset
+    from toolq.process import tracing
+
+    _reset()
+    try:
+        assert not tracing.enabled()
+        exec(compile(block("traces"), "README.md", "exec"), {})
+        assert tracing.enabled()
+        with tracing.submitting("send_invoice") as span:
+            assert span.carrier().startswith("00-")
+    finally:
+        _reset()

@@ -154,9 +154,14 @@ def enabled() -> bool:
     return not isinstance(provider, otel.ProxyTracerProvider | otel.NoOpTracerProvider)
 
 
+_tracers: list[Any] = [None, None]  # (provider, its tracer): get_tracer costs a span's worth
+
+
 def _tracer() -> Any:
-    assert otel is not None
-    return otel.get_tracer("toolq")
+    provider = otel.get_tracer_provider()
+    if _tracers[0] is not provider:
+        _tracers[:] = [provider, provider.get_tracer("toolq")]
+    return _tracers[1]
 
 
 # --------------------------------------------------------------------------- the stored context
