@@ -52,6 +52,11 @@ with ``create_agent``); a plain ``tool.ainvoke(tool_call)`` works too.
   an operator's approval reads the write's outcome, without the reviewer's note). Outside a graph,
   or in one run without a thread (it could never be resumed), the model is told
   approval is requested, and an operator decides.
+- **Traces** (docs/integrations.md, "Traces"): a call's toolq spans are
+  children of the OpenTelemetry span current in the tool, which is the tool
+  run's own when an OpenTelemetry callback handler makes it current (as
+  Langfuse's does), and the submit span carries the tool run's id
+  (``langchain.run_id``, as LangSmith and callbacks know the run).
 - **Sync** ``invoke`` runs the async path on a private event loop when none is
   running in the calling thread (LangGraph's sync executor threads); under a
   running loop it refuses (``RuntimeError``) rather than block it: use
@@ -70,7 +75,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NotRequired
 
 from langchain_core.messages import ToolMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
 from langgraph.runtime import get_runtime
 from langgraph.types import interrupt
@@ -95,6 +100,7 @@ from toolq.integrations.common import (
     stable_ref,
     tool_names,
 )
+from toolq.process import tracing
 
 __all__ = ["Decision", "ToolqTool", "follow_tool", "tool", "tools"]
 
@@ -212,7 +218,8 @@ class ToolqTool(_ToolqBase):
                 f"invoke toolq tool {self.name!r} with a ToolCall ({{'type': 'tool_call', "
                 "'id': ..., 'name': ..., 'args': {...}}): its id keys the operation"
             )
-        env = await run(tq, self.name, args, ref=ref, call_id=call.tool_call_id, wait=self.wait)
+        with tracing.caller(_run_of()):
+            env = await run(tq, self.name, args, ref=ref, call_id=call.tool_call_id, wait=self.wait)
         if kind_of(env) is not Kind.APPROVAL or not _can_pause() or not isinstance(env, ToolError):
             return self._answer(env, call)
         request = {
@@ -289,6 +296,16 @@ def _can_pause() -> bool:
         return False
     info = runtime.execution_info if runtime is not None else None
     return info is not None and info.thread_id is not None
+
+
+def _run_of() -> dict[str, str]:
+    """The tool run's id, for the submit span: the parent run of the callbacks LangChain
+    hands the running tool's children (its config in this context)."""
+    if not tracing.enabled():
+        return {}
+    callbacks = ensure_config().get("callbacks")
+    run_id = getattr(callbacks, "parent_run_id", None)
+    return {"langchain.run_id": str(run_id)} if run_id is not None else {}
 
 
 def _thread_id(config: RunnableConfig) -> str | None:

@@ -60,12 +60,23 @@ A call whose arguments toolq refuses is not asked either: it answers with the
 fields to fix. A tool that asks for approval from inside (``raise
 errors.NeedsApproval``) is answered with the envelope: an operator approves it
 in toolq, the model follows the ref.
+
+**Traces** (docs/integrations.md, "Traces"). The SDK traces with its own
+tracing, not OpenTelemetry. A call's toolq spans are children of the
+OpenTelemetry span current in the tool: the function span itself when a
+bridge makes it current (Logfire's ``instrument_openai_agents``, OpenInference's
+``OpenAIAgentsInstrumentor``: Phoenix, Langfuse, Arize), else your own span
+around the run. With none current, their parent is the function span's ids
+(the agents trace id as the trace id: one agent run's calls are one trace,
+found under the id the SDK's dashboard shows). Either way the submit span
+carries ``openai_agents.trace_id`` and ``openai_agents.span_id``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from agents import FunctionTool, RunContextWrapper
@@ -73,11 +84,14 @@ from agents.exceptions import UserError
 from agents.run_state import RunState
 from agents.strict_schema import ensure_strict_json_schema
 from agents.tool_context import ToolContext
+from agents.tracing import get_current_span
+from agents.tracing.spans import NoOpSpan
 
 from toolq.core import errors
 from toolq.core.states import State
 from toolq.integrations import common
 from toolq.integrations.common import DEFAULT_WAIT, FOLLOW_TOOL, Kind, kind_of, output_text
+from toolq.process import tracing
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
@@ -88,6 +102,8 @@ Scope = str | Callable[[RunContextWrapper[Any]], str | None] | None
 #: What toolq records as the approver (``:approve``) or canceller (``:reject``) of a
 #: call the SDK's run decided.
 BY = "openai-agents"
+
+_HEX = frozenset("0123456789abcdef")
 
 __all__ = ["Scope", "follow_tool", "forward_decisions", "tool", "tools"]
 
@@ -121,9 +137,10 @@ def tool(
 
     async def invoke(ctx: ToolContext[Any], raw: str) -> str:
         ref = ref_of(ctx, ctx.tool_call_id)
-        env = await common.run(
-            tq, name, _arguments(raw), ref=ref, call_id=ctx.tool_call_id, wait=wait
-        )
+        with _traced():
+            env = await common.run(
+                tq, name, _arguments(raw), ref=ref, call_id=ctx.tool_call_id, wait=wait
+            )
         if kind_of(env) is Kind.APPROVAL and ctx.is_tool_approved(name, ctx.tool_call_id):
             env = await common.resolve_approval(
                 tq, ref, True, wait=wait, by=BY, call_id=ctx.tool_call_id
@@ -139,9 +156,10 @@ def tool(
         # refuses the arguments (the tool then answers with the fields to fix); ask too
         # when toolq cannot tell (the cautious answer: the tool submits on approval).
         try:
-            sub = await tq.aio.submit(
-                name, params, operation_ref=ref_of(ctx, call_id), call_id=call_id
-            )
+            with _traced():
+                sub = await tq.aio.submit(
+                    name, params, operation_ref=ref_of(ctx, call_id), call_id=call_id
+                )
         except (errors.InvalidArguments, errors.IdempotencyKeyReused):
             return False
         except errors.RequestRefused:
@@ -230,6 +248,29 @@ def _arguments(raw: str) -> Any:
         return json.loads(raw) if raw.strip() else {}
     except ValueError:
         return raw
+
+
+def _traced() -> AbstractContextManager[None]:
+    """The SDK's current span (the function span, in a tool) as toolq's caller: its ids
+    on the submit span, and its parent when no OpenTelemetry span is current."""
+    span = get_current_span()
+    if span is None or isinstance(span, NoOpSpan):  # the SDK's tracing is off
+        return nullcontext()
+    attrs = {"openai_agents.trace_id": span.trace_id, "openai_agents.span_id": span.span_id}
+    return tracing.caller(attrs, parent=otel_ids(span.trace_id, span.span_id))
+
+
+def otel_ids(trace_id: str, span_id: str) -> tuple[int, int] | None:
+    """An agents trace and span id (``trace_<32 hex>``, ``span_<24 hex>``) as an
+    OpenTelemetry trace id and span id (its first 16 hex digits); None for ids of
+    another shape (a no-op span's, or custom ids)."""
+    head, _, trace_hex = trace_id.partition("_")
+    kind, _, span_hex = span_id.partition("_")
+    digits = trace_hex + span_hex[:16]
+    if head != "trace" or kind != "span" or len(digits) != 48 or not set(digits) <= _HEX:
+        return None
+    ids = int(trace_hex, 16), int(span_hex[:16], 16)
+    return ids if all(ids) else None
 
 
 def _scope(scope: Scope, ctx: RunContextWrapper[Any]) -> str | None:

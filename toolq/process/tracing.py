@@ -227,7 +227,8 @@ def submitting(tool: str) -> AbstractContextManager[Step]:
     :func:`carrier` is what the record stores."""
     if not enabled():
         return _OFF_CM
-    return _span(f"submit {tool}", otel.SpanKind.PRODUCER, None, {"gen_ai.tool.name": tool})
+    attrs = {**(_CALLER.get() or {}), "gen_ai.tool.name": tool}
+    return _span(f"submit {tool}", otel.SpanKind.PRODUCER, None, attrs)
 
 
 def attempt(
@@ -327,3 +328,36 @@ def _span(
             raise
         finally:
             _STEP.reset(token)
+
+
+# --------------------------------------------------------------------------- the framework's call
+
+#: What the framework adapters know of the call being submitted (its ids in the
+#: framework's own tracing), for the submit span: :func:`caller`.
+_CALLER: ContextVar[dict[str, str] | None] = ContextVar("toolq_caller", default=None)
+
+
+@contextmanager
+def caller(attrs: dict[str, str], parent: tuple[int, int] | None = None) -> Iterator[None]:
+    """While a framework adapter submits: ``attrs`` on the submit span (the framework's
+    ids for its tool call, e.g. ``langchain.run_id``) and, when no span is current,
+    ``parent`` (a trace id and span id from the framework's own tracing) as its parent,
+    so the calls of one agent run are one trace. Nothing while tracing is off."""
+    if not enabled():
+        yield
+        return
+    token = _CALLER.set(attrs)
+    try:
+        if parent is None or otel.get_current_span().get_span_context().is_valid:
+            yield
+            return
+        remote = otel.SpanContext(
+            trace_id=parent[0],
+            span_id=parent[1],
+            is_remote=True,
+            trace_flags=otel.TraceFlags(otel.TraceFlags.SAMPLED),
+        )
+        with otel.use_span(otel.NonRecordingSpan(remote), end_on_exit=False):
+            yield
+    finally:
+        _CALLER.reset(token)
