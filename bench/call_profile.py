@@ -38,16 +38,22 @@ PY_SPY = str(Path(sys.executable).parent / "py-spy")
 BUCKETS: tuple[tuple[str, str], ...] = (
     ("logging", r"\(logging/|\(celery/utils/log\.py"),
     ("tool (the no-op itself)", r"^noop \(bench/apps\.py"),
-    ("toolq: claim", r"\bclaim\w* \(toolq/"),
-    ("toolq: record outcome", r"\b(record|finish|settle|complete|outcome)\w* \(toolq/"),
+    ("toolq: claim", r"(^|[._])claim\w* \(toolq/"),
+    ("toolq: record outcome", r"(^|[._])(record|finish|settle|complete|outcome)\w* \(toolq/"),
     ("ack (toolq ledger ack / kombu)", r"\back\w* \((toolq|kombu|celery)/|basic_ack"),
-    ("toolq: other (args, context, lease, notify)", r"\(toolq/"),
+    # toolq's CLI and run_worker sit at the root of every stack of the worker they start.
+    (
+        "toolq: other (context, lease, heartbeat, notify)",
+        r"\(toolq/(?!edges/cli/|services/workers/main)",
+    ),
     ("Celery tracer", r"\(celery/app/trace\.py"),
     ("Celery request", r"\(celery/worker/request\.py"),
-    ("Celery consumer / strategy", r"\(celery/worker/(strategy|consumer)"),
+    ("Celery strategy (message to request)", r"\(celery/worker/strategy\.py"),
     ("pool (billiard / celery.concurrency)", r"\((billiard|celery/concurrency)/"),
     ("kombu (transport, messages)", r"\(kombu/"),
     ("redis-py (outside the above)", r"\((redis|hiredis)/"),
+    # The consumer's loop is the root of the main process's stacks: what is left of it.
+    ("Celery consumer loop (the rest)", r"\(celery/worker/"),
     ("Celery other", r"\(celery/"),
 )
 
@@ -84,11 +90,60 @@ def _short(frame: str) -> str:
     return re.sub(r"\(.*?(site-packages/|wt-[\w-]+/|/work/[\w-]+/)", "(", frame)
 
 
-def shorten_file(path: Path) -> None:
-    """Paths cut to the package, so the saved profile is small and machine-neutral."""
+#: Where a worker process's loops start (the consumer's event loop, a pool child's loop,
+#: a thread's run): frames above them are bootstrap.
+LOOP_ROOTS = ("asynloop (", "Worker.workloop (", "Thread.run (")
+
+
+def normalize(path: Path) -> None:
+    """Collapsed stacks of one process, small and machine-neutral: paths cut to the
+    package, line numbers dropped, equal stacks merged; py-spy's ``process N`` frames
+    dropped, and with them stacks of any child process (they are sampled on their own)."""
+    if not path.exists():
+        return
+    merged: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        frames = stack.split(";")
+        procs_ = [f for f in frames if f.startswith("process ")]
+        if len(procs_) > 1:
+            continue
+        frames = [
+            re.sub(r":\d+\)$", ")", _short(f)) for f in frames if not f.startswith("process ")
+        ]
+        # The bootstrap (runpy, click, the CLI, Celery's worker start) is the same on every
+        # stack above the loops: cut it, so the file stays small.
+        roots = [i for i, f in enumerate(frames) if f.startswith(LOOP_ROOTS)]
+        if roots:
+            frames = ["..", *frames[roots[0] :]]
+        merged[";".join(frames)] += int(n)
+    path.write_text("".join(f"{st} {k}\n" for st, k in merged.most_common()))
+
+
+def innermost(path: Path, top: int = 8) -> dict[str, int]:
+    """Samples by the innermost library frame (kombu, celery, billiard, redis-py, toolq):
+    where the CPU is spent, whoever called it (epoll, a socket write, a pipe write)."""
+    c: collections.Counter[str] = collections.Counter()
     if path.exists():
-        lines = [";".join(_short(f) for f in ln.split(";")) for ln in path.read_text().splitlines()]
-        path.write_text("\n".join(lines) + "\n")
+        for line in path.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if n.isdigit():
+                lib = [f for f in stack.split(";") if re.search(LIBS, f)]
+                c[lib[-1] if lib else "(interpreter, stdlib)"] += int(n)
+    return dict(c.most_common(top))
+
+
+LIBS = r"\((kombu|celery|billiard|redis|toolq|bench)/"
+
+
+def rebucket(main: Path, pool: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for role, path in (("main", main), ("pool", pool)):
+        cnt, total = buckets(path)
+        out[role] = {"samples": total, "counts": dict(cnt), "innermost": innermost(path)}
+    return out
 
 
 def cmdstats(c: redis.Redis) -> dict[str, tuple[int, float]]:
@@ -153,12 +208,9 @@ def run(calls: int, rounds: int, rate: int, out_dir: Path) -> dict[str, Any]:
             f.unlink()
     pool_file = out_dir / "profile-worker-pool.txt"
     pool_file.write_text("".join(f"{s} {k}\n" for s, k in merged.most_common()))
-    shorten_file(files["main"])
-    shorten_file(pool_file)
-    res["buckets"] = {}
-    for role, path in (("main", files["main"]), ("pool", pool_file)):
-        cnt, total = buckets(path)
-        res["buckets"][role] = {"samples": total, "counts": dict(cnt)}
+    normalize(files["main"])
+    normalize(pool_file)
+    res["buckets"] = rebucket(files["main"], pool_file)
     res["commands"] = {
         k: {
             "per_call": (st1[k][0] - st0.get(k, (0, 0))[0]) / n,
@@ -179,6 +231,14 @@ def render(res: dict[str, Any]) -> str:
             share = cnt / b["samples"] if b["samples"] else 0.0
             rows.append((label, name, f"{share:.0%}", f"{ms * share:.3f}"))
         rows.append((label, "**all**", "100%", f"**{ms:.3f}**"))
+    inner = []
+    for role, label in (("main", "worker main process"), ("pool", "pool children")):
+        b = res["buckets"][role]
+        for frame, cnt in b.get("innermost", {}).items():
+            share = cnt / b["samples"] if b["samples"] else 0.0
+            inner.append(
+                (label, f"`{frame}`", f"{share:.0%}", f"{res['cpu_ms'][role] * share:.3f}")
+            )
     cmd_rows = [
         (k, f"{v['per_call']:.2f}", f"{v['usec_per_call']:.1f}")
         for k, v in sorted(res["commands"].items(), key=lambda kv: -kv[1]["usec_per_call"])
@@ -200,9 +260,13 @@ def render(res: dict[str, Any]) -> str:
         f"{cpu['scheduler']:.3f}, server {cpu['server']:.3f}. Collapsed stacks: "
         "`bench/results/profile-worker-main.txt`, `profile-worker-pool.txt`.\n\n"
         + table(("process", "bucket", "share of samples", "CPU ms per call"), rows)
+        + "\n\nThe same samples by the innermost frame of kombu, Celery, billiard, redis-py or "
+        "toolq on the stack (what is on the CPU, whoever asked for it):\n\n"
+        + table(("process", "innermost library frame", "share", "CPU ms per call"), inner)
         + f"\n\nServer: `INFO commandstats` around the run, µs per call by command "
-        f"(inside-script commands included in EVALSHA's time and also listed; total of the "
-        f"top-level ones is what the server spent; all commands {total_us:.0f} µs):\n\n"
+        f"(commands run inside the scripts are counted in FCALL's time and listed again; the "
+        f"top-level ones (FCALL, EXEC, BRPOP, LPUSH, ...) are what the server spent; "
+        f"every row summed {total_us:.0f} µs):\n\n"
         + table(("command", "per call", "µs per call"), cmd_rows)
     )
 
