@@ -28,6 +28,7 @@ import json
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -304,15 +305,23 @@ def bench_crash(
             # when the thread that started it ends, not only the process.
             for n in systems:
                 logs[n]["calls"] = total = calls * max(1, in_flight(run.adapters[n]) // 2)
-                run.adapters[n].submit("crash", range(total))
+                logs[n]["unwritten_at_kill"] = []
+                # Submitted from a thread, so the kills land while the writes run (a fast
+                # system drains its queue while a slow submit is still going).
+                sub = threading.Thread(target=run.adapters[n].submit, args=("crash", range(total)))
                 t0 = time.monotonic()
+                sub.start()
                 for at in kill_times(calls * 0.05, kills, rng):
                     time.sleep(max(0.0, t0 + at - time.monotonic()))
+                    logs[n]["unwritten_at_kill"].append(count(srv, n, total)["lost"])
                     run.restart(n)
                     logs[n]["killed_at"].append(round(at, 2))
                     print(
-                        f"  [crash] {n}: SIGKILLed every worker process at {at:.1f} s", flush=True
+                        f"  [crash] {n}: SIGKILLed every worker process at {at:.1f} s "
+                        f"({logs[n]['unwritten_at_kill'][-1]} of {total} not written yet)",
+                        flush=True,
                     )
+                sub.join()
             deadline = time.monotonic() + settle
             complete_since: float | None = None
             while (left := deadline - time.monotonic()) > 0:
@@ -342,7 +351,10 @@ def render_crash(res: dict[str, Any]) -> str:
         (
             f"**{n}**" if n == "toolq" else n,
             d["calls"],
-            len(d.get("killed_at", [])),
+            ", ".join(
+                f"{t:.1f} s ({u:,})"
+                for t, u in zip(d["killed_at"], d.get("unwritten_at_kill", []), strict=False)
+            ),
             d["written_once"],
             f"**{d['lost']}**",
             f"**{d['doubled']}**",
@@ -361,7 +373,16 @@ def render_crash(res: dict[str, Any]) -> str:
         "kill for every system to recover before the counters are read (seed "
         f"{res['seed']}). Lost: counter 0; doubled: counter ≥ 2.\n\n"
         + table(
-            ("system", "writes", "kills", "written once", "lost", "doubled", "extra writes"), rows
+            (
+                "system",
+                "writes",
+                "kills at (writes not yet done then)",
+                "written once",
+                "lost",
+                "doubled",
+                "extra writes",
+            ),
+            rows,
         )
     )
 
