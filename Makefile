@@ -4,13 +4,22 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench chaos docs clean
+.PHONY: bench-peers demo test lint typecheck unit bench chaos docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,otel,api,mcp,console,openai-agents,langchain,pydantic-ai,anthropic,docs]'
+	$(BIN)/pip install --quiet -e '.[dev,otel,bench,api,mcp,console,openai-agents,langchain,pydantic-ai,anthropic,docs]'
 	touch $(STAMP)
+
+# The peers bench's systems (`python -m bench peers`): dramatiq, huey, saq in .venv (the bench extra);
+# arq 0.28 pins redis < 6 (toolq needs 8), so it gets a venv of its own.
+bench-peers: $(STAMP) .venv-arq/.installed
+
+.venv-arq/.installed:
+	$(PYTHON) -m venv .venv-arq
+	.venv-arq/bin/pip install --quiet 'arq==0.28.0'
+	touch .venv-arq/.installed
 
 demo: $(STAMP)
 	$(BIN)/toolq demo

@@ -10,6 +10,7 @@
     python -m bench api [--api-polls 1000 --api-wait 30]
     python -m bench aio [--aio-calls 1000 --aio-worker-threads 64 --aio-repeats 3]
     python -m bench tracing [--tracing-calls 2000 --tracing-rounds 3 --main-tree DIR]
+    python -m bench peers | crash [--systems toolq,celery,dramatiq --quick]  (bench.peers_bench)
 
 Each part rewrites its own section of RESULTS.md. An embedded Valkey is
 started (appendonly off for the performance parts, on for chaos) unless
@@ -134,6 +135,12 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("peers", "crash"):
+        # Their own options (--systems, --rounds, --quick): bench.peers_bench.
+        from bench import peers_bench
+
+        return peers_bench.main(args)
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     ap.add_argument("part", nargs="?", default="all", choices=("all", *PARTS))
     ap.add_argument("--redis-url", default=None)

@@ -98,3 +98,23 @@ def write_once(args: NoArgs, ctx: CallContext) -> dict[str, Any]:
 @write_once.verifier
 def _write_found(ctx: CallContext) -> Any:
     return {"found": True} if provider().sismember(COMMITTED, ctx.operation_ref) else None
+
+
+@tq.tool(writes=True)
+def crash_write(args: NoArgs, ctx: CallContext) -> dict[str, Any]:
+    """The peers crash bench's write: a counter that never deduplicates, mid-call."""
+    from bench.peers import crash_key
+
+    time.sleep(0.05)
+    provider().incr(crash_key("toolq", args.n))
+    time.sleep(0.05)
+    return {}
+
+
+@crash_write.verifier
+def _crash_found(ctx: CallContext) -> Any:
+    from bench.peers import crash_key
+
+    assert isinstance(ctx.args, NoArgs)
+    n = ctx.args.n
+    return {"found": True} if int(provider().get(crash_key("toolq", n)) or 0) else None

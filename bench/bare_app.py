@@ -159,6 +159,18 @@ def make_app(url: str) -> Celery:
             _client = redis.Redis.from_url(url)
         _client.rpush(f"bench:countdown:{key}", f"{time.time()}:{eta}")
 
+    @app.task(name="bare.crash_write")  # type: ignore[untyped-decorator]
+    def crash_write(n: int = 0) -> None:
+        """The peers crash bench's write: a counter that never deduplicates, mid-call."""
+        global _client
+        from bench.peers import crash_key
+
+        if _client is None:
+            _client = redis.Redis.from_url(url)
+        time.sleep(0.05)
+        _client.incr(crash_key("celery", n))
+        time.sleep(0.05)
+
     return app
 
 
