@@ -52,13 +52,29 @@ FIELD = "trace"
 #: of being its child: the caller's span ended long ago (a retry an hour later).
 LINK_AFTER_MS = 5 * 60_000
 
-__all__ = ["FIELD", "OFF", "Step", "carrier", "enabled"]
+__all__ = [
+    "FIELD",
+    "LINK_AFTER_MS",
+    "OFF",
+    "Step",
+    "attempt",
+    "carrier",
+    "check",
+    "current",
+    "dispatched",
+    "enabled",
+    "ids",
+    "operator",
+    "recovered",
+    "stored_context",
+    "submitting",
+]
 
 _VERSION = "00"
 
 
 class Step:
-    """One span, or none (:data:`OFF`). Methods never raise, whatever the span."""
+    """One span of toolq's, or none (:data:`OFF`, whose methods do nothing)."""
 
     __slots__ = ("span",)
 
