@@ -9,6 +9,7 @@
     python -m bench chaos [--ops 2000 --kills 30]
     python -m bench api [--api-polls 1000 --api-wait 30]
     python -m bench aio [--aio-calls 1000 --aio-worker-threads 64 --aio-repeats 3]
+    python -m bench limits [rate|outage|concurrency|overhead] [--quick] (bench.limits)
 
 Each part rewrites its own section of RESULTS.md. An embedded Valkey is
 started (appendonly off for the performance parts, on for chaos) unless
@@ -128,6 +129,11 @@ def run_part(part: str, a: argparse.Namespace, url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["limits"]:  # limits per dependency: options of its own
+        from bench import limits
+
+        return limits.main(args[1:])
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     ap.add_argument("part", nargs="?", default="all", choices=("all", *PARTS))
     ap.add_argument("--redis-url", default=None)

@@ -45,6 +45,10 @@ ORDER = (
     "outage-cluster",
     "relay",
     "cluster",
+    "limits-rate",
+    "limits-outage",
+    "limits-concurrency",
+    "limits-overhead",
 )
 
 
