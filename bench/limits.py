@@ -159,15 +159,30 @@ def stack(
                 ch.stop()
 
 
-def app_for(url: str, env: dict[str, str]) -> Any:
-    """This process's client of the bench app, with the run's settings in its environment."""
+def app_for(st: Stack) -> Any:
+    """This process's client of the bench app, with the run's settings in its environment,
+    once every worker of ``st`` has said it is up (its first beat)."""
     import os
 
-    os.environ.update(env)
+    from toolq.adapters.liveness import worker_nodes
+
+    os.environ.update(st.env)
     from bench import limits_app
 
-    limits_app.tq.configure(redis_url=url)
-    return limits_app.tq
+    tq = limits_app.tq
+    tq.configure(redis_url=st.url)
+    pids = {w.pid for w in st.workers}
+
+    def up() -> bool:
+        for w in st.workers:
+            if not w.alive():
+                raise RuntimeError(f"worker {w.name} exited:\n{w.tail()}")
+        beats = worker_nodes(tq.redis.hgetall(tq.ledger.keys.worker_nodes))
+        return pids <= {n.pid for n in beats}
+
+    if not procs.wait_for(up, 120, 0.2):
+        raise RuntimeError(f"the workers did not start; see {procs.LOG_DIR}")
+    return tq
 
 
 class Progress:
@@ -284,7 +299,7 @@ def rate(url: str, a: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"rate": r, "calls": calls, "workers": a.workers, "threads": a.threads,
                            "window": "sliding 1 s over accepted calls", "runs": {}}  # fmt: skip
     with stack(url, workers=a.workers, threads=a.threads, dependencies=deps, tag="-rate") as st:
-        tq = app_for(url, st.env)
+        tq = app_for(st)
         for sub, key in (("limit", "rated"), ("backoff", "backoff")):
             st.provider.configure(rate=r, window=1.0, retry_after=1)
             print(f"rate ({sub}): {calls} calls, key {key!r}, provider {r}/s", flush=True)
@@ -372,7 +387,7 @@ def outage(url: str, a: argparse.Namespace) -> dict[str, Any]:
                            "bound": bound, "workers": a.workers, "threads": a.threads,
                            "down_answer": "503 without Retry-After (Unavailable)"}  # fmt: skip
     with stack(url, workers=a.workers, threads=a.threads, dependencies=deps, tag="-out") as st:
-        tq = app_for(url, st.env)
+        tq = app_for(st)
         st.provider.configure(rate=0)
         st.provider.down(True)
         print(f"outage: provider down {down_s:.0f} s, {n} writes, breaker {deps['down']}")
@@ -446,7 +461,7 @@ def concurrency(url: str, a: argparse.Namespace) -> dict[str, Any]:
                            "workers": a.workers, "threads": a.threads}  # fmt: skip
     with stack(url, workers=a.workers, threads=a.threads, dependencies=deps,
                extra_env=extra, tag="-conc") as st:  # fmt: skip
-        tq = app_for(url, st.env)
+        tq = app_for(st)
         st.provider.configure(rate=0)
         print(f"concurrency: {calls} calls held {hold:g} s, concurrency {c}, lease {lease:g} s")
         done = [0]
@@ -558,6 +573,7 @@ def overhead(url: str, a: argparse.Namespace) -> dict[str, Any]:
 
     with contextlib.closing(redis.Redis.from_url(db_base)) as rc:
         rc.flushdb()
+        server_pid = int(rc.info("server").get("process_id", 0))
     db_base = urlunsplit(urlsplit(url)._replace(path="/1"))
     res: dict[str, Any] = {"base": base, "here": here, "calls": a.calls, "repeats": a.repeats,
                            "threads": a.threads, "client_concurrency": 32,
@@ -583,10 +599,10 @@ def overhead(url: str, a: argparse.Namespace) -> dict[str, Any]:
                 order = names[r % len(names) :] + names[: r % len(names)]
                 for side in order:
                     t, app, tool = SIDES[side]
-                    cpu0 = sum(procs.group_cpu(ch) for ch in groups[t])
-                    run = _load_run(roots[t], app, tool, urls[t], a.calls)
-                    cpu1 = sum(procs.group_cpu(ch) for ch in groups[t])
-                    run["cpu_ms_per_call"] = (cpu1 - cpu0 + run["client_cpu_s"]) * 1000 / a.calls
+                    pids = [ch.pid for ch in groups[t]] + ([server_pid] if server_pid else [])
+                    run = _load_run(roots[t], app, tool, urls[t], a.calls, pids)
+                    cpu_s = run["pids_cpu_s"] + run["client_cpu_s"]
+                    run["cpu_ms_per_call"] = cpu_s * 1000 / a.calls
                     res["runs"][side].append(run)
                     print(f"  round {r + 1}/{a.repeats} {side:20s} {run['rate']:8.1f} calls/s "
                           f"cpu {run['cpu_ms_per_call']:.2f} ms/call "
@@ -603,9 +619,12 @@ def overhead(url: str, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def _load_run(root: Path, app: str, tool: str, url: str, calls: int) -> dict[str, Any]:
+def _load_run(
+    root: Path, app: str, tool: str, url: str, calls: int, pids: Sequence[int]
+) -> dict[str, Any]:
+    """One client process's run; ``pids``: the worker and scheduler whose CPU to count."""
     argv = [sys.executable, "-m", "bench.limits_load", "--app", app, "--tool", tool,
-            "--url", url, "--calls", str(calls)]  # fmt: skip
+            "--url", url, "--calls", str(calls), "--pids", ",".join(map(str, pids))]  # fmt: skip
     out = subprocess.run(
         argv, cwd=root, env=procs.child_env(None, root), capture_output=True, text=True,
         timeout=600, check=False,
@@ -631,8 +650,9 @@ def render_overhead(res: dict[str, Any]) -> str:
         f"client threads in a client process per run, one worker (threads pool, "
         f"{res['threads']} threads) and a scheduler per tree; {res['calls']:,} calls x "
         f"{res['repeats']} rounds, the four sides interleaved (order rotated each round); "
-        f"medians (min-max). `base` is `{res['base'][:8]}` (before issue 28), the others "
-        f"this tree (`{res['here'][:8]}`). CPU: worker + scheduler + client process, per call. "
+        f"medians (min-max). `base` is `{res['base'][:8]}` (`--base`; by default where this "
+        "branch left main, before issue 28), the others "
+        f"this tree (`{res['here'][:8]}`). CPU: worker + scheduler + client process + server, per call. "
         "Indicative only: 2 noisy CPUs shared with other jobs.\n\n"
         f"**no key / base: {res['ratio_no_key_vs_base']:.2f}** (target ≥ 0.9).\n\n"
     )

@@ -13,10 +13,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from bench.load import closed_loop
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU time so far of ``pids`` (Linux /proc; 0 for a gone one)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tck
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--pids", default="", help="processes whose CPU time to count (comma list)")
     a = ap.parse_args(argv)
     module, attr = a.app.split(":")
     tq = getattr(importlib.import_module(module), attr)
@@ -38,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         if not env.ok:
             failures[0] += 1
 
+    pids = [int(p) for p in a.pids.split(",") if p]
     closed_loop(call, a.warmup, a.concurrency)
-    cpu0 = time.process_time()
+    cpu0, server0 = time.process_time(), cpu_seconds(pids)
     res = closed_loop(call, a.calls, a.concurrency)
-    cpu = time.process_time() - cpu0
+    cpu, server_cpu = time.process_time() - cpu0, cpu_seconds(pids) - server0
     tq.close()
     out = {
         "rate": res.rate,
@@ -49,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": res.errors,
         "failures": failures[0],
         "client_cpu_s": cpu,
+        "pids_cpu_s": server_cpu,
         "toolq": str(importlib.import_module("toolq").__file__),
     }
     print(json.dumps(out), flush=True)
