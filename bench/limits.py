@@ -652,7 +652,8 @@ def render_overhead(res: dict[str, Any]) -> str:
         f"{res['repeats']} rounds, the four sides interleaved (order rotated each round); "
         f"medians (min-max). `base` is `{res['base'][:8]}` (`--base`; by default where this "
         "branch left main, before issue 28), the others "
-        f"this tree (`{res['here'][:8]}`). CPU: worker + scheduler + client process + server, per call. "
+        f"this tree (`{res['here'][:8]}`). CPU: worker + scheduler + client process + "
+        "server, per call. "
         "Indicative only: 2 noisy CPUs shared with other jobs.\n\n"
         f"**no key / base: {res['ratio_no_key_vs_base']:.2f}** (target ≥ 0.9).\n\n"
     )
