@@ -423,11 +423,16 @@ def outage(url: str, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _times(ts: Sequence[float], most: int = 16) -> str:
+    shown = ", ".join(f"{t:g}" for t in ts[:most])
+    return shown + (f", ... ({len(ts) - most} more)" if len(ts) > most else "")
+
+
 def render_outage(res: dict[str, Any]) -> str:
     b = res["breaker"]
     rows = [
         ("calls reaching the provider while down", f"≤ {res['bound']}", res["hits_while_down"]),
-        ("... at (s after it went down)", "-", ", ".join(f"{t:g}" for t in res["hit_times"])),
+        ("... at (s after it went down)", "-", _times(res["hit_times"])),
         ("writes committed exactly once", f"{res['writes']}", res["refs_committed_once"]),
         ("committed twice or more / never", "0 / 0",
          f"{res['refs_committed_twice_or_more']} / {res['refs_not_committed']}"),
