@@ -251,6 +251,12 @@ def summarize_records(records: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def dep_state(tq: Any, key: str) -> dict[str, str]:
+    """The key's limiter hash as the ledger holds it (counters, breaker, pause)."""
+    raw = tq.redis.hgetall(tq.ledger.keys.dep(key))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
 def per_ref(requests: Sequence[Sequence[Any]]) -> dict[str, Counter[int]]:
     out: dict[str, Counter[int]] = {}
     for _, status, ref, _ in requests:
@@ -331,6 +337,7 @@ def rate(url: str, a: argparse.Namespace) -> dict[str, Any]:
                 else 0.0,
                 "attempts": attempts_check(records, reqs),
                 "records": summarize_records(records),
+                "dep_state": dep_state(tq, key),
             }
             print(render_rate_run(sub, res["runs"][sub]), flush=True)
     return res
@@ -400,6 +407,7 @@ def outage(url: str, a: argparse.Namespace) -> dict[str, Any]:
             print(f"  provider back after {time.monotonic() - t0:.1f} s", flush=True)
             records = wait_all(tq, refs, a.timeout + opened, done)
         s = st.provider.stats()
+        res["dep_state"] = dep_state(tq, "down")
     start, end = s["down_periods"][0]
     reqs = s["requests"]
     while_down = [q for q in reqs if start <= q[0] < end]
@@ -480,6 +488,7 @@ def concurrency(url: str, a: argparse.Namespace) -> dict[str, Any]:
             records = wait_all(tq, refs, a.timeout + lease, done)
             killer.join(timeout=5)
         s = st.provider.stats()
+        res["dep_state"] = dep_state(tq, "conc")
     curve = s["curve"]
     res["max_in_flight"] = s["max_in_flight"]
     res["kill"] = kill
