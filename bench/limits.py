@@ -251,6 +251,19 @@ def summarize_records(records: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def per_second(requests: Sequence[Sequence[Any]]) -> list[list[int]]:
+    """Calls the provider saw in each second of the run: ``[accepted, refused]``."""
+    if not requests:
+        return []
+    t0 = min(q[0] for q in requests)
+    out: list[list[int]] = []
+    for t, status, _, _ in requests:
+        i = int(t - t0)
+        out.extend([0, 0] for _ in range(i + 1 - len(out)))
+        out[i][0 if status == 200 else 1] += 1
+    return out
+
+
 def dep_state(tq: Any, key: str) -> dict[str, str]:
     """The key's limiter hash as the ledger holds it (counters, breaker, pause)."""
     raw = tq.redis.hgetall(tq.ledger.keys.dep(key))
@@ -334,6 +347,7 @@ def rate(url: str, a: argparse.Namespace) -> dict[str, Any]:
                 "max_429_per_pause": max(bursts, default=0),
                 "mean_429_per_pause": (sum(bursts) / len(bursts)) if bursts else 0.0,
                 "bursts": bursts,
+                "per_second": per_second(reqs),
                 "rate_seen": len(ok_times) / (max(ok_times) - min(ok_times))
                 if len(ok_times) > 1
                 else 0.0,
