@@ -19,6 +19,7 @@ EXPECTED = {
     (S.QUEUED, S.QUEUED),
     (S.QUEUED, S.CANCELLED),
     (S.QUEUED, S.ESCALATED),
+    (S.QUEUED, S.WAITING_RETRY),  # held back by its dependency key (issue 28)
     (S.RUNNING, S.SUCCEEDED),
     (S.RUNNING, S.FAILED),
     (S.RUNNING, S.WAITING_RETRY),
@@ -182,17 +183,19 @@ def test_the_scripts_read_their_fixed_keys_in_the_order_they_are_passed(
     k = Keys("p")
     keys = scripts.fixed_keys(k)
     seen = fake_redis.eval(
-        scripts.PRELUDE + f"begin(KEYS, ARGV)\nreturn {{{', '.join(scripts.FIXED)}}}",
+        scripts.PRELUDE + f"begin(KEYS, ARGV)\nreturn {{{', '.join(scripts.FIXED)}, DEPS}}",
         len(keys),
         *keys,
     )
-    assert dict(zip(scripts.FIXED, (v.decode() for v in seen), strict=True)) == {
+    assert dict(zip((*scripts.FIXED, "DEPS"), (v.decode() for v in seen), strict=True)) == {
         "DUE": k.due,
         "WAKE": k.wake,
         "SLEEP": k.sleep_until,
         "STATS": k.stats,
         "TOOLS": k.tools,
         "IDX": k.index_prefix,
+        "DEP": k.dep_prefix,
+        "DEPS": k.deps,  # built from DEP (lua_prelude's begin)
     }
 
 

@@ -30,6 +30,7 @@ from toolq.adapters.ledger import Ledger, lists
 from toolq.adapters.notify import Notifier
 from toolq.adapters.stack_state import discover_redis_url, recorded_mode, with_mode
 from toolq.core import errors
+from toolq.core.deps import Limits, declared, limits_table
 from toolq.core.keys import Keys
 from toolq.core.redact import redact_url
 from toolq.core.settings import ToolqSettings
@@ -216,7 +217,12 @@ class App:
                     renew_every=self.settings.lease.renew_every,
                     messages_for=self.outbound_for,
                 )
+                self._runtime.dep_limits = limits_table(self.dependencies())
             return self._runtime
+
+    def dependencies(self) -> dict[str, Limits]:
+        """Every declared dependency key's limits: ``tq.limit``'s under the settings'."""
+        return declared(self.registry.limits, self.settings.dependencies)
 
     @property
     def policy(self) -> outcome.Policy:

@@ -20,12 +20,14 @@ from typing import Any, TypeVar, overload
 
 import redis
 from celery import Celery
+from pydantic import ValidationError
 
 from toolq.adapters.ledger import Ledger, lists
 from toolq.adapters.notify import Wake
 from toolq.adapters.outage import server_errors
 from toolq.client.aio import AsyncToolQueue
 from toolq.client.app import App
+from toolq.core.deps import DEP_KEY_PATTERN, Limits, is_dep_key
 from toolq.core.envelope import ToolError, ToolSuccess
 from toolq.core.record import OperationPage, OperationRecord
 from toolq.core.settings import ToolqSettings
@@ -151,6 +153,21 @@ class ToolQueue:
             return t
 
         return register(fn) if fn is not None else register
+
+    def limit(self, key: str, **limits: Any) -> Limits:
+        """Declare a dependency key's limits (:class:`~toolq.core.deps.Limits` fields:
+        ``rate="20/s"``, ``burst``, ``concurrency``, ``breaker_failures``,
+        ``breaker_window``, ``breaker_open``); ``stripe`` also covers ``stripe:<any>``,
+        each with its own limiter. The settings' ``dependencies`` override these field
+        by field. A bad key or value raises ``ValueError`` here."""
+        if not is_dep_key(key):
+            raise ValueError(f"limit: {key[:80]!r} is not a dependency key ({DEP_KEY_PATTERN})")
+        try:
+            lim = Limits(**limits)
+        except ValidationError as exc:
+            raise ValueError(f"limit {key}: {exc.errors()[0]['msg']}") from None
+        self.app.registry.limits[key] = lim
+        return lim
 
     # ------------------------------------------------------------------ submit
 

@@ -35,13 +35,13 @@ and a hot dependency is one cell's load.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from toolq.core.cells import cell_of
 
 #: A dependency key: what a tool's ``dependency=`` gives (or returns). Short, printable,
 #: and safe in a Redis key name and a URL path segment.
@@ -137,5 +137,65 @@ class DepView(BaseModel):
 
 
 def dep_cell(key: str, cells: int) -> int:
-    """The cell whose keys hold ``key``'s limiter (cells mode): a hash of the key."""
-    return cell_of(key, cells)
+    """The cell whose keys hold ``key``'s limiter (cells mode): a hash of the key,
+    :func:`toolq.core.cells.cell_of`'s (spelled here: the settings import this module,
+    and the cells sit above them; a unit test holds the two equal)."""
+    if isinstance(cells, bool) or not isinstance(cells, int) or cells < 1:
+        raise ValueError(f"the number of cells must be a whole number >= 1: {cells!r}")
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % cells
+
+
+#: The defaults of a key no one declared limits for: the shared backoff and the breaker.
+DEFAULT_LIMITS = Limits()
+
+
+def merged(code: Limits | None, settings: Limits | None) -> Limits:
+    """A key's limits: those declared in code, overridden field by field by those the
+    settings set (``TOOLQ_DEPENDENCIES``: only the fields the settings name)."""
+    if settings is None:
+        return code or DEFAULT_LIMITS
+    if code is None:
+        return settings
+    return code.model_copy(update={f: getattr(settings, f) for f in settings.model_fields_set})
+
+
+def limits_for(key: str, declared: dict[str, Limits]) -> tuple[str | None, Limits]:
+    """The limits a key uses, and the name they were declared under: the key itself,
+    else the part before its first ``:`` (``stripe:acct_1`` uses ``stripe``'s, with a
+    limiter of its own); none declared: (None, the defaults)."""
+    if key in declared:
+        return key, declared[key]
+    head = key.split(":", 1)[0]
+    if head in declared:
+        return head, declared[head]
+    return None, DEFAULT_LIMITS
+
+
+def limits_table(declared: dict[str, Limits]) -> str:
+    """Every declared key's limits as the claim script reads them (one JSON object:
+    name -> [rate, interval_ms, burst, concurrency, breaker_failures, breaker_window_ms,
+    breaker_open_ms]); "" when none is declared (the script then uses the defaults)."""
+    if not declared:
+        return ""
+    table = {name: limits_row(lim) for name, lim in sorted(declared.items())}
+    return json.dumps(table, separators=(",", ":"))
+
+
+def limits_row(lim: Limits) -> list[str | int | float]:
+    """One key's limits as the scripts read them (:func:`limits_table`)."""
+    rate = lim.parsed_rate
+    return [
+        lim.rate or "",
+        0 if rate is None else rate.interval_ms,
+        lim.burst or 1,
+        lim.concurrency or 0,
+        lim.breaker_failures,
+        int(lim.breaker_window * 1000),
+        int(lim.breaker_open * 1000),
+    ]
+
+
+def declared(code: dict[str, Limits], settings: dict[str, Limits]) -> dict[str, Limits]:
+    """Every declared key's limits: code's (``tq.limit``) and the settings', merged."""
+    return {k: merged(code.get(k), settings.get(k)) for k in sorted({*code, *settings})}

@@ -78,6 +78,7 @@ SAFE_DETAIL_KEYS: frozenset[str] = frozenset(
         "tool",
         "limit",
         "http_status",
+        "dependency",
     }
 )
 

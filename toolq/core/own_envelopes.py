@@ -203,3 +203,42 @@ def needs_approval_envelope(ref: str, tool: str, call_id: str | None) -> ToolErr
         attempts_remaining=0,
         now=ms_to_dt(0),
     )
+
+
+#: A call its dependency key holds back (issue 28): the agent's and the user's words.
+DEPENDENCY_LIMITED = "DEPENDENCY_LIMITED"
+DEPENDENCY_LIMITED_AGENT = (
+    "The provider this call needs is limited or paused; toolq will run the call after "
+    "retry.not_before without spending an attempt. Do not call the tool again."
+)
+DEPENDENCY_LIMITED_USER = "This is waiting for the service it needs; it will run shortly."
+
+
+def dependency_limited_envelope(
+    ref: str,
+    tool: str,
+    call_id: str | None,
+    key: str,
+    reason: str,
+    not_before_ms: int,
+    attempts_remaining: int,
+) -> ToolError:
+    """What the agent reads of a call its dependency key holds back (``waiting_retry``);
+    the claim script writes the same (the contract test compares them)."""
+    return ToolError(
+        code=DEPENDENCY_LIMITED,
+        category=Category.DEPENDENCY,
+        commit_state=CommitState.NOT_COMMITTED,
+        retry=Retry(
+            directive=Directive.AFTER_DELAY,
+            not_before=ms_to_dt(not_before_ms),
+            max_attempts_remaining=max(1, attempts_remaining),
+        ),
+        next_action=NextAction.WAIT_AND_RETRY,
+        operation_ref=ref,
+        operation=tool,
+        call_id=call_id or None,
+        safe_details={"dependency": key, "reason": reason},
+        agent_message=DEPENDENCY_LIMITED_AGENT,
+        user_message=DEPENDENCY_LIMITED_USER,
+    )

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from toolq.core.deps import Limits, is_dep_key
 from toolq.core.redact import redact_url
 
 
@@ -310,6 +311,18 @@ class ToolqSettings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     worker: WorkerSettings = WorkerSettings()
     client: ClientSettings = ClientSettings()
+    #: Limits per dependency key (issue 28, README "Limits per dependency"), over those
+    #: declared in code (``tq.limit``) field by field:
+    #: ``TOOLQ_DEPENDENCIES='{"stripe": {"rate": "20/s", "concurrency": 5}}'``.
+    dependencies: dict[str, Limits] = {}
+
+    @field_validator("dependencies")
+    @classmethod
+    def _dep_keys(cls, value: dict[str, Limits]) -> dict[str, Limits]:
+        for key in value:
+            if not is_dep_key(key):
+                raise ValueError(f"dependencies: {key[:80]!r} is not a dependency key")
+        return value
 
     @field_validator("redis_url")
     @classmethod

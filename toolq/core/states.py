@@ -42,8 +42,10 @@ PENDING_RECOVERY = (
 
 _S = State
 ALLOWED: dict[State, frozenset[State]] = {
-    # queued -> queued is a republish of a lost message (same attempt).
-    _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.CANCELLED, _S.ESCALATED}),
+    # queued -> queued is a republish of a lost message (same attempt); queued ->
+    # waiting_retry a claim its dependency key held back (DEPENDENCY_LIMITED, issue 28:
+    # no attempt spent, the scheduler sends the same attempt again).
+    _S.QUEUED: frozenset({_S.QUEUED, _S.RUNNING, _S.WAITING_RETRY, _S.CANCELLED, _S.ESCALATED}),
     _S.RUNNING: frozenset(
         {
             _S.SUCCEEDED,

@@ -16,6 +16,7 @@ from typing import Any
 
 from toolq.core import errors
 from toolq.core import own_envelopes as envelopes
+from toolq.core.deps import DEP_KEY_PATTERN, is_dep_key
 from toolq.core.envelope import FieldError, ToolError, ToolSuccess
 from toolq.core.record import load_envelope
 from toolq.core.settings import REF_RULE, LimitSettings
@@ -124,6 +125,7 @@ def new_operation(
 ) -> NewOperation:
     """The operation a submit creates: queued with its first message, or awaiting approval."""
     state = State.AWAITING_APPROVAL if tool.options.requires_approval else State.QUEUED
+    dep = dependency_of(tool, args_json)
     queue, message = run_message(ref, 1) if state is State.QUEUED else ("", "")
     wait_ms = policy.unclaimed_after_ms if state is State.QUEUED else policy.approval_timeout_ms
     return NewOperation(
@@ -139,7 +141,32 @@ def new_operation(
         due_ms=now_ms + wait_ms,
         queue=queue,
         message=message,
+        extra=() if dep is None else (("dep", dep),),
     )
+
+
+def dependency_of(tool: Tool[Any], args_json: str) -> str | None:
+    """The call's dependency key (``@tq.tool(dependency=...)``), the function form
+    evaluated on the validated arguments; :class:`errors.InvalidArguments` for a key
+    function that raises or returns no key (nothing is written)."""
+    dep = tool.options.dependency
+    if dep is None or isinstance(dep, str):
+        return dep
+    try:
+        key = dep(tool.args_model.model_validate_json(args_json))
+    except Exception as exc:
+        raise errors.InvalidArguments(
+            f"tool {tool.name}: its dependency key function raised {type(exc).__name__}",
+            field_errors=[FieldError(field="dependency", rule="key_function")],
+        ) from None
+    if not is_dep_key(key):
+        raise errors.InvalidArguments(
+            f"tool {tool.name}: its dependency key function returned no dependency key "
+            f"({DEP_KEY_PATTERN})",
+            field_errors=[FieldError(field="dependency", rule="pattern")],
+        )
+    assert isinstance(key, str)
+    return key
 
 
 # --------------------------------------------------------------------------- the ledger's answers

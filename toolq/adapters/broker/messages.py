@@ -220,11 +220,16 @@ class Delivery(StrEnum):
     NOT_DURABLE = "not_durable"
     #: This worker does not have the tool: the operation was left for another.
     UNKNOWN_TOOL = "unknown_tool"
+    #: Its dependency key held it back (waiting_retry DEPENDENCY_LIMITED, issue 28):
+    #: the tool was not called, no attempt spent; the scheduler sends it again.
+    LIMITED = "limited"
 
 
 #: Outcomes of a delivery that found nothing to do (a copy, an operation that moved
 #: on): the task did its job, and the operation is none of its business.
-NOTHING_TO_DO = frozenset({Delivery.DUPLICATE, Delivery.STALE, Delivery.MISSING, Delivery.HELD})
+NOTHING_TO_DO = frozenset(
+    {Delivery.DUPLICATE, Delivery.STALE, Delivery.MISSING, Delivery.HELD, Delivery.LIMITED}
+)
 #: What a task body returns when the ledger refused its transition: this, then the reason.
 REFUSED = "refused:"
 

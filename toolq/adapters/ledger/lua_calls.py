@@ -55,19 +55,33 @@ return {'created', state}
 
 # Claim an attempt (kind=run: queued -> running) or a verification check (kind=verify).
 # KEYS: fixed, op[, unacked, unacked index]  ARGV: notify ref attempt holder now lease_ms
-#   kind vcheck[ delivery_tag]
+#   kind vcheck limits[ delivery_tag]
 # With a delivery tag, an answer other than 'claimed' acknowledges the delivery (the
 # body ends there, or records with APPLY, which acknowledges it again: harmless).
+# A run whose record has a dependency key (`dep`) is admitted by its key first
+# (lua_deps: limits from the worker's table `limits`, "" for none declared): held
+# back, it moves queued -> waiting_retry DEPENDENCY_LIMITED and the answer is
+# {'limited', reason, not_before, due}. A record without one reads one field more.
 CLAIM = r"""
-local function claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck)
+local function claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck, limits)
 local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
   'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
-  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn')
+  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn', 'dep', 'dep_slot')
 local state = f[1]
 if not state then return {'missing'} end
 local tool = f[5]
 if kind == 'run' then
   if state == 'queued' and allowed(state, 'running') and tonumber(f[2]) == attempt then
+    if f[20] and f[20] ~= '' then
+      local deadline = tonumber(f[12]) or 0
+      local why, nb, reserve
+      -- past its deadline: claimed, and the worker's budget check escalates it
+      if deadline == 0 or now <= deadline then
+        why, nb, reserve = dep_admit(f[20], ref, now, lease, dep_limits(limits, f[20]), f[21])
+      end
+      if why then return dep_hold(key, ref, f[20], f, at, now, why, nb, reserve, holder) end
+      if f[21] then redis.call('HDEL', key, 'dep_slot') end
+    end
     local rev, seq = (tonumber(f[18]) or 0) + 1, (tonumber(f[19]) or 0) + 1
     redis.call('HSET', key, 'state', 'running', 'lease_holder', holder,
       'lease_until', now + lease, 'entered', at, 'updated', at, 'rev', rev,
@@ -108,8 +122,8 @@ local ref, attempt, holder = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local at, lease, kind, vcheck = ARGV[5], tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 local now = tonumber(at)
 NOW = now
-local out = claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck)
-if out[1] ~= 'claimed' then ack(ARGV[9], KEYS[NFIXED + 2], KEYS[NFIXED + 3]) end
+local out = claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck, ARGV[9])
+if out[1] ~= 'claimed' then ack(ARGV[10], KEYS[NFIXED + 2], KEYS[NFIXED + 3]) end
 return out
 """
 
@@ -125,10 +139,17 @@ for i = 4, #ARGV, 4 do
   n = n + 1
   local key = KEYS[NFIXED + n]
   local ref, attempt, kind, holder = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
-  local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'vholder')
+  local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'vholder', 'dep')
   if kind == 'run' and f[1] == 'running' and tonumber(f[2]) == attempt and f[3] == holder then
     redis.call('HSET', key, 'lease_until', now + lease)
     bdue(ref, now + lease, true)
+    if f[5] and f[5] ~= '' then  -- its dependency's slot, and its probe, live as long
+      local D = DEP .. f[5]
+      redis.call('ZADD', D .. ':slots', 'XX', now + lease, ref)
+      if redis.call('HGET', D, 'probe') == ref then
+        redis.call('HSET', D, 'probe_until', now + lease)
+      end
+    end
   elseif kind == 'verify' and f[1] == 'verifying' and tonumber(f[2]) == attempt
       and f[4] == holder then
     redis.call('HSET', key, 'vlease_until', now + lease)
@@ -191,8 +212,8 @@ for i = 1, A[1] do
   local nstats = A[p]; local stats = p + 1; p = stats + nstats
   local key = KEYS[NFIXED + i]
   -- one read: the fields every transition needs, then those its guards name
-  local names = {'state', 'tool', 'attempt', 'rev', 'hn'}
-  for j = 0, nexpect - 1 do names[6 + j] = A[expect + 3 * j + 1] end
+  local names = {'state', 'tool', 'attempt', 'rev', 'hn', 'dep'}
+  for j = 0, nexpect - 1 do names[7 + j] = A[expect + 3 * j + 1] end
   local cur = redis.call('HMGET', key, unpack(names))
   local state = cur[1]
   if not state then
@@ -207,7 +228,7 @@ for i = 1, A[1] do
     end
     for j = 0, nexpect - 1 do
       local which = A[expect + 3 * j]
-      if (which == '*' or which == state) and (cur[6 + j] or '') ~= A[expect + 3 * j + 2] then
+      if (which == '*' or which == state) and (cur[7 + j] or '') ~= A[expect + 3 * j + 2] then
         ok = false
       end
     end
@@ -254,6 +275,21 @@ for i = 1, A[1] do
       -- ttl 0: the record lives again (an escalated operation an operator retried)
       if ttl then
         if ttl > 0 then redis.call('EXPIRE', key, ttl) else redis.call('PERSIST', key) end
+      end
+      -- Its dependency key (lua_deps): leaving running gives its slot back and tells
+      -- the key the outcome (the item's dep_signal, toolq.decisions.deps.signal_of);
+      -- leaving a hold (cancelled, escalated) drops it from the key's waiting.
+      local dep = cur[6]
+      if dep and dep ~= '' and not quiet and to ~= state then
+        if state == 'running' then
+          local signal
+          for j = set, set + 2 * nset - 1, 2 do
+            if A[j] == 'dep_signal' then signal = A[j + 1] end
+          end
+          dep_after(dep, ref, signal, due and due > 0 and due or nil, to == 'succeeded', NOW)
+        elseif state == 'waiting_retry' then
+          redis.call('ZREM', DEP .. dep .. ':waiting', ref)
+        end
       end
       if seq then notify(to, ref, rev, seq, envelope, quiet) end
       out[i] = 'ok'

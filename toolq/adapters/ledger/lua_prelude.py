@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from toolq.adapters.ledger.lua_deps import DEPS_LUA
 from toolq.core.keys import STEPS_SUFFIX
 from toolq.core.states import ALLOWED, INITIAL, PENDING_RECOVERY, SETTLED, State
 from toolq.core.stats import INF, RECOVERY_BUCKETS_MS, RECOVERY_PREFIX, SUM
 
 #: The Lua names of KEYS[1..n], the keys every script receives first.
-FIXED = ("DUE", "WAKE", "SLEEP", "STATS", "TOOLS", "IDX")
+FIXED = ("DUE", "WAKE", "SLEEP", "STATS", "TOOLS", "IDX", "DEP")
 
 #: The longest a scheduler plans to sleep (ms), whatever ``max_sleep`` says: scripts
 #: adding an item due further than this from their ``now`` need not look whether it
@@ -54,12 +55,15 @@ PRELUDE = (
     + lua_tables()
     + lua_recovery()
     + f"local NOTIFY, {', '.join(FIXED)}\n"
-    + r"""local sleeping_until, B, DIRECT, NOW
+    + r"""local sleeping_until, B, DIRECT, NOW, DEPS
 
 -- Every call starts here: what the previous call left in these is not this one's.
 local function begin(keys, args)
   NOTIFY = args[1]
   DUE, WAKE, SLEEP, STATS, TOOLS, IDX = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+  -- the dependency keys' prefix (Keys.dep_prefix, '{tag}:dep:'), and Keys.deps beside it
+  DEP = keys[7]
+  DEPS = string.sub(DEP, 1, #DEP - 1) .. 's'
   sleeping_until, B, DIRECT, NOW = nil, nil, false, nil
 end
 
@@ -234,4 +238,5 @@ local function flush()
   for _, q in ipairs(b.push) do many('LPUSH', q, b.push[q]) end
 end
 """
+    + DEPS_LUA
 )

@@ -27,6 +27,7 @@ DUE_FIELDS = (
     "created",
     "published",
     "vclaimed",
+    "dep_held",
 )
 
 # Take up to `limit` due items and hide them from other schedulers for `hold` ms.

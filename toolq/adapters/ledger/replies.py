@@ -35,6 +35,8 @@ class Claimed(StrEnum):
     HELD = "held"
     STALE = "stale"
     MISSING = "missing"
+    #: Its dependency key held it back (toolq.decisions.deps): now waiting_retry.
+    LIMITED = "limited"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ def claim_result(raw: Any) -> Claim:
         )
     if outcome is Claimed.STALE:
         return Claim(outcome, state=out[1])
+    if outcome is Claimed.LIMITED:  # reason, not_before, due
+        return Claim(outcome, state=out[1], lease_until_ms=int(float(out[2] or 0)))
     return Claim(outcome)
 
 

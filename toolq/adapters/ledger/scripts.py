@@ -100,7 +100,15 @@ NAMES = ("submit", "claim", "renew", "apply", "claim_due", "plan_sleep", "cell_l
 
 def fixed_keys(keys: Keys) -> list[str]:
     """The keys behind :data:`FIXED`, in its order (the contract tests check the pairing)."""
-    return [keys.due, keys.wake, keys.sleep_until, keys.stats, keys.tools, keys.index_prefix]
+    return [
+        keys.due,
+        keys.wake,
+        keys.sleep_until,
+        keys.stats,
+        keys.tools,
+        keys.index_prefix,
+        keys.dep_prefix,
+    ]
 
 
 _BODIES = {

@@ -138,11 +138,14 @@ class Ledger(Routes, SchedulerCalls):
         kind: str = "run",
         vcheck: int = 0,
         ack: str | None = None,
+        limits: str = "",
     ) -> Claim:
         """Claim an attempt or a check; with ``ack`` (a Celery delivery tag), an answer
-        other than claimed acknowledges the delivery in the same step."""
+        other than claimed acknowledges the delivery in the same step. ``limits``: the
+        worker's dependency limits (:func:`toolq.core.deps.limits_table`); a run whose
+        key holds it back answers ``limited`` (its reason as ``state``)."""
         calls = self.calls_of(ref)
-        keys, args = calls.claim(ref, attempt, holder, now_ms, lease_ms, kind, vcheck, ack)
+        keys, args = calls.claim(ref, attempt, holder, now_ms, lease_ms, kind, vcheck, ack, limits)
         if kind == "run":  # a claim a power loss undid would run the tool again
             return claim_result(self.durable.call(self.scripts, "claim", keys, args))
         return claim_result(self.scripts("claim", keys, args))

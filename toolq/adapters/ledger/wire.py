@@ -193,9 +193,12 @@ class ScriptArgs:
         kind: str,
         vcheck: int,
         ack: str | None,
+        limits: str = "",
     ) -> Call:
+        """``limits``: the worker's dependency limits (:func:`toolq.core.deps.limits_table`)."""
         keys: list[Any] = [*self.fixed, self.keys.op(ref)]
         args: list[Any] = [self.notify, ref, attempt, holder, now_ms, lease_ms, kind, vcheck]
+        args.append(limits)
         with_ack(keys, args, ack)
         return keys, args
 

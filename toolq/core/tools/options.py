@@ -4,11 +4,13 @@ delayed retries (:class:`Jitter`), each checked when the tool is registered."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from toolq.core.deps import DEP_KEY_PATTERN, is_dep_key
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,18 @@ class ToolOptions(BaseModel):
     idempotent: bool = True
     #: Empty: the first line of the function's docstring, at registration.
     description: str = ""
+    #: The dependency (provider) this tool calls, whose limits and shared backoff hold
+    #: its calls back (README "Limits per dependency"): a key (``"stripe"``), or a
+    #: function of the validated arguments returning one (``lambda a:
+    #: f"stripe:{a.account}"``), evaluated at submit. None: no dependency.
+    dependency: str | Callable[[Any], str] | None = None
+
+    @field_validator("dependency")
+    @classmethod
+    def _dep_key(cls, value: Any) -> Any:
+        if isinstance(value, str) and not is_dep_key(value):
+            raise ValueError(f"not a dependency key (the pattern is {DEP_KEY_PATTERN})")
+        return value
 
     @field_validator("safe_details", mode="before")
     @classmethod

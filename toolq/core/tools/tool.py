@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError, create_model
 
 from toolq.core import errors
+from toolq.core.deps import Limits
 from toolq.core.envelope import FieldError
 from toolq.core.tools.data import field_errors_of
 from toolq.core.tools.loop import run_sync
@@ -182,6 +183,9 @@ def args_model_for(fn: Callable[..., Any], name: str) -> type[BaseModel]:
 class Registry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool[Any]] = {}
+        #: Limits per dependency key declared in code (``tq.limit``); the settings'
+        #: override them field by field (:func:`toolq.core.deps.merged`).
+        self.limits: dict[str, Limits] = {}
 
     def add(self, tool: Tool[Any]) -> None:
         if tool.name in self._tools:

@@ -40,6 +40,15 @@ def for_decision(
         return next_attempt(
             waiting, s, now_ms, policy, messages, set={"repubs": "0"}, stats=("dispatched",)
         )
+    if d.action is Action.RELEASE:
+        # Held back by its dependency key: the same attempt, sent again (no attempt spent).
+        return replace(guard, states=(State.WAITING_RETRY,), delete=("dep_held",)).to(
+            State.QUEUED,
+            push=messages.run(s.ref, s.attempt),
+            due_ms=wake_by(s.budget(), now_ms + policy.unclaimed_after_ms),
+            set={"repubs": "0"},
+            stats=("dep_released",),
+        )
     if d.action is Action.REPUBLISH:
         return replace(guard, states=(State.QUEUED,)).to(
             State.QUEUED,

@@ -34,6 +34,7 @@ from toolq.core.own_envelopes import (
 from toolq.core.record import ms_to_dt
 from toolq.core.states import State
 from toolq.core.tools import Tool
+from toolq.decisions.deps import signal_of
 from toolq.decisions.recovery.budget import (
     Budgeted,
     Path,
@@ -142,6 +143,23 @@ def after_failure(
         verification_tool=tool.verification_tool,
         safe_detail_keys=tool.options.safe_details,
     )
+    t = _classified(a, exc, env, now_ms, policy, messages, rng)
+    signal = signal_of(exc) if tool.options.dependency is not None else None
+    if signal is not None:  # what its dependency key learns (lua_deps: dep_after)
+        t.set = {**t.set, "dep_signal": signal}
+    return t
+
+
+def _classified(
+    a: Attempt,
+    exc: BaseException,
+    env: ToolError,
+    now_ms: int,
+    policy: Policy,
+    messages: Messages,
+    rng: random.Random,
+) -> Transition:
+    tool = a.tool
     base = a.base(env.code)
     if env.commit_state is CommitState.UNKNOWN:
         # Verification is not an attempt: it runs whatever the budget says (invariant 2).

@@ -37,6 +37,7 @@ class Action(StrEnum):
     """What a due operation needs."""
 
     DISPATCH = "dispatch"  # waiting_retry -> queued, a new attempt
+    RELEASE = "release"  # waiting_retry (held by its dependency) -> queued, same attempt
     REPUBLISH = "republish"  # queued and unclaimed: publish the same attempt again
     LEASE_EXPIRED = "lease_expired"  # running, lease gone: verify (write) / rerun (read)
     VERIFY = "verify"  # verifying: publish a verification check
@@ -66,6 +67,10 @@ class Snapshot(Budgeted):
     #: when the operation's latest message was pushed, and when a verifier last took one
     published_ms: int = 0
     vclaimed_ms: int = 0
+    #: Its dependency key held it back (the reason; "" if not): waiting_retry that
+    #: spent no attempt, and whose due time, not ``retry_due``, says when it goes
+    #: (a released slot or a lifted pause makes it due sooner).
+    dep_held: str = ""
 
     @classmethod
     def from_row(cls, row: dict[str, str]) -> Snapshot:
@@ -95,6 +100,7 @@ class Snapshot(Budgeted):
             rev=n("rev"),
             published_ms=n("published"),
             vclaimed_ms=n("vclaimed"),
+            dep_held=row.get("dep_held", ""),
         )
 
 
@@ -224,6 +230,13 @@ def decide(s: Snapshot, now_ms: int, t: Timeouts, q: Queues = Queues()) -> Decis
     """What the scheduler does with an operation that came due at ``now_ms``."""
     if s.state in (State.SUCCEEDED, State.FAILED, State.ESCALATED, State.CANCELLED):
         return Decision(Action.DROP)
+    if s.state is State.WAITING_RETRY and s.dep_held:
+        # Held back by its dependency key: the same attempt goes again (no attempt
+        # spent), unless the deadline passed meanwhile.
+        verdict = check(s.budget(), Path.REPUBLISH, now_ms)
+        if not verdict.ok:
+            return Decision(Action.ESCALATE, code=verdict.value)
+        return Decision(Action.RELEASE)
     if s.state is State.WAITING_RETRY:
         if s.retry_due_ms > now_ms:
             return Decision(Action.RESCHEDULE, at_ms=s.retry_due_ms)

@@ -188,7 +188,7 @@ class Scheduler:
             transitions.append(t)
             leaves = not t.quiet and t.to != snap.state and snap.state in PENDING_RECOVERY
             left.append((snap.tool, str(snap.state), now - snap.entered_ms) if leaves else None)
-            if d.action in (Action.DISPATCH, Action.REPUBLISH, Action.VERIFY):
+            if d.action in (Action.DISPATCH, Action.RELEASE, Action.REPUBLISH, Action.VERIFY):
                 lags.append(now - int(float(row.get("due_score") or now)))
             else:
                 lags.append(-1)

@@ -98,6 +98,9 @@ class Runtime:
             ledger.redis, lambda ref: ledger.keys_of(ref).notify_steps
         )
         self.rng = random.Random()
+        #: The dependency limits every claim passes (toolq.core.deps.limits_table): the
+        #: registry's (tq.limit) under the settings' (App sets it; "" for none).
+        self.dep_limits = ""
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -118,7 +121,14 @@ class Runtime:
                 ref,
                 attempt,
                 lambda: self.ledger.claim(
-                    ref, attempt, holder, self.now_ms(), self.lease_ms, "run", ack=delivery
+                    ref,
+                    attempt,
+                    holder,
+                    self.now_ms(),
+                    self.lease_ms,
+                    "run",
+                    ack=delivery,
+                    limits=self.dep_limits,
                 ),
             )
         except NotDurable:
