@@ -107,7 +107,7 @@ def test_the_rate_reserves_each_call_a_slot_it_passes_on_without_consuming_again
     ledger.redis.hset(ledger.keys.op("r/2"), mapping={"state": "queued"})
     assert claim(ledger, "r/2", NOW + 100)[0] == "claimed"
     assert dep_fields(ledger)["tat"] == tat
-    assert ledger.fields("r/2", "dep_slot") == {}
+    assert ledger.fields("r/2", "dep_slot", "dep_held") == {}
 
 
 def test_the_held_back_calls_envelope_is_the_python_one(ledger: Ledger) -> None:
@@ -282,3 +282,24 @@ def test_a_put_record_with_a_key_in_running_releases_on_any_way_out(ledger: Ledg
     assert ledger.apply([back], NOW) == ["ok"]
     assert ledger.redis.zcard(ledger.keys.dep_slots(KEY)) == 0
     assert json.loads("[]") == []
+
+
+def test_a_renewed_lease_renews_the_slot_and_the_probe(ledger: Ledger) -> None:
+    queued(ledger, "n/1")
+    ledger.redis.hset(ledger.keys.dep(KEY), mapping={"breaker": "open", "open_until": NOW - 1})
+    t = limits_table({"stripe": Limits(concurrency=1)})
+    assert claim(ledger, "n/1", NOW, t)[0] == "claimed"
+    assert ledger.renew(NOW + 10_000, LEASE, [("n/1", 1, "run", "w-n/1")]) == []
+    assert ledger.redis.zscore(ledger.keys.dep_slots(KEY), "n/1") == NOW + 10_000 + LEASE
+    assert dep_fields(ledger)["probe_until"] == str(NOW + 10_000 + LEASE)
+
+
+def test_a_held_call_an_operator_retries_is_held_no_more_once_admitted(ledger: Ledger) -> None:
+    queued(ledger, "h/1")
+    ledger.redis.hset(ledger.keys.dep(KEY), "paused_until", NOW + 100)
+    assert claim(ledger, "h/1", NOW)[:2] == ("limited", "paused")
+    # an operator's retry now: queued again, a new attempt, dep_held left on the record
+    ledger.redis.hset(ledger.keys.op("h/1"), mapping={"state": "queued", "attempt": 2})
+    c = ledger.claim("h/1", 2, "w", NOW + 200, LEASE, limits=TABLE)
+    assert c.outcome.value == "claimed"
+    assert ledger.fields("h/1", "dep_held") == {}

@@ -12,8 +12,12 @@ from toolq.core import errors
 from toolq.core.cells import cell_of
 from toolq.core.deps import DEFAULT_LIMITS, Limits, dep_cell, limits_for, limits_table, merged
 from toolq.core.settings import ToolqSettings
+from toolq.core.states import State
 from toolq.core.tools import ToolOptions
 from toolq.decisions.deps import DepState, admit, after_outcome, hold_due, signal_of
+from toolq.decisions.recovery.actions import for_decision
+from toolq.decisions.recovery.moves import Messages, Policy
+from toolq.decisions.recovery.policy import Action, Decision, Snapshot, Timeouts, decide
 
 NOW = 1_000_000
 
@@ -209,3 +213,41 @@ def test_the_readmes_settings_line_parses(monkeypatch: pytest.MonkeyPatch) -> No
     assert found is not None
     monkeypatch.setenv("TOOLQ_DEPENDENCIES", found.group(1))
     assert ToolqSettings().dependencies == {"stripe": Limits(rate="5/s")}
+
+
+def _held(**kw: int) -> Snapshot:
+    base = dict(ref="r", state=State.WAITING_RETRY, tool="t", attempt=3, max_attempts=3,
+                deadline_ms=0, lease_until_ms=0, entered_ms=NOW, vlease_until_ms=0, vholder="",
+                vcheck=0, retry_due_ms=NOW + 50_000, repubs=2, rev=7, dep_held="rate")  # fmt: skip
+    base.update(kw)
+    return Snapshot(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("snap", "action", "code"),
+    [
+        # its last attempt, not spent: sent again (its due, not retry_due, says when)
+        (_held(), Action.RELEASE, None),
+        (_held(deadline_ms=NOW - 1), Action.ESCALATE, "DEADLINE_EXCEEDED"),
+    ],
+)
+def test_the_scheduler_sends_a_held_call_again_with_the_same_attempt(
+    snap: Snapshot, action: Action, code: str | None
+) -> None:
+    t = Timeouts(1_000, 60_000, 60_000)
+    assert decide(snap, NOW, t) == Decision(action, code=code)
+
+
+def test_a_release_republishes_the_same_attempt_and_clears_the_hold() -> None:
+    s = _held()
+    policy = Policy(1_000, 60_000, 60_000, 3_600)
+    messages = Messages(run=lambda ref, n: ("q", f"{ref}#{n}"), verify=lambda r, a, v: ("v", ""))
+    t = for_decision(Decision(Action.RELEASE), s, None, "", NOW, policy, messages)
+    assert t is not None
+    assert (t.to, t.attempt_incr, t.push, t.delete) == (
+        State.QUEUED,
+        0,
+        ("q", "r#3"),
+        ("dep_held",),
+    )
+    assert t.expect == {"*": {"rev": "7"}}

@@ -66,7 +66,8 @@ CLAIM = r"""
 local function claim_one(key, ref, attempt, holder, at, now, lease, kind, vcheck, limits)
 local f = redis.call('HMGET', key, 'state', 'attempt', 'lease_holder', 'lease_until', 'tool',
   'args', 'call_id', 'fp', 'approved_fp', 'vcheck', 'max_attempts', 'deadline',
-  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn', 'dep', 'dep_slot')
+  'uncertain_at', 'vfail', 'vholder', 'vlease_until', 'created', 'rev', 'hn', 'dep', 'dep_slot',
+  'dep_held')
 local state = f[1]
 if not state then return {'missing'} end
 local tool = f[5]
@@ -80,7 +81,9 @@ if kind == 'run' then
         why, nb, reserve = dep_admit(f[20], ref, now, lease, dep_limits(limits, f[20]), f[21])
       end
       if why then return dep_hold(key, ref, f[20], f, at, now, why, nb, reserve, holder) end
-      if f[21] then redis.call('HDEL', key, 'dep_slot') end
+      -- admitted: its reservation is spent, and it is held no more (an operator's
+      -- retry now of a held call keeps the field until here)
+      if f[21] or f[22] then redis.call('HDEL', key, 'dep_slot', 'dep_held') end
     end
     local rev, seq = (tonumber(f[18]) or 0) + 1, (tonumber(f[19]) or 0) + 1
     redis.call('HSET', key, 'state', 'running', 'lease_holder', holder,
