@@ -11,6 +11,7 @@
     python -m bench aio [--aio-calls 1000 --aio-worker-threads 64 --aio-repeats 3]
     python -m bench tracing [--tracing-calls 2000 --tracing-rounds 3 --main-tree DIR]
     python -m bench peers | crash [--systems toolq,celery,dramatiq --quick]  (bench.peers_bench)
+    python -m bench limits [rate|outage|concurrency|overhead] [--quick] (bench.limits)
 
 Each part rewrites its own section of RESULTS.md. An embedded Valkey is
 started (appendonly off for the performance parts, on for chaos) unless
@@ -141,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import peers_bench
 
         return peers_bench.main(args)
+    if args[:1] == ["limits"]:  # limits per dependency: options of its own
+        from bench import limits
+
+        return limits.main(args[1:])
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     ap.add_argument("part", nargs="?", default="all", choices=("all", *PARTS))
     ap.add_argument("--redis-url", default=None)

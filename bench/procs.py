@@ -23,9 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(os.environ.get("BENCH_LOG_DIR", "/tmp/toolq-bench-logs"))
 
 
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_env(extra: Mapping[str, str] | None = None, root: Path = REPO_ROOT) -> dict[str, str]:
     env = dict(os.environ)
-    paths = [str(REPO_ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    paths = [str(root), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.pop("TOOLQ_REDIS_URL", None)
     env.update(extra or {})
@@ -33,10 +33,17 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 class Child:
-    """A child process in its own group, with its output in ``LOG_DIR/<name>.log``."""
+    """A child process in its own group, with its output in ``LOG_DIR/<name>.log``.
+
+    ``root``: the source tree it imports toolq and bench from (another commit's
+    checkout, for a before/after comparison); default this one."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        root: Path = REPO_ROOT,
     ) -> None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -45,8 +52,8 @@ class Child:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
-                env=child_env(env),
-                cwd=str(REPO_ROOT),
+                env=child_env(env, root),
+                cwd=str(root),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -89,8 +96,10 @@ class Child:
         return descendants(self.proc.pid)
 
 
-def python_child(name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
-    return Child(name, [sys.executable, *args], env)
+def python_child(
+    name: str, args: Sequence[str], env: Mapping[str, str] | None = None, root: Path = REPO_ROOT
+) -> Child:
+    return Child(name, [sys.executable, *args], env, root)
 
 
 #: The pools ``toolq worker --pool`` takes.
@@ -118,6 +127,7 @@ def toolq_worker(
     env: Mapping[str, str] | None = None,
     loglevel: str = "WARNING",
     hostname: str | None = None,
+    root: Path = REPO_ROOT,
 ) -> Child:
     argv = ["-m", "toolq.edges.cli", "worker", "--app", app, "--redis-url", url]
     if pool not in CLI_POOLS:
@@ -131,7 +141,7 @@ def toolq_worker(
         argv.append("--events" if pool in CLI_POOLS else "-E")
     if hostname:
         argv += ["--hostname", hostname]
-    return python_child(name, argv, env)
+    return python_child(name, argv, env, root)
 
 
 def toolq_scheduler(
@@ -140,6 +150,7 @@ def toolq_scheduler(
     url: str,
     env: Mapping[str, str] | None = None,
     loglevel: str = "WARNING",
+    root: Path = REPO_ROOT,
 ) -> Child:
     return python_child(
         name,
@@ -155,6 +166,7 @@ def toolq_scheduler(
             loglevel,
         ],
         env,
+        root,
     )
 
 

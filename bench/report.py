@@ -48,6 +48,10 @@ ORDER = (
     "outage-cluster",
     "relay",
     "cluster",
+    "limits-rate",
+    "limits-outage",
+    "limits-concurrency",
+    "limits-overhead",
 )
 
 
