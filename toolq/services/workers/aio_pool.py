@@ -125,6 +125,18 @@ class AsyncioPool(BasePool):
         self._thread = threading.Thread(target=serve, name="toolq-aio-loop", daemon=True)
         self._thread.start()
         started.wait()
+        # The runtimes (the App's, the loop's ledgers) before the first delivery, which
+        # would otherwise hold the loop while they are made.
+        asyncio.run_coroutine_threadsafe(self._warm(), loop)
+
+    async def _warm(self) -> None:
+        try:
+            for task in list(self.app.tasks.values()) if self.app is not None else []:
+                found = getattr(task, "toolq_aio", None)
+                if isinstance(found, AioBodies):
+                    self._runtime(found)
+        except Exception:  # made at the first delivery instead
+            log.debug("asyncio pool: runtime not made ahead", exc_info=True)
 
     def on_stop(self) -> None:
         """Warm: the calls in flight finish (at most :data:`WARM_SHUTDOWN_S`)."""
