@@ -116,10 +116,12 @@ class AsyncLeaseKeeper:
                 except Exception:  # never end the renewals of every call in flight
                     log.exception("lease renewal failed; retrying")
                     break
+                still = {key[0] for key in self._held}  # not those recorded meanwhile
                 for ref in lost:
-                    log.warning(
-                        "lease lost for %s: the operation moved on without this worker", ref
-                    )
+                    if ref in still:
+                        log.warning(
+                            "lease lost for %s: the operation moved on without this worker", ref
+                        )
 
 
 class AioRuntime:
