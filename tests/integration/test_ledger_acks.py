@@ -3,7 +3,8 @@
 With the ledger's server as the broker, a refused claim or the record of an
 outcome removes the delivery from kombu's unacked hash and index in the same
 script, and the worker's own ack sends nothing: one round trip (a MULTI/EXEC
-pipeline) less per call. Real workers, each pool (threads, prefork, asyncio), against the session's Valkey.
+pipeline) less per call. Real workers, each pool (threads, prefork, asyncio), against
+the session's Valkey.
 """
 
 from __future__ import annotations
