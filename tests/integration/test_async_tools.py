@@ -1,7 +1,8 @@
 """``async def`` tools and verifiers, end to end with real worker processes (issue 12).
 
 Each test runs once per Celery pool: ``threads`` (tools awaited on each pool
-thread's loop) and ``prefork`` (on each child process's loop).
+thread's loop), ``prefork`` (on each child process's loop) and ``asyncio`` (on the
+pool's one loop, issue 29).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def atq(module_redis_url: str) -> Iterator[ToolQueue]:
     tq.close()
 
 
-@pytest.fixture(scope="module", params=["threads", "prefork"])
+@pytest.fixture(scope="module", params=["threads", "prefork", "asyncio"])
 def pool(request: pytest.FixtureRequest, atq: ToolQueue, module_redis_url: str) -> Iterator[str]:
     worker = start_worker(APP, module_redis_url, pool=request.param, concurrency=2)
     yield str(request.param)

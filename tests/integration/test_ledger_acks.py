@@ -3,7 +3,8 @@
 With the ledger's server as the broker, a refused claim or the record of an
 outcome removes the delivery from kombu's unacked hash and index in the same
 script, and the worker's own ack sends nothing: one round trip (a MULTI/EXEC
-pipeline) less per call. Real workers, both pools, against the session's Valkey.
+pipeline) less per call. Real workers, each pool (threads, prefork, asyncio), against
+the session's Valkey.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _nothing_unacked(r: redis.Redis) -> bool:
     return r.hlen(KOMBU_UNACKED) == 0 and r.zcard(KOMBU_UNACKED_INDEX) == 0
 
 
-@pytest.fixture(params=["threads", "prefork"])
+@pytest.fixture(params=["threads", "prefork", "asyncio"])
 def worker(request: pytest.FixtureRequest, module_redis_url: str) -> Iterator[str]:
     w: subprocess.Popen[bytes] = start_worker(
         APP, module_redis_url, pool=request.param, concurrency=2

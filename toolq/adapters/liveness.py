@@ -357,6 +357,9 @@ def _pool_name(pool: Any) -> str:
     """``prefork``, ``threads``, ``solo``, ...: the name ``-P`` gives the pool's class."""
     if pool is None:
         return ""
+    alias = getattr(type(pool), "alias", None)  # a pool Celery does not list (asyncio)
+    if isinstance(alias, str):
+        return alias
     from celery import concurrency
 
     # alias -> "module:Class", as -P reads it (looked up by name: nothing is imported)

@@ -27,6 +27,7 @@ from toolq.adapters import liveness
 from toolq.adapters.broker.app import broker_config, make_celery
 from toolq.adapters.broker.messages import MessageFactory
 from toolq.adapters.ledger import Ledger, lists
+from toolq.adapters.ledger.aio import AsyncLedger
 from toolq.adapters.notify import Notifier
 from toolq.adapters.stack_state import discover_redis_url, recorded_mode, with_mode
 from toolq.core import errors
@@ -42,10 +43,13 @@ from toolq.decisions.recovery.transition import Transition
 from toolq.services.tasks.celery import register_tasks
 from toolq.services.tasks.run import Runtime
 from toolq.topology import Topology, topology_for
-from toolq.topology.ledger import ledger_for
+from toolq.topology.ledger import async_ledger_for, ledger_for
 
 #: Tools whose message builders :meth:`App.outbound_for` keeps (beyond: made each time).
 MAX_BOUND_TOOLS = 1024
+#: Connections of an asyncio-pool worker's loop to the ledger's server: its claims,
+#: renewals and records are short commands, shared by every call in flight.
+AIO_WORKER_CONNECTIONS = 32
 
 
 class App:
@@ -410,8 +414,17 @@ class App:
         celery = make_celery(self.settings, self.name, url)
         celery.toolq_app = self  # type: ignore[attr-defined]
         liveness.install()  # its workers beat per queue (what a submit's warnings read)
-        register_tasks(celery, lambda: self.runtime)
+        register_tasks(celery, lambda: self.runtime, self.aio_worker_ledger)
         return celery
+
+    def aio_worker_ledger(self) -> AsyncLedger:
+        """An asyncio ledger for the calling loop, for the asyncio pool's task bodies
+        (:mod:`toolq.services.workers.aio_pool`): its own connections, as many as a
+        ``tq.aio`` loop's, which thousands of short commands in flight share."""
+        client = self.async_redis(max_connections=AIO_WORKER_CONNECTIONS)
+        t = self.topology
+        in_flight = t.nodes.bound(client, AIO_WORKER_CONNECTIONS - 4)
+        return async_ledger_for(t, client, self.settings.durability, in_flight)
 
     def close(self) -> None:
         with self._lock:

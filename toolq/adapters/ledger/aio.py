@@ -3,8 +3,8 @@
 The same scripts, KEYS and ARGV as the sync :class:`~toolq.adapters.ledger.store.Ledger`
 (built by the one :class:`~toolq.adapters.ledger.wire.ScriptArgs`), and the same reading
 of their replies; only the sending awaits. Clients write (submit, operator
-actions) and read: claiming, renewing and the scheduler's calls stay with the
-sync ledger that workers and the scheduler use.
+actions) and read; the asyncio pool's workers claim, renew and record here too
+(:mod:`toolq.services.tasks.run_aio`). The scheduler's calls stay with the sync ledger.
 
 A redis.asyncio client belongs to the event loop it connects on, so one
 AsyncLedger serves one loop. On a Cluster
@@ -22,10 +22,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from toolq.adapters.ledger.ack import UNACKED_KEYS
 from toolq.adapters.ledger.cluster import InFlight
 from toolq.adapters.ledger.durable import AsyncDurability, AsyncNodes
 from toolq.adapters.ledger.replies import (
+    Claim,
     SubmitResult,
+    claim_result,
     fields_of,
     history_of,
     history_start,
@@ -103,19 +106,62 @@ class AsyncLedger(Routes):
         async with self._command():
             return submit_result(await self.durable.call(self.scripts, "submit", keys, args))
 
-    async def apply(self, transitions: Sequence[Transition], now_ms: int) -> list[str]:
-        """Apply transitions atomically, one script call; ``"ok"`` or the state that refused."""
+    async def claim(
+        self,
+        ref: str,
+        attempt: int,
+        holder: str,
+        now_ms: int,
+        lease_ms: int,
+        kind: str = "run",
+        vcheck: int = 0,
+        ack: str | None = None,
+        limits: str = "",
+    ) -> Claim:
+        """:meth:`toolq.adapters.ledger.store.Ledger.claim`, awaited."""
+        calls = self.calls_of(ref)
+        keys, args = calls.claim(ref, attempt, holder, now_ms, lease_ms, kind, vcheck, ack, limits)
+        async with self._command():
+            if kind == "run":  # a claim a power loss undid would run the tool again
+                return claim_result(await self.durable.call(self.scripts, "claim", keys, args))
+            return claim_result(await self.scripts("claim", keys, args))
+
+    async def renew(
+        self, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str, str]]
+    ) -> list[str]:
+        """:meth:`toolq.adapters.ledger.store.Ledger.renew`, awaited: one call per cell."""
+        lost: list[str] = []
+        for cell, where in self.layout.group([h[0] for h in held]).items():
+            keys, args = self.calls_at(cell).renew(now_ms, lease_ms, [held[i] for i in where])
+            async with self._command():
+                lost += strs(await self.scripts("renew", keys, args))
+        return lost
+
+    async def apply(
+        self, transitions: Sequence[Transition], now_ms: int, ack: str | None = None
+    ) -> list[str]:
+        """Apply transitions atomically, one script call per cell; ``"ok"`` or the state
+        that refused. ``ack``: as :meth:`toolq.adapters.ledger.store.Ledger.apply`'s."""
         results = [""] * len(transitions)
         for cell, where in self.layout.group([t.ref for t in transitions]).items():
-            keys, args = self.calls_at(cell).apply([transitions[i] for i in where], now_ms)
+            keys, args = self.calls_at(cell).apply([transitions[i] for i in where], now_ms, ack)
+            ack = None  # acknowledged once
             async with self._command():
                 answers = strs(await self.scripts("apply", keys, args))
             for i, res in zip(where, answers, strict=True):
                 results[i] = res
         return results
 
-    async def apply_one(self, transition: Transition, now_ms: int) -> str:
-        return (await self.apply([transition], now_ms))[0]
+    async def apply_one(self, transition: Transition, now_ms: int, ack: str | None = None) -> str:
+        return (await self.apply([transition], now_ms, ack))[0]
+
+    async def ack(self, delivery: str) -> None:
+        """:meth:`toolq.adapters.ledger.store.Ledger.ack`, awaited."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hdel(UNACKED_KEYS[0], delivery)
+        pipe.zrem(UNACKED_KEYS[1], delivery)
+        async with self._command():
+            await pipe.execute()
 
     async def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
         async with self._command():

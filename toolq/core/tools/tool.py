@@ -141,8 +141,34 @@ class Tool(Generic[R]):
             raise LookupError(f"tool {self.name} has no verifier")
         return run_sync(self.verify_fn(ctx), f"verifier of {self.name}")
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the tool is ``async def``: an event loop awaits it (the asyncio pool)."""
+        return _is_coroutine_fn(self.fn)
+
+    @property
+    def verifier_is_async(self) -> bool:
+        return self.verify_fn is not None and _is_coroutine_fn(self.verify_fn)
+
+    def ainvoke(self, model: BaseModel, ctx: CallContext) -> Any:
+        """An ``async def`` tool's coroutine for one attempt, to await on a running loop
+        (:attr:`is_async`; a sync tool goes through :meth:`invoke` on a thread)."""
+        return self.fn(*(model, ctx)[: self._arity])
+
+    def alookup(self, ctx: CallContext) -> Any:
+        """An ``async def`` verifier's coroutine (:attr:`verifier_is_async`)."""
+        if self.verify_fn is None:
+            raise LookupError(f"tool {self.name} has no verifier")
+        return self.verify_fn(ctx)
+
     def input_schema(self) -> dict[str, Any]:
         return self.args_model.model_json_schema()
+
+
+def _is_coroutine_fn(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
+    )
 
 
 def _call_arity(fn: Callable[..., Any], name: str) -> int:

@@ -20,6 +20,9 @@ from toolq.edges.cli.common import (
 )
 from toolq.process.logs import install_redaction
 
+#: ``--concurrency`` of a prefork or threads pool (processes or threads) at most.
+MAX_THREADS_CONCURRENCY = 1024
+
 
 def _metrics(port: int | None, tq: Any, role: str) -> None:
     if port:
@@ -42,16 +45,18 @@ def _metrics(port: int | None, tq: Any, role: str) -> None:
 @click.option(
     "--concurrency",
     "-c",
-    type=click.IntRange(1, 1024),
+    type=click.IntRange(1, 100_000),
     default=None,
-    help="Pool size (Celery's default: the number of CPUs).",
+    help="Pool size (Celery's default: the number of CPUs); with -P asyncio, the calls "
+    "in flight (at most 1024 for the other pools).",
 )
 @click.option(
     "--pool",
     "-P",
-    type=click.Choice(["prefork", "threads", "solo"]),
+    type=click.Choice(["prefork", "threads", "solo", "asyncio"]),
     default=None,
-    help="Celery pool (default prefork; threads suits I/O-bound tools).",
+    help="Celery pool (default prefork; threads suits I/O-bound tools; asyncio holds "
+    "thousands of async def calls in flight on one event loop).",
 )
 @click.option("--autoscale", default=None, metavar="MAX,MIN", help="Celery autoscaling.")
 @click.option(
@@ -98,6 +103,12 @@ def worker(
     metrics_port: int | None,
 ) -> None:
     """Run a Celery worker that serves toolq's queues (Celery supervises the pool)."""
+    if concurrency is not None and concurrency > MAX_THREADS_CONCURRENCY and pool != "asyncio":
+        raise click.BadParameter(
+            f"{concurrency} is more than {MAX_THREADS_CONCURRENCY} processes or threads; "
+            "-P asyncio holds more calls in flight",
+            param_hint="'--concurrency'",
+        )
     install_redaction()  # before Celery sets up logging: the pool's children inherit it
     from toolq.edges.stack import node_name
     from toolq.services.workers.main import run_worker

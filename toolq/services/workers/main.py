@@ -14,6 +14,10 @@ from toolq.core.tools import Registry
 
 log = logging.getLogger("toolq.worker")
 
+#: ``toolq worker -P``'s names that Celery's aliases lack: the pool's dotted path, given
+#: to Celery as its ``worker_pool`` setting (its ``--pool`` takes only its own names).
+POOLS = {"asyncio": "toolq.services.workers.aio_pool:AsyncioPool"}
+
 #: ``toolq worker``'s default, as Celery's own worker: a line per task is for ``-l info``.
 DEFAULT_LOGLEVEL = "WARNING"
 
@@ -83,6 +87,9 @@ def run_worker(celery: Celery, registry: Registry, q: QueueSettings, **options: 
             with contextlib.suppress(redis.RedisError):
                 app.ledger.durable.current()
 
+    if options.get("pool") in POOLS:
+        celery.conf.worker_pool = POOLS[options["pool"]]
+        options = {**options, "pool": None}
     quiet_task_received(level_of(options.get("loglevel", DEFAULT_LOGLEVEL)))
     celery.worker_main(worker_argv(q, **options))
 

@@ -1,0 +1,124 @@
+"""An app for ``tests/integration/test_aio_pool.py``: the asyncio pool (``-P asyncio``).
+
+Its ``async def`` tools reach the provider stub (the same Redis) with ``redis.asyncio``,
+one client per event loop. ``await_slowly`` counts the calls in flight inside the tool
+(``provider:inflight``) and keeps the most it saw (``provider:inflight:max``);
+``awrite`` is a write with modes (ok, rate limited twice, lost reply, long sleep) and
+an async verifier; ``sync_write`` is a ``def`` tool (the pool's threads run it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+
+from toolq import CallContext, ToolQueue
+from toolq.core import errors
+from toolq.core.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
+
+settings = ToolqSettings(
+    # Longer than the other apps' 1.5 s: 200 calls starting at once on a loaded 2-CPU box
+    # stall the loop up to ~1 s (a lease covers three renewals).
+    lease=LeaseSettings(seconds=4.0),
+    recovery=RecoverySettings(unclaimed_after=3.0, approval_timeout=60, input_timeout=60),
+    scheduler=SchedulerSettings(hold=2.0, max_sleep=1.0),
+)
+tq = ToolQueue(settings=settings)
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+    weakref.WeakKeyDictionary()
+)
+
+#: Counts the calls in flight and keeps the most seen, in one step.
+_ENTER = """
+local n = redis.call('INCR', KEYS[1])
+local m = tonumber(redis.call('GET', KEYS[2]) or '0')
+if n > m then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+def provider() -> aioredis.Redis:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        pool = aioredis.BlockingConnectionPool.from_url(tq.redis_url, max_connections=64)
+        client = _clients[loop] = aioredis.Redis(connection_pool=pool)
+    return client
+
+
+class Wait(BaseModel):
+    seconds: float = 2.0
+    #: Stay inside the tool until this many calls were in flight at once (or ``seconds``
+    #: passed): a test then asserts the most in flight, not a time.
+    until: int = 0
+
+
+@tq.tool(writes=False, max_attempts=1)
+async def await_slowly(args: Wait, ctx: CallContext) -> dict[str, Any]:
+    p = provider()
+    await p.eval(_ENTER, 2, "provider:inflight", "provider:inflight:max")
+    try:
+        deadline = time.monotonic() + args.seconds
+        await asyncio.sleep(min(args.seconds, 0.5))
+        while args.until and time.monotonic() < deadline:
+            if int(await p.get("provider:inflight:max") or 0) >= args.until:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await p.decr("provider:inflight")
+    return {"pid": os.getpid(), "thread": threading.get_ident()}
+
+
+class Write(BaseModel):
+    mode: str = "ok"
+    sleep: float = 0.0
+
+
+@tq.tool(writes=True, consistency_window=0.5, max_attempts=5, verify_checks=3, verify_backoff=0.1)
+async def awrite(args: Write, ctx: CallContext) -> dict[str, Any]:
+    p = provider()
+    ref = ctx.operation_ref
+    await p.rpush(f"provider:seen:{ref}", f"{ctx.attempt}:{time.time()}")
+    if args.mode == "rate_limited" and ctx.attempt < 3:
+        raise errors.RateLimited("slow down", retry_after=0.2)
+    async with p.pipeline(transaction=True) as pipe:
+        pipe.rpush("provider:effects", ref)
+        pipe.set(f"provider:committed:{ref}", "1")
+        await pipe.execute()
+    if args.sleep:
+        await asyncio.sleep(args.sleep)  # committed, still inside the tool
+    if args.mode == "lost_reply":
+        raise ConnectionResetError("connection reset by peer")
+    return {"paid": ref, "attempt": ctx.attempt}
+
+
+@awrite.verifier
+async def afind(ctx: CallContext) -> dict[str, Any] | None:
+    p = provider()
+    await p.incr(f"provider:lookups:{ctx.operation_ref}")
+    if await p.get(f"provider:committed:{ctx.operation_ref}"):
+        return {"paid": ctx.operation_ref, "found": True}
+    return None
+
+
+@tq.tool(writes=True, requires_approval=True)
+async def aapproved(args: Write, ctx: CallContext) -> dict[str, Any]:
+    await provider().rpush("provider:effects", ctx.operation_ref)
+    return {"paid": ctx.operation_ref}
+
+
+@tq.tool(writes=False, max_attempts=1)
+def sync_read(args: Wait, ctx: CallContext) -> dict[str, Any]:
+    time.sleep(args.seconds)
+    return {"thread": threading.current_thread().name}
+
+
+celery_app = tq.celery

@@ -1,0 +1,40 @@
+"""``toolq worker -P asyncio`` (issue 29): how the pool is named and asked for, without a
+server. Its behaviour with real workers: tests/integration/test_aio_pool.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from click.testing import CliRunner
+
+from toolq.adapters.liveness import _pool_name
+from toolq.edges.cli import main
+from toolq.services.workers import main as worker_main
+from toolq.services.workers.aio_pool import DOTTED, AsyncioPool
+
+
+def test_more_than_1024_slots_are_refused_to_the_other_pools() -> None:
+    result = CliRunner().invoke(main, ["worker", "-P", "threads", "-c", "2000"])
+    assert result.exit_code == 2
+    assert "-P asyncio holds more calls in flight" in result.output
+
+
+def test_the_asyncio_pool_is_given_to_celery_as_its_worker_pool(monkeypatch: Any) -> None:
+    celery = Celery("t")
+    seen: list[list[str]] = []
+    monkeypatch.setattr(celery, "worker_main", lambda argv: seen.append(argv))
+    q = worker_main.QueueSettings()
+    worker_main.run_worker(celery, worker_main.Registry(), q, pool="asyncio", concurrency=2000)
+    # Celery's --pool takes only its own names: the dotted path goes in its setting
+    assert celery.conf.worker_pool == DOTTED
+    assert "--pool" not in seen[0] and seen[0][seen[0].index("--concurrency") + 1] == "2000"
+
+
+def test_the_pool_reports_its_slots_and_its_name() -> None:
+    pool = AsyncioPool(limit=2000)
+    assert pool.num_processes == 2000 and pool.threads == 64
+    assert _pool_name(pool) == "asyncio"
+    assert pool.info["max-concurrency"] == 2000
+    # a tracer's arguments for a task that is not toolq's: run on the threads
+    assert pool._bodies_of(("other.task", "id", {}, b"", None, None)) is None

@@ -1,0 +1,302 @@
+"""An asyncio execution pool for Celery: ``toolq worker -P asyncio -c N``.
+
+``-c N`` is the number of calls in flight. One event loop per worker process, on a
+thread of its own, awaits toolq's task bodies (claim, call, record:
+:mod:`toolq.services.tasks.run_aio`) and the ``async def`` tools and verifiers they
+call, N at once; a ``def`` tool or verifier, and any other Celery task the app
+has, runs on a bounded thread pool beside the loop (at most :data:`MAX_THREADS`),
+as Celery's threads pool would run it.
+
+A Celery pool like the others (a :class:`celery.concurrency.base.BasePool`), loaded
+by its dotted path, so the messages stay Celery's and a plain Celery worker runs
+them too: ``celery -A app worker -P toolq.services.workers.aio_pool:AsyncioPool``
+(``toolq worker -P asyncio`` names it so). For each delivery Celery hands the pool
+its tracer and callbacks (``on_apply``): the pool calls ``accept_callback`` when the
+call takes a slot, awaits the body on the loop, then runs Celery's tracer on the
+loop's thread, whose task returns what the loop found
+(:data:`toolq.services.tasks.celery.AIO_DONE`), and the tracer's result goes to
+``callback``, as the threads pool does it (``apply_target``). Acknowledgement
+(late, or by the ledger), requeues and failures are Celery's and the Request's.
+
+Prefetch: Celery's consumer prefetches ``worker_prefetch_multiplier`` x ``-c``
+messages (plus toolq's reserve); :attr:`AsyncioPool.num_processes` is ``-c``.
+
+Shutdown: a warm one (SIGTERM, the first Ctrl-C) stops taking messages and lets
+the calls in flight finish, for at most :data:`WARM_SHUTDOWN_S`; then, as a cold one
+(a second Ctrl-C, SIGQUIT), the calls still running are cancelled. A cancelled call
+records nothing and is not acknowledged: as after a worker that died mid-call, its
+message comes back and its lease runs out, and the claim or the lease sweep settles
+it. Time limits and ``revoke(terminate=True)`` are not supported, as in the threads pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery.concurrency.base import BasePool, apply_target
+from kombu.serialization import loads, prepare_accept_content
+
+from toolq.adapters.broker.ack import in_ledger
+from toolq.services.tasks.celery import AIO_DONE, AioBodies
+from toolq.services.tasks.run_aio import AioRuntime
+
+log = logging.getLogger("toolq.worker")
+
+#: ``toolq worker -P asyncio`` runs this class.
+DOTTED = "toolq.services.workers.aio_pool:AsyncioPool"
+#: Threads beside the loop for ``def`` tools and verifiers and other tasks (fewer if ``-c`` is).
+MAX_THREADS = 64
+#: How long a warm shutdown waits for the calls in flight before it cancels them.
+WARM_SHUTDOWN_S = 60.0
+
+
+def _trace(
+    done: Callable[[], str],
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    callback: Callable[..., Any] | None,
+) -> None:
+    """Celery's tracer for a delivery whose body the loop ran: the task returns ``done()``."""
+    token = AIO_DONE.set(done)
+    try:
+        apply_target(target, args, kwargs, callback)
+    finally:
+        AIO_DONE.reset(token)
+
+
+class ApplyResult:
+    """What ``on_apply`` returns (as the threads pool's): the job's future."""
+
+    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
+        self.f = future
+        self.get = future.result
+
+    def wait(self, timeout: float | None = None) -> None:
+        concurrent.futures.wait([self.f], timeout)
+
+
+class AsyncioPool(BasePool):
+    """Celery's pool for toolq's calls on an event loop (the module's docstring)."""
+
+    #: The name ``toolq status`` shows (Celery's aliases do not list it).
+    alias = "asyncio"
+    body_can_be_buffer = False
+    signal_safe = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit: int = int(self.limit or 1)
+        self.threads = min(self.limit, MAX_THREADS)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._slots: asyncio.Semaphore | None = None
+        #: The calls holding a slot (accepted), and those waiting for one.
+        self._running: set[asyncio.Task[Any]] = set()
+        self._waiting: set[asyncio.Task[Any]] = set()
+        self._runtimes: dict[int, AioRuntime] = {}
+        self._pid = os.getpid()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def on_start(self) -> None:
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.threads, thread_name_prefix="toolq-aio-sync"
+        )
+        loop = self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            self._slots = asyncio.Semaphore(self.limit)
+            loop.call_soon(started.set)
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, name="toolq-aio-loop", daemon=True)
+        self._thread.start()
+        started.wait()
+        # The runtimes (the App's, the loop's ledgers) before the first delivery, which
+        # would otherwise hold the loop while they are made.
+        asyncio.run_coroutine_threadsafe(self._warm(), loop)
+
+    async def _warm(self) -> None:
+        try:
+            for task in list(self.app.tasks.values()) if self.app is not None else []:
+                found = getattr(task, "toolq_aio", None)
+                if isinstance(found, AioBodies):
+                    self._runtime(found)
+        except Exception:  # made at the first delivery instead
+            log.debug("asyncio pool: runtime not made ahead", exc_info=True)
+
+    def on_stop(self) -> None:
+        """Warm: the calls in flight finish (at most :data:`WARM_SHUTDOWN_S`)."""
+        self._shutdown(WARM_SHUTDOWN_S)
+
+    def on_terminate(self) -> None:
+        """Cold: the calls in flight are cancelled now."""
+        self._shutdown(0.0)
+
+    def _shutdown(self, patience_s: float) -> None:
+        loop = self.loop
+        if loop is None or loop.is_closed() or self._pid != os.getpid():
+            return
+        if loop.is_running():
+            done = asyncio.run_coroutine_threadsafe(self._drain(patience_s), loop)
+            try:
+                done.result(patience_s + 10.0)
+            except Exception:
+                log.warning("the asyncio pool did not drain cleanly", exc_info=True)
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10.0)
+        if not loop.is_running():
+            loop.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=patience_s > 0, cancel_futures=True)
+        self.loop = None
+
+    async def _drain(self, patience_s: float) -> None:
+        for task in list(self._waiting):  # not started: their messages come back
+            task.cancel()
+        if self._running and patience_s > 0:
+            log.warning("asyncio pool: waiting for %d calls in flight", len(self._running))
+            await asyncio.wait(list(self._running), timeout=patience_s)
+        left = [t for t in self._running | self._waiting if not t.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            log.warning("asyncio pool: %d calls cancelled (their leases settle them)", len(left))
+            await asyncio.gather(*left, return_exceptions=True)
+        for rt in self._runtimes.values():
+            await rt.aclose()
+            for ledger in (rt.ledger, rt.leases.ledger):
+                with contextlib.suppress(Exception):
+                    await ledger.redis.aclose()
+        self._runtimes.clear()
+
+    # ------------------------------------------------------------ jobs
+
+    def on_apply(  # type: ignore[override]
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        callback: Callable[..., Any] | None = None,
+        accept_callback: Callable[..., Any] | None = None,
+        **_: Any,
+    ) -> ApplyResult:
+        loop = self.loop
+        if loop is None:
+            raise RuntimeError("the asyncio pool is not running")
+        job = self._job(target, tuple(args or ()), kwargs or {}, callback, accept_callback)
+        return ApplyResult(asyncio.run_coroutine_threadsafe(job, loop))
+
+    async def _job(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        callback: Callable[..., Any] | None,
+        accept_callback: Callable[..., Any] | None,
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None and self._slots is not None
+        self._waiting.add(task)
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting.discard(task)
+        self._running.add(task)
+        try:
+            aio = self._bodies_of(args)
+            if aio is None:  # another task: a thread runs it, as the threads pool would
+                await self._blocking(
+                    functools.partial(apply_target, target, args, kwargs, callback, accept_callback)
+                )
+                return
+            if accept_callback is not None:
+                accept_callback(os.getpid(), time.monotonic())
+            done = await self._serve(aio, args)
+            # Celery's tracer and callbacks (signals, logs, the ack) on a thread: the
+            # loop goes on with the calls in flight and their lease renewals.
+            await self._blocking(functools.partial(_trace, done, target, args, kwargs, callback))
+        finally:
+            self._running.discard(task)
+            self._slots.release()
+
+    def _bodies_of(self, args: tuple[Any, ...]) -> AioBodies | None:
+        """A toolq task's bodies when ``args`` are a tracer's (name, id, request, body,
+        content type, encoding) for one; None for anything else."""
+        if len(args) < 6 or not isinstance(args[0], str) or self.app is None:
+            return None
+        task = self.app.tasks.get(args[0])
+        found = getattr(task, "toolq_aio", None)
+        return found if isinstance(found, AioBodies) else None
+
+    async def _serve(self, aio: AioBodies, args: tuple[Any, ...]) -> Callable[[], str]:
+        """Await the body; what the task then returns (or raises) in the tracer."""
+        _name, _id, request, body, content_type, content_encoding = args[:6]
+        try:
+            if content_type:
+                accept = prepare_accept_content(self.app.conf.accept_content)
+                call_args, call_kwargs, _embed = loads(
+                    body, content_type, content_encoding, accept=accept
+                )
+            else:
+                call_args, call_kwargs, _embed = body
+            rt = self._runtime(aio)
+            value = await aio.body(rt, self._delivery(request), *call_args, **call_kwargs)
+        except Exception as exc:  # raised again in the tracer, which reports it as Celery does
+            failure = exc
+
+            def raising() -> str:
+                raise failure
+
+            return raising
+        return lambda: value
+
+    def _runtime(self, aio: AioBodies) -> AioRuntime:
+        key = id(aio.runtime)
+        rt = self._runtimes.get(key)
+        if rt is None:
+            # Renewals on connections of their own: never behind thousands of claims.
+            rt = AioRuntime(aio.runtime(), aio.ledger(), self._blocking, renew=aio.ledger())
+            self._runtimes[key] = rt
+        return rt
+
+    def _delivery(self, request: Any) -> str | None:
+        """The delivery tag the ledger acknowledges with (as
+        :func:`toolq.adapters.broker.ack.delivery_of`, from the tracer's request)."""
+        if self.app is None or not in_ledger(self.app.conf):
+            return None
+        tag = ((request or {}).get("delivery_info") or {}).get("delivery_tag")
+        return str(tag) if tag else None
+
+    async def _blocking(self, fn: Callable[[], Any]) -> Any:
+        assert self.loop is not None and self._executor is not None
+        return await self.loop.run_in_executor(self._executor, fn)
+
+    # ------------------------------------------------------------ reports
+
+    @property
+    def num_processes(self) -> int:
+        return self.limit
+
+    def _get_info(self) -> dict[str, Any]:
+        return {
+            "implementation": DOTTED,
+            "max-concurrency": self.limit,
+            "threads": self.threads,
+            "in-flight": len(self._running),
+            "waiting": len(self._waiting),
+        }
