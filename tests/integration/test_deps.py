@@ -115,6 +115,23 @@ def test_concurrency_is_never_exceeded_and_a_killed_workers_slot_comes_back(
     assert all(tq.get(r).state is State.ESCALATED for r in long)  # type: ignore[union-attr]
 
 
+def test_the_asyncio_pool_claims_through_the_same_limiter(tq: ToolQueue, redis_url: str) -> None:
+    # Given two -P asyncio workers (their claims go through the asyncio ledger)
+    aio: Starter = lambda app, url: start_worker(app, url, pool="asyncio", concurrency=16)  # noqa: E731
+    with running(redis_url, aio, aio, start_scheduler):
+        rated = [tq.submit("rated", {"n": i}).operation_ref for i in range(20)]
+        narrow = [tq.submit("narrow", {"n": i, "sleep": 0.3}).operation_ref for i in range(6)]
+        envs = all_done(tq, rated + narrow)
+    assert all(getattr(e, "ok", False) for e in envs), envs
+    # Then the rate (10/s) and the concurrency (2) held there too, no attempt spent
+    times = sorted(seen(tq, "rated"))
+    assert len(times) == 20
+    assert max(sum(1 for t in times if s <= t < s + 1000) for s in times) <= 11
+    assert int(tq.redis.get("provider:peak:narrow") or 0) <= 2
+    assert all(r is not None and r.attempt == 1 for r in map(tq.get, rated))
+    assert sum(len(held(tq, r)) for r in rated + narrow) > 0
+
+
 def test_a_429_pauses_the_key_for_every_call_not_one_429_each(
     tq: ToolQueue, redis_url: str
 ) -> None:
