@@ -54,6 +54,7 @@ def model_state(ledger: Ledger) -> DepState:
         open_until=int(float(f.get("open_until", 0))),
         probe=f.get("probe", ""),
         probe_until=int(float(f.get("probe_until", 0))),
+        resume=f.get("resume") == "1",
     )
 
 
@@ -199,11 +200,35 @@ def test_an_outcome_moves_the_key_as_the_model_says(
         breaker_open_ms=5_000,
     )
     got = model_state(ledger)
-    assert (got.paused_until, got.fails, got.breaker) == (want.paused_until, want.fails,
-                                                          want.breaker)  # fmt: skip
+    assert (got.paused_until, got.fails, got.breaker, got.resume) == (
+        want.paused_until, want.fails, want.breaker, want.resume)  # fmt: skip
     assert (got.paused_until == due) is paused
     assert got.fails == fails
     assert ledger.redis.zcard(ledger.keys.dep_slots(KEY)) == 0
+
+
+def test_a_pause_ends_with_one_probe_whose_success_lets_the_others_go(ledger: Ledger) -> None:
+    for ref in ("p/0", "p/1", "p/2", "p/3"):
+        queued(ledger, ref)
+    # p/0 gets a 429: the key is paused until its retry is due
+    assert claim(ledger, "p/0", NOW)[0] == "claimed"
+    pause = Transition(ref="p/0", states=(S.RUNNING,), to=S.WAITING_RETRY, by="w-p/0",
+                       set={"dep_signal": "pause"}, due_ms=NOW + 1_000)  # fmt: skip
+    assert ledger.apply([pause], NOW + 1) == ["ok"]
+    assert claim(ledger, "p/1", NOW + 2) == ("limited", "paused", NOW + 1_000)
+    # the pause over: p/2 is the probe, p/3 waits for it (its lease), not the provider
+    assert claim(ledger, "p/2", NOW + 1_100)[0] == "claimed"
+    assert dep_fields(ledger)["probe"] == "p/2"
+    assert claim(ledger, "p/3", NOW + 1_101) == ("limited", "paused", NOW + 1_100 + LEASE)
+    assert ledger.redis.zscore(ledger.keys.due, "p/3") > NOW + 1_100 + LEASE  # type: ignore[operator]
+    # the probe succeeds: the calls held back are due now, spread, and the key is open
+    done = Transition(ref="p/2", states=(S.RUNNING,), to=S.SUCCEEDED, by="w-p/2", remove_due=True)
+    assert ledger.apply([done], NOW + 1_200) == ["ok"]
+    dues = [ledger.redis.zscore(ledger.keys.due, r) for r in ("p/1", "p/3")]
+    assert all(d is not None and d < NOW + 2_200 for d in dues), dues  # due, at most 1 s on
+    assert dep_fields(ledger)["resume"] == "0"
+    ledger.redis.hset(ledger.keys.op("p/3"), mapping={"state": "queued"})  # as RELEASE does
+    assert claim(ledger, "p/3", NOW + 1_300)[0] == "claimed"
 
 
 def test_the_breaker_opens_at_its_threshold_and_its_probe_closes_or_reopens_it(

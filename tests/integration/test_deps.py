@@ -8,7 +8,9 @@ The tools (``apps/deps_app.py``) push what their fake provider sees to the same 
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -130,6 +132,39 @@ def test_the_asyncio_pool_claims_through_the_same_limiter(tq: ToolQueue, redis_u
     assert int(tq.redis.get("provider:peak:narrow") or 0) <= 2
     assert all(r is not None and r.attempt == 1 for r in map(tq.get, rated))
     assert sum(len(held(tq, r)) for r in rated + narrow) > 0
+
+
+def test_on_cells_each_cell_holds_its_share_of_the_rate(redis_url: str) -> None:
+    # Given a ledger in 4 cells: "rated" (10/s) is limited in each cell on its own,
+    # each with a quarter of the rate
+    env = {"TOOLQ_CELLS": "4", "TOOLQ_DURABILITY": "none"}
+    submit = (
+        "from tests.integration.apps.deps_app import tq\n"
+        "refs = [tq.submit('rated', {'n': i}).operation_ref for i in range(24)]\n"
+        "envs = [tq.wait(r, timeout=60) for r in refs]\n"
+        "print(sum(e.ok for e in envs), sum(tq.get(r).attempt for r in refs))\n"
+    )
+    with running(
+        redis_url,
+        lambda a, u: start_worker(a, u, env=env),
+        lambda a, u: start_worker(a, u, env=env),
+        lambda a, u: start_scheduler(a, u, env=env),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", submit],
+            env={**os.environ, **env, "TOOLQ_REDIS_URL": redis_url},
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+    # Then every call succeeded on its first attempt, and together they stayed in the rate
+    assert out.stdout.split() == [b"24", b"24"], out.stderr[-2000:]
+    r = redis.Redis.from_url(redis_url)
+    times = sorted(int(x) for x in r.lrange("provider:seen:rated", 0, -1))
+    assert len(times) == 24
+    assert max(sum(1 for t in times if s <= t < s + 1000) for s in times) <= 11
+    # and the limiter's state is in the cells the calls were in, not under one key
+    assert len({k for k in r.scan_iter(match="*:dep:rated")}) >= 2
 
 
 def test_a_429_pauses_the_key_for_every_call_not_one_429_each(

@@ -499,3 +499,34 @@ def test_the_readmes_deps_requests_answer_as_shown(redis_url: str) -> None:
         assert tq.deps.show("stripe").breaker == "closed"
     finally:
         tq.close()
+
+
+def test_on_cells_a_keys_view_sums_its_cells_and_a_lift_reaches_every_one(
+    client: redis.Redis,
+) -> None:
+    # Given a key limited in two cells (each cell limits the calls it holds): one cell
+    # paused with a call in flight, the other with its breaker open and a call held back
+    layout = Cells("toolq", 8)
+    a, b = Keys("toolq", 1), Keys("toolq", 5)
+    client.hset(a.dep("mail"), mapping={"paused_until": NOW + 60_000, "n_admitted": 3})
+    client.zadd(a.dep_slots("mail"), {"x/1": NOW + 9_000})
+    client.hset(b.dep("mail"), mapping={"breaker": "open", "open_until": NOW + 30_000,
+                                        "n_admitted": 4, "n_limited": 2})  # fmt: skip
+    client.zadd(b.dep_waiting("mail"), {"x/2": NOW + 30_000})
+    for k in (a, b):
+        client.zadd(k.deps, {"mail": NOW})
+    deps = DepState(client, layout)
+    # Then its view is the sum, the latest pause and the worst breaker
+    v = deps.view("mail", NOW)
+    assert (v.in_flight, v.waiting, v.admitted, v.limited) == (1, 1, 7, 2)
+    assert (v.paused_until_ms, v.breaker, v.cell) == (NOW + 60_000, "open", None)
+    # When an operator lifts the pause: the paused cell is lifted, the other left as it is
+    deps.act("mail", "lift", by="cli:ann", reason="over", now_ms=NOW)
+    assert client.hget(a.dep("mail"), "paused_until") is None
+    assert deps.view("mail", NOW).paused_until_ms is None
+    # and closing the breaker closes it where it is open
+    deps.act("mail", "close", by="cli:ann", reason="back", now_ms=NOW)
+    assert client.hget(b.dep("mail"), "breaker") == "closed"
+    # and an action that applies in no cell is refused
+    with pytest.raises(errors.DependencyActionRefused):
+        deps.act("mail", "lift", by="cli:ann", reason="again", now_ms=NOW)

@@ -10,7 +10,15 @@ import pytest
 
 from toolq.core import errors
 from toolq.core.cells import cell_of
-from toolq.core.deps import DEFAULT_LIMITS, Limits, dep_cell, limits_for, limits_table, merged
+from toolq.core.deps import (
+    DEFAULT_LIMITS,
+    Limits,
+    dep_cell,
+    limits_for,
+    limits_row,
+    limits_table,
+    merged,
+)
 from toolq.core.settings import ToolqSettings
 from toolq.core.states import State
 from toolq.core.tools import ToolOptions
@@ -97,6 +105,10 @@ def _admit(s: DepState, slot: int | None = None, **kw: int) -> tuple[str | None,
         (DepState(tat=NOW + 500), NOW + 300, {}, ("rate", NOW + 300)),  # too early
         (DepState(tat=NOW + 500, atat=NOW + 50), NOW, {}, ("rate", NOW + 500)),  # late comer
         (DepState(tat=NOW + 500), NOW - 10_000, {}, ("rate", NOW + 500)),  # stale slot
+        # a pause over: the first call probes alone, the others wait for its lease
+        (DepState(paused_until=NOW - 1, resume=True), None, {}, (None, 0)),
+        (DepState(resume=True, probe="x", probe_until=NOW + 3), None, {}, ("paused", NOW + 3)),
+        (DepState(resume=True, probe="x", probe_until=NOW - 1), None, {}, (None, 0)),
     ],
 )  # fmt: skip
 def test_admission(state: DepState, slot: int | None, kw: dict[str, int], want: object) -> None:
@@ -139,9 +151,16 @@ BR = {"breaker_failures": 2, "breaker_window_ms": 1_000, "breaker_open_ms": 5_00
 @pytest.mark.parametrize(
     ("state", "signal", "succeeded", "want"),
     [
-        (DepState(), "pause", False, DepState(paused_until=NOW + 9)),
-        (DepState(paused_until=NOW + 20), "pause", False, DepState(paused_until=NOW + 20)),
-        (DepState(), "down", False, DepState(paused_until=NOW + 9, fails=1, fails_since=NOW)),
+        (DepState(), "pause", False, DepState(paused_until=NOW + 9, resume=True)),
+        (DepState(paused_until=NOW + 20), "pause", False,
+         DepState(paused_until=NOW + 20, resume=True)),
+        (DepState(), "down", False,
+         DepState(paused_until=NOW + 9, fails=1, fails_since=NOW, resume=True)),
+        # the probe after a pause: its success ends the pause's watch, a 429 keeps it
+        (DepState(resume=True, probe="r"), None, True, DepState()),
+        (DepState(resume=True, probe="r"), "pause", False,
+         DepState(paused_until=NOW + 9, resume=True)),
+        (DepState(resume=True, probe="other"), None, True, DepState(resume=True, probe="other")),
         (DepState(fails=1, fails_since=NOW - 10), "failure", False,
          DepState(fails=2, fails_since=NOW - 10, breaker="open", open_until=NOW + 5_000)),
         (DepState(fails=1, fails_since=NOW - 5_000), "failure", False,
@@ -251,3 +270,20 @@ def test_a_release_republishes_the_same_attempt_and_clears_the_hold() -> None:
         ("dep_held",),
     )
     assert t.expect == {"*": {"rev": "7"}}
+
+
+@pytest.mark.parametrize(
+    ("limits", "share", "row"),
+    [
+        (Limits(rate="20/s", burst=4, concurrency=8), 1, [50.0, 4, 8]),
+        (Limits(rate="20/s", burst=4, concurrency=8), 4, [200.0, 1, 2]),
+        (Limits(rate="20/s", concurrency=5), 16, [800.0, 1, 1]),  # one per cell at least
+        (Limits(), 4, [0, 1, 0]),
+    ],
+)
+def test_each_cell_gets_its_share_of_a_keys_limits(
+    limits: Limits, share: int, row: list[object]
+) -> None:
+    # cells mode: the cells limit a key's calls each on its own, so each gets a share
+    got = limits_row(limits, share)
+    assert [got[1], got[2], got[3]] == row

@@ -221,7 +221,9 @@ class App:
                     renew_every=self.settings.lease.renew_every,
                     messages_for=self.outbound_for,
                 )
-                self._runtime.dep_limits = limits_table(self.dependencies())
+                # cells: each cell limits the calls it holds, with its share of the limits
+                share = self.topology.layout.cells or 1
+                self._runtime.dep_limits = limits_table(self.dependencies(), share)
             return self._runtime
 
     def dependencies(self) -> dict[str, Limits]:

@@ -172,24 +172,32 @@ def limits_for(key: str, declared: dict[str, Limits]) -> tuple[str | None, Limit
     return None, DEFAULT_LIMITS
 
 
-def limits_table(declared: dict[str, Limits]) -> str:
+def limits_table(declared: dict[str, Limits], share: int = 1) -> str:
     """Every declared key's limits as the claim script reads them (one JSON object:
     name -> [rate, interval_ms, burst, concurrency, breaker_failures, breaker_window_ms,
-    breaker_open_ms]); "" when none is declared (the script then uses the defaults)."""
+    breaker_open_ms]); "" when none is declared (the script then uses the defaults).
+
+    ``share``: the number of cells (cells mode), each of which limits a key's calls in
+    it on its own: each gets that share of the rate, the burst and the concurrency
+    (:func:`limits_row`), so that together they stay within the limits."""
     if not declared:
         return ""
-    table = {name: limits_row(lim) for name, lim in sorted(declared.items())}
+    table = {name: limits_row(lim, share) for name, lim in sorted(declared.items())}
     return json.dumps(table, separators=(",", ":"))
 
 
-def limits_row(lim: Limits) -> list[str | int | float]:
-    """One key's limits as the scripts read them (:func:`limits_table`)."""
+def limits_row(lim: Limits, share: int = 1) -> list[str | int | float]:
+    """One key's limits as the scripts read them (:func:`limits_table`), for one of
+    ``share`` cells: the rate divided by ``share``, the burst and the concurrency too
+    (at least 1 each: a concurrency below the number of cells lets one call per cell)."""
     rate = lim.parsed_rate
+    share = max(1, share)
+    conc = lim.concurrency or 0
     return [
         lim.rate or "",
-        0 if rate is None else rate.interval_ms,
-        lim.burst or 1,
-        lim.concurrency or 0,
+        0 if rate is None else rate.interval_ms * share,
+        max(1, (lim.burst or 1) // share),
+        max(1, conc // share) if conc else 0,
         lim.breaker_failures,
         int(lim.breaker_window * 1000),
         int(lim.breaker_open * 1000),

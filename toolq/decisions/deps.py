@@ -9,6 +9,8 @@ this order; the first that holds the call back names the reason:
 reason     when                                      not_before
 ========== ========================================= =================================
 paused     ``paused_until > now`` (shared backoff)   ``paused_until``
+paused     the pause is over: another call is the    ``probe_until`` (its lease)
+           probe that tests it (``resume``)
 breaker_open the breaker is open, ``open_until > now`` ``open_until``
 half_open  open time over: another call is the probe ``probe_until`` (its lease)
 concurrency the key's live slots >= concurrency      the first slot's lease end
@@ -30,7 +32,10 @@ spread never reach the provider bunched. A reservation older than
 key until the call's retry is due; ``Unavailable`` pauses it too and counts a breaker
 failure; an unknown outcome (``OutcomeUnknown``, a timeout) counts a failure only.
 The call that got the 429 spends its attempt (it caused it); every call the key then
-holds back spends none.
+holds back spends none. **A pause ends with one probe**: the first call admitted after
+it tests the key alone (``resume``, the ``probe`` field); its success lets the others
+go (the script makes them due now, spread), a new 429 pauses the key again. So a pause
+costs one 429, not one per call in flight when it lifts.
 """
 
 from __future__ import annotations
@@ -68,6 +73,9 @@ class DepState:
     open_until: int = 0
     probe: str = ""
     probe_until: int = 0
+    #: A pause was set and has not yet been followed by a call that went through: when
+    #: it ends, one call at a time tests the key (the probe) before the others go.
+    resume: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,11 @@ def admit(
     if s.paused_until > now:
         return Admission(s, "paused", s.paused_until)
     probe = False
+    if s.resume:
+        # The pause is over, not yet shown to be: one call tests the key first.
+        if s.probe and s.probe != ref and s.probe_until > now:
+            return Admission(s, "paused", s.probe_until)
+        probe = True
     if s.breaker == "open":
         if s.open_until > now:
             return Admission(s, "breaker_open", s.open_until)
@@ -159,14 +172,19 @@ def after_outcome(
     ``breaker_failures``-th opens it; the half-open probe's success closes it, its
     failure opens it again)."""
     if signal in ("pause", "down") and due is not None:
-        s = replace(s, paused_until=max(s.paused_until, due))
+        s = replace(s, paused_until=max(s.paused_until, due), resume=True)
     failure = signal in ("down", "failure")
     if s.breaker == "half_open" and s.probe == ref:
         if failure:
             return replace(s, breaker="open", open_until=now + breaker_open_ms, probe="")
         if succeeded or signal is None:
-            return replace(s, breaker="closed", fails=0, fails_since=0, probe="")
+            return replace(s, breaker="closed", fails=0, fails_since=0, probe="", resume=False)
         return s
+    if s.resume and s.probe == ref:
+        # The probe after a pause: its success lets the others go (the script makes the
+        # calls the key holds back due now, spread); anything else leaves the key to
+        # the next probe.
+        s = replace(s, probe="", resume=not (succeeded or signal is None))
     if failure:
         if now - s.fails_since > breaker_window_ms:
             s = replace(s, fails=1, fails_since=now)

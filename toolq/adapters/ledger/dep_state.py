@@ -2,8 +2,10 @@
 keys, and settle one (lift its pause, close its breaker).
 
 The stored layout is :mod:`toolq.core.deps`'s (the limiter in the claim scripts writes
-it); a key's limiter lives in the cell :func:`toolq.core.deps.dep_cell` picks (cells
-mode) or on the one tag. The reads are queued on a pipeline and parsed without I/O
+it); on the one tag a key has one limiter; in cells mode each cell limits the calls it
+holds with its share of the key's limits, so a key's view sums its cells
+(:func:`merged_view`) and an action applies to every cell where the key is. The reads
+are queued on a pipeline and parsed without I/O
 (:func:`queue_read`, :func:`parse_read`), so :class:`DepState` (sync) and
 :class:`AsyncDepState` only send. The actions are the scripts DEP_ACT and DEP_DUE
 (:mod:`toolq.adapters.ledger.lua_dep_ops`); what applies when, and the jitter, is
@@ -68,10 +70,51 @@ class DepActed(BaseModel):
 
 
 def dep_keys(layout: Layout, key: str) -> Keys:
-    """The keys of the cell ``key``'s limiter lives in."""
+    """The keys of the cell :func:`toolq.core.deps.dep_cell` picks for ``key`` (the
+    single tag's own keys without cells)."""
     if layout.cells is None:
         return layout.keys_of(key)
     return Keys(layout.prefix, dep_cell(key, layout.cells))
+
+
+def limiter_cells(layout: Layout) -> list[Keys]:
+    """Where a key's limiter state may be: the one tag, or every cell (each limits the
+    calls it holds, toolq.core.deps.limits_table's share)."""
+    return layout.every_cell()
+
+
+_BREAKER_RANK = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def merged_view(key: str, parts: Sequence[DepDetail]) -> DepDetail:
+    """One key's view over its cells (pure): counts summed, the latest pause, the worst
+    breaker, the newest actions first. One part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    worst = max(parts, key=lambda v: _BREAKER_RANK[v.breaker])
+    paused = [v for v in parts if v.paused_until_ms is not None]
+    latest = max(paused, key=lambda v: v.paused_until_ms or 0) if paused else None
+    used = [v.last_used_ms for v in parts if v.last_used_ms is not None]
+    actions = sorted({a for v in parts for a in v.actions}, key=lambda a: -a.at_ms)
+    return DepDetail(
+        key=key,
+        cell=None,
+        limits=parts[0].limits,
+        in_flight=sum(v.in_flight for v in parts),
+        waiting=sum(v.waiting for v in parts),
+        paused_until_ms=latest.paused_until_ms if latest else None,
+        pause_code=latest.pause_code if latest else None,
+        breaker=worst.breaker,
+        open_until_ms=worst.open_until_ms,
+        probe=worst.probe,
+        admitted=sum(v.admitted for v in parts),
+        limited=sum(v.limited for v in parts),
+        last_used_ms=max(used) if used else None,
+        fails=sum(v.fails for v in parts),
+        paused_count=sum(v.paused_count for v in parts),
+        opened_count=sum(v.opened_count for v in parts),
+        actions=actions[:20],
+    )
 
 
 def checked_key(key: object) -> str:
@@ -169,6 +212,27 @@ def actions_of(text: str | None) -> list[OperatorAction]:
     return out
 
 
+def queue_reads(pipe: Any, layout: Layout, names: Sequence[str], now_ms: int) -> None:
+    """:func:`queue_read` of each key in each cell it may be in."""
+    for key in names:
+        for at in limiter_cells(layout):
+            queue_read(pipe, at, key, now_ms)
+
+
+def parse_reads(
+    layout: Layout, names: Sequence[str], replies: Iterator[Any], now_ms: int
+) -> list[DepDetail]:
+    """The views :func:`queue_reads` asked for: each key's cells merged, the keys never
+    used left out."""
+    out = []
+    for key in names:
+        parts = [parse_read(key, at.cell, replies, now_ms) for at in limiter_cells(layout)]
+        found = [v for v in parts if v is not None]
+        if found:
+            out.append(merged_view(key, found))
+    return out
+
+
 def view_of(
     key: str,
     cell: int | None,
@@ -235,6 +299,26 @@ def held_back(key: str, reply: Sequence[Any]) -> list[str]:
     raise errors.DependencyActionRefused(verdict, f"{key}: {message}", dependency=key)
 
 
+def held_back_all(key: str, replies: Sequence[Sequence[Any]]) -> list[str]:
+    """The refs DEP_ACT answered in every cell where the action applied; if it applied
+    in none, the refusal of a cell where the key is (else UnknownDependency)."""
+    refs: list[str] = []
+    refused: Exception | None = None
+    applied = False
+    for reply in replies:
+        try:
+            refs += held_back(key, reply)
+            applied = True
+        except errors.UnknownDependency as exc:
+            refused = refused or exc
+        except errors.DependencyActionRefused as exc:
+            refused = exc
+    if not applied:
+        assert refused is not None
+        raise refused
+    return refs
+
+
 def due_calls(
     layout: Layout, key: str, refs: list[str], now_ms: int, seed: int
 ) -> list[tuple[list[str], list[Any]]]:
@@ -289,14 +373,8 @@ class DepState:
         """Every key's view (or those of ``keys``), by key."""
         names = self.keys() if keys is None else list(keys)
         pipe = self.client.pipeline(transaction=False)
-        cells = []
-        for key in names:
-            at = dep_keys(self.layout, key)
-            cells.append(at.cell)
-            queue_read(pipe, at, key, now_ms)
-        replies = iter(pipe.execute())
-        views = [parse_read(k, c, replies, now_ms) for k, c in zip(names, cells, strict=True)]
-        return [v for v in views if v is not None]
+        queue_reads(pipe, self.layout, names, now_ms)
+        return parse_reads(self.layout, names, iter(pipe.execute()), now_ms)
 
     def view(self, key: str, now_ms: int) -> DepDetail:
         """One key's view; InvalidDependencyKey, UnknownDependency."""
@@ -310,8 +388,11 @@ class DepState:
         held back are due now (plus jitter). Refused (nothing written):
         InvalidDependencyKey, InvalidArguments, UnknownDependency, DependencyActionRefused."""
         k, act, why = _checked(key, action, reason)
-        at = dep_keys(self.layout, k)
-        refs = held_back(k, self.scripts("dep_act", *act_args(at, k, act, by, why, now_ms)))
+        answers = [
+            self.scripts("dep_act", *act_args(at, k, act, by, why, now_ms))
+            for at in limiter_cells(self.layout)
+        ]
+        refs = held_back_all(k, answers)
         moved = 0
         for call in due_calls(self.layout, k, refs, now_ms, random.getrandbits(32)):
             moved += int(self.scripts("dep_due", *call))
@@ -348,14 +429,8 @@ class AsyncDepState:
     async def views(self, now_ms: int, keys: Sequence[str] | None = None) -> list[DepDetail]:
         names = await self.keys() if keys is None else list(keys)
         pipe = self.client.pipeline(transaction=False)
-        cells = []
-        for key in names:
-            at = dep_keys(self.layout, key)
-            cells.append(at.cell)
-            queue_read(pipe, at, key, now_ms)
-        replies = iter(await pipe.execute())
-        views = [parse_read(k, c, replies, now_ms) for k, c in zip(names, cells, strict=True)]
-        return [v for v in views if v is not None]
+        queue_reads(pipe, self.layout, names, now_ms)
+        return parse_reads(self.layout, names, iter(await pipe.execute()), now_ms)
 
     async def view(self, key: str, now_ms: int) -> DepDetail:
         found = await self.views(now_ms, [checked_key(key)])
@@ -365,9 +440,12 @@ class AsyncDepState:
 
     async def act(self, key: str, action: str, *, by: str, reason: str, now_ms: int) -> DepActed:
         k, act, why = _checked(key, action, reason)
-        at = dep_keys(self.layout, k)
         scripts = async_scripts(self.client)
-        refs = held_back(k, await scripts("dep_act", *act_args(at, k, act, by, why, now_ms)))
+        answers = [
+            await scripts("dep_act", *act_args(at, k, act, by, why, now_ms))
+            for at in limiter_cells(self.layout)
+        ]
+        refs = held_back_all(k, answers)
         moved = 0
         for call in due_calls(self.layout, k, refs, now_ms, random.getrandbits(32)):
             moved += int(await scripts("dep_due", *call))

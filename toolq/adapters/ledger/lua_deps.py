@@ -88,12 +88,19 @@ end
 local function dep_admit(k, ref, now, lease, L, slot)
   local D = DEP .. k
   local h = redis.call('HMGET', D, 'tat', 'paused_until', 'breaker', 'open_until', 'probe',
-    'probe_until', 'atat')
+    'probe_until', 'atat', 'resume')
   local paused = tonumber(h[2]) or 0
   if paused > now then return 'paused', paused end
   local breaker = h[3] or 'closed'
   local w = {'rate', L[1], 'burst', L[3], 'concurrency', L[4], 'breaker_failures', L[5],
     'breaker_window_ms', L[6], 'breaker_open_ms', L[7]}
+  local probe = false
+  if h[8] == '1' then
+    -- the pause is over, not yet shown to be: one call tests the key first
+    local pu = tonumber(h[6]) or 0
+    if h[5] and h[5] ~= '' and h[5] ~= ref and pu > now then return 'paused', pu end
+    probe = true
+  end
   if breaker == 'open' then
     local ou = tonumber(h[4]) or 0
     if ou > now then return 'breaker_open', ou end
@@ -101,7 +108,6 @@ local function dep_admit(k, ref, now, lease, L, slot)
     h[5] = nil
     w[#w + 1] = 'breaker'; w[#w + 1] = 'half_open'
   end
-  local probe = false
   if breaker == 'half_open' then
     local pu = tonumber(h[6]) or 0
     if h[5] and h[5] ~= '' and h[5] ~= ref and pu > now then return 'half_open', pu end
@@ -202,10 +208,13 @@ local function dep_after(k, ref, signal, due, succeeded, now)
     end
   end
   local h = redis.call('HMGET', D, 'breaker', 'probe', 'fails', 'fails_since', 'paused_until',
-    'breaker_failures', 'breaker_window_ms', 'breaker_open_ms')
+    'breaker_failures', 'breaker_window_ms', 'breaker_open_ms', 'resume')
   local breaker = h[1] or 'closed'
+  local resume = h[9] == '1'
   local w = {}
   if (signal == 'pause' or signal == 'down') and due then
+    resume = true
+    w[#w + 1] = 'resume'; w[#w + 1] = '1'
     if due > (tonumber(h[5]) or 0) then
       w[#w + 1] = 'paused_until'; w[#w + 1] = due
       w[#w + 1] = 'pause_code'; w[#w + 1] = signal == 'pause' and 'RATE_LIMITED'
@@ -213,19 +222,45 @@ local function dep_after(k, ref, signal, due, succeeded, now)
     end
   end
   local failure = signal == 'down' or signal == 'failure'
+  local ok = succeeded or not signal
   local open_ms = tonumber(h[8]) or DEP_DEFAULT[7]
+  local let_go = false
   if breaker == 'half_open' and h[2] == ref then
     if failure then
       w[#w + 1] = 'breaker'; w[#w + 1] = 'open'
       w[#w + 1] = 'open_until'; w[#w + 1] = now + open_ms
       w[#w + 1] = 'probe'; w[#w + 1] = ''
       redis.call('HINCRBY', D, 'n_opened', 1)
-    elseif succeeded or not signal then
+    elseif ok then
       w[#w + 1] = 'breaker'; w[#w + 1] = 'closed'
       w[#w + 1] = 'fails'; w[#w + 1] = 0
       w[#w + 1] = 'fails_since'; w[#w + 1] = 0
       w[#w + 1] = 'probe'; w[#w + 1] = ''
+      w[#w + 1] = 'resume'; w[#w + 1] = '0'
+      let_go = true
     end
+  elseif resume and h[2] == ref then
+    -- the probe after a pause: its success lets the others go; anything else leaves the
+    -- key to the next probe
+    w[#w + 1] = 'probe'; w[#w + 1] = ''
+    if ok then
+      w[#w + 1] = 'resume'; w[#w + 1] = '0'
+      let_go = true
+    end
+  end
+  if let_go then
+    -- the calls the key holds back, due now, spread over up to a second (10 ms apart)
+    local held = redis.call('ZRANGE', D .. ':waiting', 0, -1)
+    if #held > 0 then
+      wake_for(now)
+      local step = math.min(10, 1000 / #held)
+      for i, r in ipairs(held) do
+        redis.call('ZADD', DUE, 'XX', 'LT', math.floor(now + (i - 1) * step), r)
+      end
+    end
+  end
+  if breaker == 'half_open' and h[2] == ref then
+    -- settled above
   elseif failure then
     local fails, since = tonumber(h[3]) or 0, tonumber(h[4]) or 0
     if now - since > (tonumber(h[7]) or DEP_DEFAULT[6]) then
