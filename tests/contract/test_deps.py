@@ -231,49 +231,6 @@ def test_a_pause_ends_with_one_probe_whose_success_lets_the_others_go(ledger: Le
     assert claim(ledger, "p/3", NOW + 1_300)[0] == "claimed"
 
 
-def test_after_a_pause_the_held_calls_go_in_a_slow_start(ledger: Ledger) -> None:
-    refs = [f"s/{i}" for i in range(8)]
-    for ref in refs:
-        queued(ledger, ref)
-    assert claim(ledger, "s/0", NOW)[0] == "claimed"
-    pause = Transition(ref="s/0", states=(S.RUNNING,), to=S.WAITING_RETRY, by="w-s/0",
-                       set={"dep_signal": "pause"}, due_ms=NOW + 1_000)  # fmt: skip
-    assert ledger.apply([pause], NOW + 1) == ["ok"]
-    for ref in refs[1:6]:  # held back by the pause: s/1..s/5
-        assert claim(ledger, ref, NOW + 2)[1] == "paused"
-    waiting = ledger.keys.dep_waiting(KEY)
-
-    def due_now(now: int) -> list[str]:
-        return [r for r in refs[1:6] if (ledger.redis.zscore(ledger.keys.due, r) or 0) <= now]
-
-    def succeed(ref: str, now: int) -> None:
-        t = Transition(ref=ref, states=(S.RUNNING,), to=S.SUCCEEDED, by=f"w-{ref}", remove_due=True)
-        assert ledger.apply([t], now) == ["ok"]
-
-    # the pause over, s/6 is the probe; s/1..s/5, come back, wait for it (its lease)
-    assert claim(ledger, "s/6", NOW + 1_100)[0] == "claimed"
-    for ref in refs[1:6]:
-        ledger.redis.hset(ledger.keys.op(ref), mapping={"state": "queued"})  # RELEASE
-        assert claim(ledger, ref, NOW + 1_101)[1] == "paused"
-    assert due_now(NOW + 1_200) == []
-    # the probe succeeds: two of the five go now, the others wait
-    succeed("s/6", NOW + 1_200)
-    assert due_now(NOW + 1_200) == ["s/1", "s/2"] and ledger.redis.zcard(waiting) == 3
-    # each success after lets two more go, until none is held back
-    assert claim(ledger, "s/7", NOW + 1_300)[0] == "claimed"
-    succeed("s/7", NOW + 1_400)
-    assert len(due_now(NOW + 1_400)) == 4 and ledger.redis.zcard(waiting) == 1
-    ledger.redis.hset(ledger.keys.op("s/1"), mapping={"state": "queued"})  # as RELEASE does
-    assert claim(ledger, "s/1", NOW + 1_500)[0] == "claimed"
-    succeed("s/1", NOW + 1_600)
-    assert len(due_now(NOW + 1_600)) == 5 and ledger.redis.zcard(waiting) == 0
-    assert dep_fields(ledger)["ramp"] == "1"
-    ledger.redis.hset(ledger.keys.op("s/2"), mapping={"state": "queued"})
-    assert claim(ledger, "s/2", NOW + 1_700)[0] == "claimed"
-    succeed("s/2", NOW + 1_800)
-    assert dep_fields(ledger)["ramp"] == "0"  # none held back: the start is over
-
-
 def test_the_breaker_opens_at_its_threshold_and_its_probe_closes_or_reopens_it(
     ledger: Ledger,
 ) -> None:

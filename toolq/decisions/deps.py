@@ -33,11 +33,9 @@ key until the call's retry is due; ``Unavailable`` pauses it too and counts a br
 failure; an unknown outcome (``OutcomeUnknown``, a timeout) counts a failure only.
 The call that got the 429 spends its attempt (it caused it); every call the key then
 holds back spends none. **A pause ends with one probe**: the first call admitted after
-it tests the key alone (``resume``, the ``probe`` field); a new 429 pauses the key
-again, its success lets the others go in a slow start (the script, ``ramp``: two of the
-calls held back are made due now, and each success after lets two more, so their number
-doubles per round trip until none is held back). So a pause costs one 429, not one per
-call in flight when it lifts, and the calls it held back do not come back at once.
+it tests the key alone (``resume``, the ``probe`` field); its success lets the others
+go (the script makes them due now, spread), a new 429 pauses the key again. So a pause
+costs one 429, not one per call in flight when it lifts.
 """
 
 from __future__ import annotations

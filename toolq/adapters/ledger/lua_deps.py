@@ -208,14 +208,13 @@ local function dep_after(k, ref, signal, due, succeeded, now)
     end
   end
   local h = redis.call('HMGET', D, 'breaker', 'probe', 'fails', 'fails_since', 'paused_until',
-    'breaker_failures', 'breaker_window_ms', 'breaker_open_ms', 'resume', 'ramp')
+    'breaker_failures', 'breaker_window_ms', 'breaker_open_ms', 'resume')
   local breaker = h[1] or 'closed'
   local resume = h[9] == '1'
   local w = {}
   if (signal == 'pause' or signal == 'down') and due then
     resume = true
     w[#w + 1] = 'resume'; w[#w + 1] = '1'
-    w[#w + 1] = 'ramp'; w[#w + 1] = '0'
     if due > (tonumber(h[5]) or 0) then
       w[#w + 1] = 'paused_until'; w[#w + 1] = due
       w[#w + 1] = 'pause_code'; w[#w + 1] = signal == 'pause' and 'RATE_LIMITED'
@@ -249,19 +248,16 @@ local function dep_after(k, ref, signal, due, succeeded, now)
       let_go = true
     end
   end
-  if let_go or (ok and not resume and h[10] == '1') then
-    -- A slow start after a pause: the probe's success lets two of the calls the key
-    -- holds back go, and each success after lets two more (their number doubles per
-    -- round trip, as TCP's does), until none is held back; a new pause stops it.
-    local held = redis.call('ZRANGE', D .. ':waiting', 0, 1)
+  if let_go then
+    -- the calls the key holds back, due now, spread over up to a second (10 ms apart)
+    local held = redis.call('ZRANGE', D .. ':waiting', 0, -1)
     if #held > 0 then
       wake_for(now)
-      for _, r in ipairs(held) do
-        redis.call('ZREM', D .. ':waiting', r)
-        redis.call('ZADD', DUE, 'XX', 'LT', now, r)
+      local step = math.min(10, 1000 / #held)
+      for i, r in ipairs(held) do
+        redis.call('ZADD', DUE, 'XX', 'LT', math.floor(now + (i - 1) * step), r)
       end
     end
-    w[#w + 1] = 'ramp'; w[#w + 1] = #held > 0 and '1' or '0'
   end
   if breaker == 'half_open' and h[2] == ref then
     -- settled above
