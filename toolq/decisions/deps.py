@@ -34,8 +34,9 @@ failure; an unknown outcome (``OutcomeUnknown``, a timeout) counts a failure onl
 The call that got the 429 spends its attempt (it caused it); every call the key then
 holds back spends none. **A pause ends with one probe**: the first call admitted after
 it tests the key alone (``resume``, the ``probe`` field); its success lets the others
-go (the script makes them due now, spread), a new 429 pauses the key again. So a pause
-costs one 429, not one per call in flight when it lifts.
+go (the script makes them due now, spread), a new 429 pauses the key again. So the calls
+a pause held back do not all reach a provider that is still down; calls not yet claimed
+when it ends are not held back, and without a declared rate may meet the next 429.
 """
 
 from __future__ import annotations
