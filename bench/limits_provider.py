@@ -20,7 +20,7 @@ with its own clock, so the bench judges toolq by what the provider saw:
   down periods, and ``in_flight_by_pid`` (what each caller process holds now).
 
 The judging helpers (:func:`max_in_window`, :func:`rejection_bursts`) are pure and
-unit-tested in ``tests/unit/test_limits_bench.py``.
+unit-tested in ``tests/unit/test_limits_bench_parts.py``.
 """
 
 from __future__ import annotations

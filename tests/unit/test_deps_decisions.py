@@ -1,6 +1,6 @@
 """Limits per dependency, the pure parts (issue 28): the declaration's lookup and merge,
 and the limiter's decisions as tables (toolq.decisions.deps; the scripts follow them:
-tests/contract/test_deps.py)."""
+tests/contract/test_deps_scripts.py)."""
 
 from __future__ import annotations
 
