@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from tests.helpers import run_aio, serving, wait_until
 from tests.integration.apps import operator_app
 from toolq import ToolQueue
-from toolq.adapters.ledger.dep_state import DepState, dep_keys
+from toolq.adapters.ledger.dep_state import DepState
 from toolq.core import errors
 from toolq.core.deps import dep_cell
 from toolq.core.keys import Keys
@@ -32,6 +32,14 @@ from toolq.edges.cli import main
 
 APP = "tests.integration.apps.operator_app:tq"
 LOG_FIELDS = ("op_at", "op_by", "op_what", "op_why", "op_log")
+
+
+def dep_keys(layout: Layout, key: str) -> Keys:
+    """Where a test seeds a key's limiter: the cell :func:`toolq.core.deps.dep_cell`
+    picks (one of the cells a key's view sums), or the single tag's own keys."""
+    if layout.cells is None:
+        return layout.keys_of(key)
+    return Keys(layout.prefix, dep_cell(key, layout.cells))
 
 
 def seed_dep(

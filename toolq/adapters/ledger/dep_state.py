@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from toolq.adapters.ledger.runner import AsyncScripts, Scripts
 from toolq.adapters.ledger.scripts import fixed_keys
 from toolq.core import errors
-from toolq.core.deps import DepView, Limits, dep_cell, is_dep_key
+from toolq.core.deps import DepView, Limits, is_dep_key
 from toolq.core.keys import Keys
 from toolq.core.layout import Layout
 from toolq.core.text import as_text
@@ -67,14 +67,6 @@ class DepActed(BaseModel):
 
     dependency: DepDetail
     made_due: int
-
-
-def dep_keys(layout: Layout, key: str) -> Keys:
-    """The keys of the cell :func:`toolq.core.deps.dep_cell` picks for ``key`` (the
-    single tag's own keys without cells)."""
-    if layout.cells is None:
-        return layout.keys_of(key)
-    return Keys(layout.prefix, dep_cell(key, layout.cells))
 
 
 def limiter_cells(layout: Layout) -> list[Keys]:

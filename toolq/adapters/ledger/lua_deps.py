@@ -225,7 +225,8 @@ local function dep_after(k, ref, signal, due, succeeded, now)
   local ok = succeeded or not signal
   local open_ms = tonumber(h[8]) or DEP_DEFAULT[7]
   local let_go = false
-  if breaker == 'half_open' and h[2] == ref then
+  local breaker_probe = breaker == 'half_open' and h[2] == ref
+  if breaker_probe then
     if failure then
       w[#w + 1] = 'breaker'; w[#w + 1] = 'open'
       w[#w + 1] = 'open_until'; w[#w + 1] = now + open_ms
@@ -259,9 +260,7 @@ local function dep_after(k, ref, signal, due, succeeded, now)
       end
     end
   end
-  if breaker == 'half_open' and h[2] == ref then
-    -- settled above
-  elseif failure then
+  if failure and not breaker_probe then  -- the breaker's probe was settled above
     local fails, since = tonumber(h[3]) or 0, tonumber(h[4]) or 0
     if now - since > (tonumber(h[7]) or DEP_DEFAULT[6]) then
       fails, since = 1, now
