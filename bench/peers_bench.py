@@ -3,6 +3,8 @@
     python -m bench peers [--systems toolq,celery,dramatiq] [--calls 2000] [--rounds 5]
                           [--fsync always,everysec] [--io-calls 200] [--quick]
     python -m bench crash [--systems ...] [--calls 300] [--kills 3] [--settle 90] [--quick]
+    BENCH_TOOLQ_POOL=asyncio:16 python -m bench peers --systems celery,toolq
+        (a configured toolq, in a section of its own beside the defaults')
 
 **peers**: one embedded Valkey (AOF on; ``appendfsync`` set per mode with
 CONFIG SET) serves every system at once, each with its own worker processes
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import signal
 import sys
@@ -416,7 +419,10 @@ def main(argv: list[str]) -> int:
         fsyncs = a.fsync.split(",")[:1] if a.quick else a.fsync.split(",")
         io_calls = a.io_calls if a.io_calls is not None else (20 if a.quick else 200)
         res = bench_peers(a.redis_url, systems, calls, rounds, fsyncs, io_calls)
-        report.update("peers", render_peers(res), res)
+        # A configured toolq (BENCH_TOOLQ_POOL) goes in a section of its own, beside the
+        # defaults' table, never over it.
+        variant = os.environ.get("BENCH_TOOLQ_POOL")  # bench.peers.toolq_peer.POOL_ENV
+        report.update("peers-configured" if variant else "peers", render_peers(res), res)
         print(render_peers(res))
     else:
         calls = a.calls or (40 if a.quick else 300)

@@ -31,6 +31,7 @@ ORDER = (
     "nosched",
     "io",
     "peers",
+    "peers-configured",
     "crash",
     "profile",
     "commands",
