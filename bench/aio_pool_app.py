@@ -1,8 +1,16 @@
 """The tools of ``bench/aio_pool_bench.py`` (issue 29): slow I/O on the asyncio pool.
 
 ``await_sleep`` awaits ``seconds``; ``await_http`` awaits a local HTTP provider that
-answers after ``seconds`` (``httpx.AsyncClient``, one per event loop); both count the
-calls inside the tool (``bench:inflight``) and keep the most seen (``bench:inflight:max``).
+answers after ``seconds`` (an ``httpx.AsyncClient`` per call, sharing one SSL context); both
+count the calls inside the tool (``bench:inflight``) and keep the most seen
+(``bench:inflight:max``).
+
+Not one client for every call: httpx 0.28's pool (httpcore 1.0) walks every connection
+on each request and, per idle connection, every connection again on each response
+(``_assign_requests_to_connections``). One client holding 2,000 connections with
+keep-alive held the worker's loop for minutes when the responses came back: 1,000 GETs
+on a loop alone took 24 s of CPU, 24 s of it in one turn of the loop (a client per call:
+1.3 s); the worker's claims waiting on that loop timed out and were requeued.
 ``sleep100`` (a ``def`` tool, 100 ms) is :mod:`bench.apps`' I/O-bound tool.
 """
 
@@ -10,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
 import weakref
 from typing import Any
@@ -31,22 +40,23 @@ if n > m then redis.call('SET', KEYS[2], n) end
 return n
 """
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+    weakref.WeakKeyDictionary()
+)
+#: Made once: a client's own would load the CA bundle at each call.
+_ssl = ssl.create_default_context()
 
 
-def _loop_clients() -> tuple[aioredis.Redis, httpx.AsyncClient]:
+def _loop_client() -> aioredis.Redis:
+    """The counters' client of this loop: its calls wait for a connection as long as
+    it takes (no 20 s bound: a count must not fail the call)."""
     loop = asyncio.get_running_loop()
     found = _clients.get(loop)
     if found is None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=4096)
-        found = _clients[loop] = (
-            aioredis.Redis(
-                connection_pool=aioredis.BlockingConnectionPool.from_url(
-                    tq.redis_url, max_connections=64
-                )
-            ),
-            httpx.AsyncClient(limits=limits, timeout=120),
+        pool = aioredis.BlockingConnectionPool.from_url(
+            tq.redis_url, max_connections=64, timeout=None
         )
+        found = _clients[loop] = aioredis.Redis(connection_pool=pool)
     return found
 
 
@@ -65,15 +75,14 @@ async def _counted(r: aioredis.Redis, wait: Any) -> None:
 
 @tq.tool(writes=False, max_attempts=1)
 async def await_sleep(args: Wait) -> dict[str, Any]:
-    r, _ = _loop_clients()
-    await _counted(r, asyncio.sleep(args.seconds))
+    await _counted(_loop_client(), asyncio.sleep(args.seconds))
     return {}
 
 
 @tq.tool(writes=False, max_attempts=1)
 async def await_http(args: Wait) -> dict[str, Any]:
-    r, http = _loop_clients()
-    await _counted(r, http.get(f"{args.url}?s={args.seconds}"))
+    async with httpx.AsyncClient(timeout=120, verify=_ssl) as http:
+        await _counted(_loop_client(), http.get(f"{args.url}?s={args.seconds}"))
     return {}
 
 

@@ -9,7 +9,8 @@ waits for all of them to be recorded:
 * **sleep**: ``calls`` calls of an ``async def`` tool awaiting ``seconds`` on one
   ``-P asyncio -c calls`` worker;
 * **http**: the same tool awaiting a local HTTP provider that answers after ``seconds``
-  (``httpx.AsyncClient``; the provider is a child process here);
+  (an ``httpx.AsyncClient`` per call: one shared by 2,000 calls holds the loop for
+  minutes, :mod:`bench.aio_pool_app`; the provider is a child process here);
 * **threads**: the sleep scenario on Celery's threads pool at ``-c calls`` (each
   thread awaits on its own loop), side by side;
 * **sync**: ``bench.apps``' 100 ms I/O bench on ``-P asyncio -c 16`` (a ``def`` tool on
@@ -216,8 +217,8 @@ def render(res: dict[str, Any]) -> str:
         "",
         f"{res['calls']:,} concurrent calls of an `async def` tool awaiting {res['seconds']:g} s "
         "(`sleep`: `asyncio.sleep`; `http`: a local HTTP provider answering after that "
-        "long, through `httpx.AsyncClient`) on ONE worker process, all queued before it "
-        "starts; Celery's threads pool at the same `-c` beside it. "
+        "long, through an `httpx.AsyncClient` per call) on ONE worker process, all queued "
+        "before it starts; Celery's threads pool at the same `-c` beside it. "
         f"Medians of {res['repeats']} interleaved rounds (`python -m bench.aio_pool_bench`). "
         f"Targets: wall ≤ {TARGET_WALL_S:g} s, every call in flight at once, RSS ≤ "
         f"{TARGET_RSS_MB:g} MB. Wall: the first claim to the last record; RSS: the worker's "

@@ -50,6 +50,8 @@ MAX_BOUND_TOOLS = 1024
 #: Connections of an asyncio-pool worker's loop to the ledger's server: its claims,
 #: renewals and records are short commands, shared by every call in flight.
 AIO_WORKER_CONNECTIONS = 32
+#: How long a command waits for a free pooled connection before ConnectionError.
+POOL_TIMEOUT_S = 20.0
 
 
 class App:
@@ -131,9 +133,12 @@ class App:
                 self._redis = self.topology.make_redis(url, self._pool_options())
             return self._redis
 
-    def async_redis(self, *, max_connections: int) -> aioredis.Redis:
+    def async_redis(
+        self, *, max_connections: int, pool_timeout: float | None = POOL_TIMEOUT_S
+    ) -> aioredis.Redis:
         """A new ``redis.asyncio`` client, pooled as :attr:`redis` is, of at most
-        ``max_connections`` (never more than the settings allow).
+        ``max_connections`` (never more than the settings allow); a command waits for a
+        free connection at most ``pool_timeout`` seconds (None: as long as it takes).
 
         Not kept here: it belongs to the event loop it first connects on, so
         ``tq.aio`` makes one per loop (and closes it). On a Cluster
@@ -142,6 +147,7 @@ class App:
         url = self.redis_url  # first: found in .toolq/, it brings the mode
         options = self._pool_options()
         options["max_connections"] = min(options["max_connections"], max_connections)
+        options["timeout"] = pool_timeout
         # No CLIENT SETINFO on connect: redis-py reads its version from the package
         # metadata for it, each time (most of a new connection's client-side cost).
         options["driver_info"] = None
@@ -152,7 +158,7 @@ class App:
         # connection instead of failing with "Too many connections".
         return {
             "max_connections": self.settings.limits.max_connections,
-            "timeout": 20,
+            "timeout": POOL_TIMEOUT_S,
             "socket_connect_timeout": 5,
             "socket_keepalive": True,
             "health_check_interval": 30,
@@ -422,8 +428,12 @@ class App:
     def aio_worker_ledger(self) -> AsyncLedger:
         """An asyncio ledger for the calling loop, for the asyncio pool's task bodies
         (:mod:`toolq.services.workers.aio_pool`): its own connections, as many as a
-        ``tq.aio`` loop's, which thousands of short commands in flight share."""
-        client = self.async_redis(max_connections=AIO_WORKER_CONNECTIONS)
+        ``tq.aio`` loop's, which thousands of short commands in flight share.
+
+        A command waits for one of them as long as the commands before it take (as
+        a Cluster's turns do): on a loop a tool held, that wait is the loop's, not
+        the server away, and a claim timed out by it would be requeued for nothing."""
+        client = self.async_redis(max_connections=AIO_WORKER_CONNECTIONS, pool_timeout=None)
         t = self.topology
         in_flight = t.nodes.bound(client, AIO_WORKER_CONNECTIONS - 4)
         return async_ledger_for(t, client, self.settings.durability, in_flight)

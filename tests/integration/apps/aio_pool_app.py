@@ -5,6 +5,8 @@ one client per event loop. ``await_slowly`` counts the calls in flight inside th
 (``provider:inflight``) and keeps the most it saw (``provider:inflight:max``);
 ``awrite`` is a write with modes (ok, rate limited twice, lost reply, long sleep) and
 an async verifier; ``sync_write`` is a ``def`` tool (the pool's threads run it).
+``hold_loop`` holds the worker's event loop (as a tool that blocks it would) while the
+calls delivered meanwhile wait for the loop's ledger connections.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 import weakref
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
@@ -119,6 +122,31 @@ async def aapproved(args: Write, ctx: CallContext) -> dict[str, Any]:
 def sync_read(args: Wait, ctx: CallContext) -> dict[str, Any]:
     time.sleep(args.seconds)
     return {"thread": threading.current_thread().name}
+
+
+class Hold(BaseModel):
+    #: How long the loop is held once the calls wait for a ledger connection: longer
+    #: than a pool's wait for one (redis-py's default, and toolq's before, 20 s).
+    seconds: float = 22.0
+
+
+@tq.tool(writes=False, max_attempts=1)
+async def hold_loop(args: Hold, ctx: CallContext) -> dict[str, Any]:
+    """Holds the loop until the test set ``hold:go`` (the calls to wait are delivered
+    then), lets those calls start (each up to its wait for one of the loop's ledger
+    connections, 32 at most in use), then holds the loop ``seconds`` more."""
+    sync = redis.Redis.from_url(tq.redis_url)
+    try:
+        sync.set("hold:in", "1")
+        while not sync.exists("hold:go"):  # the loop held: deliveries queue for it
+            time.sleep(0.05)
+    finally:
+        sync.close()
+    time.sleep(1.0)  # the consumer hands the last of them to the pool
+    await asyncio.sleep(0)  # their tasks are made ...
+    await asyncio.sleep(0)  # ... and run up to their first wait, before this goes on
+    time.sleep(args.seconds)
+    return {"held": args.seconds}
 
 
 celery_app = tq.celery

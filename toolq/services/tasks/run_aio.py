@@ -149,7 +149,9 @@ class AioRuntime:
         self.registry = sync.registry
         self.policy = sync.policy
         self.lease_ms = sync.lease_ms
-        self.leases = AsyncLeaseKeeper(ledger, sync.lease_ms, sync.clock, sync.leases.renew_every)
+        self.leases = AsyncLeaseKeeper(
+            renew or ledger, sync.lease_ms, sync.clock, sync.leases.renew_every
+        )
 
     def now_ms(self) -> int:
         return self.sync.now_ms()
@@ -358,14 +360,22 @@ async def _claimed(ref: str, attempt: int, fn: Callable[[], Awaitable[T]]) -> T:
 
 
 async def _patient(fn: Callable[[], Awaitable[T]], patience_s: float) -> T:
-    """:func:`toolq.services.tasks.run._patient`, awaited (the loop goes on meanwhile)."""
-    deadline = time.monotonic() + patience_s
+    """:func:`toolq.services.tasks.run._patient`, awaited (the loop goes on meanwhile).
+
+    The patience counts from the first failure, not from the first try: a try that
+    waited on the loop (a tool holding it, thousands of calls before it for one of
+    the loop's connections) and then timed out says the loop was busy, not that the
+    server is away; the next try finds it answering."""
+    deadline: float | None = None
     delay = 0.05
     while True:
         try:
             return await fn()
         except AWAY:
-            if time.monotonic() + delay > deadline:
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + patience_s
+            if now + delay > deadline:
                 raise
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
