@@ -319,6 +319,30 @@ def test_closing_the_batcher_cancels_whoever_still_waits_and_it_starts_again() -
     assert again == 70
 
 
+def test_a_lone_call_goes_its_own_way_when_the_batcher_has_one() -> None:
+    async def body() -> tuple[list[Any], list[list[int]], list[int]]:
+        gate = Gate()
+        alone: list[int] = []
+
+        async def one(i: int) -> int:
+            alone.append(i)
+            if i == 9:
+                raise BROKEN
+            await gate.turns.acquire()
+            return -i
+
+        b: Batcher[int, int] = Batcher(gate, one=one)
+        tasks = _start(b, [1, 2, 3])
+        await _turns()
+        gate.release(2)
+        got = await _outcomes(tasks)
+        return got + await _outcomes(_start(b, [9])), gate.sent, alone
+
+    got, sent, alone = _run(body)
+    assert got == [-1, 20, 30, "ResponseError"]
+    assert sent == [[2, 3]] and alone == [1, 9]
+
+
 # ----------------------------------------------------------------------------- the ledger
 
 

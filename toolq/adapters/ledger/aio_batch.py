@@ -1,12 +1,11 @@
 """Script calls of one event loop, coalesced: one round trip for those asked while one is out.
 
 The asyncio pool holds thousands of calls on one loop, and each sends its own CLAIM
-and its own APPLY. Sent one round trip each, the loop spends most of a call's CPU
-packing, sending and reading single commands (and on a durable server the fsync
-wait, WAITAOF, once per claim). :class:`Batcher` gathers what the loop's callers
+and its own APPLY: a round trip each, a socket write and read on the loop each (and
+on a durable server an fsync wait, WAITAOF, for each claim). :class:`Batcher` gathers what the loop's callers
 ask while a round trip is out and sends it together when it is back: the first call
-goes at once (alone), the next ones as one batch of at most :data:`MAX_BATCH` (the
-server is never held long by one), one batch out at a time.
+goes at once (alone, as it would unbatched), the next ones as one batch of at most
+:data:`MAX_BATCH` (the server is never held long by one), one batch out at a time.
 
 :class:`PipelinedScripts` is the sender for the ledger's scripts: a batch is one
 pipeline of the unchanged script calls (each its own FCALL, with its own KEYS,
@@ -129,6 +128,8 @@ class Batcher(Generic[T, R]):
     """One loop's calls of one kind, sent in batches by ``send`` (a batch's items in,
     one answer per item out, an exception instance for an item that failed; raising
     fails the whole batch). One batch out at a time; a batch of at most ``limit``.
+    ``one``: how a call goes when nothing is out (alone: it answers or raises), if not
+    as a batch of one.
 
     Belongs to the loop it is first called on (its task and futures are that loop's)."""
 
@@ -137,10 +138,12 @@ class Batcher(Generic[T, R]):
         send: Callable[[list[T]], Awaitable[Sequence[Any]]],
         limit: int = MAX_BATCH,
         name: str = "toolq-ledger-batch",
+        one: Callable[[T], Awaitable[R]] | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError("a batch carries one call at least")
         self._send = send
+        self._one = one
         self.limit = limit
         self.name = name
         self._pending: deque[Waiting[T]] = deque()
@@ -170,6 +173,8 @@ class Batcher(Generic[T, R]):
         self.batches += 1
         self.calls += 1
         try:
+            if self._one is not None:
+                return await self._one(item)
             answers = await self._send([item])
         finally:
             self._out = False
@@ -235,11 +240,11 @@ class PipelinedScripts:
         self.durable = durable
         #: Durable calls (claims of a run): one WAITAOF per batch where the plan waits.
         self.waited: Batcher[ScriptCall, Any] = Batcher(
-            functools.partial(self._send, True), limit, "toolq-ledger-durable"
+            functools.partial(self._send, True), limit, "toolq-ledger-durable", self._durable
         )
         #: Every other call (records, claims of a check).
         self.plain: Batcher[ScriptCall, Any] = Batcher(
-            functools.partial(self._send, False), limit, "toolq-ledger-plain"
+            functools.partial(self._send, False), limit, "toolq-ledger-plain", self._plain
         )
 
     async def __call__(
@@ -250,6 +255,14 @@ class PipelinedScripts:
     async def aclose(self) -> None:
         await self.waited.aclose()
         await self.plain.aclose()
+
+    # A call alone goes as the ledger sends it unbatched (no pipeline to build).
+
+    async def _durable(self, call: ScriptCall) -> Any:
+        return await self.durable.call(self.scripts, *call)
+
+    async def _plain(self, call: ScriptCall) -> Any:
+        return await self.scripts(*call)
 
     async def _send(self, durable: bool, calls: list[ScriptCall]) -> list[Any]:
         plan = Plan(wait=False)
