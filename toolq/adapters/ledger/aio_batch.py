@@ -2,10 +2,11 @@
 
 The asyncio pool holds thousands of calls on one loop, and each sends its own CLAIM
 and its own APPLY: a round trip each, a socket write and read on the loop each (and
-on a durable server an fsync wait, WAITAOF, for each claim). :class:`Batcher` gathers what the loop's callers
-ask while a round trip is out and sends it together when it is back: the first call
-goes at once (alone, as it would unbatched), the next ones as one batch of at most
-:data:`MAX_BATCH` (the server is never held long by one), one batch out at a time.
+on a durable server an fsync wait, WAITAOF, for each claim). :class:`Batcher`
+gathers what the loop's callers ask while a round trip is out and sends it together
+when it is back: the first call goes at once (alone, as it would unbatched), the next
+ones as one batch of at most :data:`MAX_BATCH` (the server is never held long by one),
+one batch out at a time.
 
 :class:`PipelinedScripts` is the sender for the ledger's scripts: a batch is one
 pipeline of the unchanged script calls (each its own FCALL, with its own KEYS,
