@@ -247,8 +247,11 @@ def render(res: dict[str, Any]) -> str:
         "process several ms of CPU (Celery's request and tracer, the claim and the record "
         "on redis.asyncio), which a 2-CPU machine shared by other jobs gives it at a "
         "fraction of a core. Holding the calls costs little: RSS stays under the target "
-        "and every call that reached the tool stayed in flight on the one loop. Claiming "
-        "and recording in batches (issue 29's lean path) is what shortens the first column.",
+        "and every call that reached the tool stayed in flight on the one loop. The loop "
+        "claims and records in batches (what its calls ask while a round trip is out goes "
+        "in the next), but the claims mostly arrive one at a time, at the pace of the "
+        "consumer on the process's main thread, which waits for the loop's thread's GIL "
+        "after each of its socket calls and the loop for its (py-spy).",
     ]
     if sync:
         lines += [

@@ -28,6 +28,7 @@ from toolq.adapters.broker.app import broker_config, make_celery
 from toolq.adapters.broker.messages import MessageFactory
 from toolq.adapters.ledger import Ledger, lists
 from toolq.adapters.ledger.aio import AsyncLedger
+from toolq.adapters.ledger.aio_batch import MAX_BATCH
 from toolq.adapters.notify import Notifier
 from toolq.adapters.stack_state import discover_redis_url, recorded_mode, with_mode
 from toolq.core import errors
@@ -428,7 +429,8 @@ class App:
     def aio_worker_ledger(self) -> AsyncLedger:
         """An asyncio ledger for the calling loop, for the asyncio pool's task bodies
         (:mod:`toolq.services.workers.aio_pool`): its own connections, as many as a
-        ``tq.aio`` loop's, which thousands of short commands in flight share.
+        ``tq.aio`` loop's, which thousands of short commands in flight share; its claims
+        and records go in batches (:mod:`toolq.adapters.ledger.aio_batch`).
 
         A command waits for one of them as long as the commands before it take (as
         a Cluster's turns do): on a loop a tool held, that wait is the loop's, not
@@ -436,7 +438,7 @@ class App:
         client = self.async_redis(max_connections=AIO_WORKER_CONNECTIONS, pool_timeout=None)
         t = self.topology
         in_flight = t.nodes.bound(client, AIO_WORKER_CONNECTIONS - 4)
-        return async_ledger_for(t, client, self.settings.durability, in_flight)
+        return async_ledger_for(t, client, self.settings.durability, in_flight, MAX_BATCH)
 
     def close(self) -> None:
         with self._lock:

@@ -55,9 +55,11 @@ def async_ledger_for(
     client: aioredis.Redis,
     durability: str,
     in_flight: InFlight | None = None,
+    batch: int = 0,
 ) -> AsyncLedger:
     """The same on ``redis.asyncio`` (``tq.aio``); ``in_flight``: see
-    :class:`toolq.adapters.ledger.cluster.InFlight`."""
+    :class:`toolq.adapters.ledger.cluster.InFlight`; ``batch``: see
+    :class:`toolq.adapters.ledger.aio.AsyncLedger`."""
     return AsyncLedger(
         client,
         topology.layout.prefix,
@@ -66,4 +68,5 @@ def async_ledger_for(
         layout=topology.layout,
         push=PUSH[type(topology.publish)](),
         nodes=NODES[type(topology.nodes)][1](client),
+        batch=batch,
     )

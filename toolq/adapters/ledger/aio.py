@@ -11,6 +11,10 @@ AsyncLedger serves one loop. On a Cluster
 (:class:`toolq.adapters.ledger.cluster.AsyncLedgerCluster`)
 every call by ref goes to its cell's node as the sync ledger's does: each
 command and script call names keys of one cell, so the client routes it.
+
+``batch``: on one server, the claims and records the loop's callers ask while one
+round trip is out go together in the next, at most so many (the asyncio pool's
+ledger: :mod:`toolq.adapters.ledger.aio_batch`); 0 (a client's): each its own.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from toolq.adapters.ledger.ack import UNACKED_KEYS
+from toolq.adapters.ledger.aio_batch import PipelinedScripts
 from toolq.adapters.ledger.cluster import InFlight
-from toolq.adapters.ledger.durable import AsyncDurability, AsyncNodes
+from toolq.adapters.ledger.durable import AsyncDurability, AsyncNodes, AsyncOneServer
 from toolq.adapters.ledger.replies import (
     Claim,
     SubmitResult,
@@ -60,6 +65,7 @@ class AsyncLedger(Routes):
         layout: Layout | None = None,
         push: Push | None = None,
         nodes: AsyncNodes | None = None,
+        batch: int = 0,
     ) -> None:
         self.redis = client
         #: Turns of at most so many commands out at once (None: no bound): a Cluster
@@ -72,6 +78,11 @@ class AsyncLedger(Routes):
         #: Where every call by ref goes (as the sync Ledger's).
         self.route_by(prefix, None, layout, push, outbox=outbox, cells=cells)
         self.scripts = AsyncScripts(client, replace=self.durable.nodes.replace_library)
+        #: Claims and records in batches (one server only: a Cluster's calls are routed
+        #: one by one, :mod:`toolq.adapters.ledger.route`).
+        self.batches: PipelinedScripts | None = None
+        if batch and isinstance(self.durable.nodes, AsyncOneServer):
+            self.batches = PipelinedScripts(self.scripts, self.durable, batch)
 
     async def record_cells(self) -> None:
         """:meth:`toolq.adapters.ledger.store.Ledger.record_cells` (errors.RequestRefused)."""
@@ -121,8 +132,11 @@ class AsyncLedger(Routes):
         """:meth:`toolq.adapters.ledger.store.Ledger.claim`, awaited."""
         calls = self.calls_of(ref)
         keys, args = calls.claim(ref, attempt, holder, now_ms, lease_ms, kind, vcheck, ack, limits)
+        durable = kind == "run"  # a claim a power loss undid would run the tool again
         async with self._command():
-            if kind == "run":  # a claim a power loss undid would run the tool again
+            if self.batches is not None:
+                return claim_result(await self.batches("claim", keys, args, durable=durable))
+            if durable:
                 return claim_result(await self.durable.call(self.scripts, "claim", keys, args))
             return claim_result(await self.scripts("claim", keys, args))
 
@@ -147,7 +161,10 @@ class AsyncLedger(Routes):
             keys, args = self.calls_at(cell).apply([transitions[i] for i in where], now_ms, ack)
             ack = None  # acknowledged once
             async with self._command():
-                answers = strs(await self.scripts("apply", keys, args))
+                if self.batches is not None:
+                    answers = strs(await self.batches("apply", keys, args))
+                else:
+                    answers = strs(await self.scripts("apply", keys, args))
             for i, res in zip(where, answers, strict=True):
                 results[i] = res
         return results

@@ -158,6 +158,8 @@ class AioRuntime:
 
     async def aclose(self) -> None:
         await self.leases.stop()
+        if self.ledger.batches is not None:  # a batch out now: its callers are gone
+            await self.ledger.batches.aclose()
 
     # ---------------------------------------------------------------- attempts
 
