@@ -170,15 +170,20 @@ def test_under_a_global_key_prefix(redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
     opts = {"global_keyprefix": "pfx:"}
     with Connection(redis_url, transport=TRANSPORT, transport_options=opts) as conn:
-        _publish(conn, [{"n": i} for i in range(4)])
-        assert r.llen("pfx:t.calls") == 4
-        with _consuming(conn, prefetch=10) as (ch, got):
-            conn.drain_events(timeout=5)
-            assert [m.payload["n"] for m in got] == [0, 1, 2, 3]
+        _publish(conn, [{"n": i} for i in range(6)])
+        assert r.llen("pfx:t.calls") == 6
+        with _consuming(conn, prefetch=4) as (ch, got):
+            conn.drain_events(timeout=5)  # a BRPOP and the script
+            assert [m.payload["n"] for m in got] == [0, 1, 2, 3] and ch._toolq_backlog
             assert r.hlen("pfx:unacked") == 4 and r.zcard("pfx:unacked_index") == 4
-            assert not r.exists("unacked", "pfx:pfx:t.calls")
+            for m in got:
+                m.ack()
+            conn.drain_events(timeout=5)  # the script alone
+            assert [m.payload["n"] for m in got[4:]] == [4, 5]
+            assert r.hlen("pfx:unacked") == 2 and r.zcard("pfx:unacked_index") == 2
+            assert not r.exists("unacked", "unacked_index", "t.calls", "pfx:pfx:t.calls")
             ch.close()
-        assert r.llen("pfx:t.calls") == 4 and r.hlen("pfx:unacked") == 0
+        assert r.llen("pfx:t.calls") == 2 and r.hlen("pfx:unacked") == 0
     r.close()
 
 
@@ -304,3 +309,39 @@ def test_the_sentinel_channel_keeps_kombus_sentinel_options_beside_fetch_batch()
 
     assert set(KombuSentinel.from_transport_options) < set(SentinelChannel.from_transport_options)
     assert "fetch_batch" in SentinelChannel.from_transport_options
+
+
+def test_two_queues_each_message_reaches_its_own_queues_consumer_once(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    other = Queue("t.verify", Exchange("t.verify", type="direct"), routing_key="t.verify")
+    with Connection(redis_url, transport=TRANSPORT) as conn:
+        _publish(conn, [{"q": "calls", "n": i} for i in range(5)])
+        with conn.Producer() as producer:
+            for i in range(5):
+                producer.publish(
+                    {"q": "verify", "n": i},
+                    exchange=other.exchange,
+                    routing_key="t.verify",
+                    declare=[other],
+                )
+        ch = conn.channel()
+        got: dict[str, list[Any]] = {"calls": [], "verify": []}
+        calls = Consumer(ch, [QUEUE], callbacks=[lambda b, m: got["calls"].append(m)])
+        verify = Consumer(ch, [other], callbacks=[lambda b, m: got["verify"].append(m)])
+        calls.qos(prefetch_count=2)
+        scripts = _calls(r, "evalsha") + _calls(r, "eval")
+        with calls, verify:
+            for _ in range(20):
+                if len(got["calls"]) + len(got["verify"]) == 10:
+                    break
+                conn.drain_events(timeout=5)
+                for m in got["calls"] + got["verify"]:
+                    if not m.acknowledged:
+                        m.ack()
+        # Each message to its own queue's consumer, once, in order; nothing left
+        for q in ("calls", "verify"):
+            assert [(m.payload["q"], m.payload["n"]) for m in got[q]] == [(q, i) for i in range(5)]
+        assert r.llen("t.calls") == 0 and r.llen("t.verify") == 0 and r.hlen("unacked") == 0
+        assert _calls(r, "evalsha") + _calls(r, "eval") > scripts  # through the fetch script
+        ch.close()
+    r.close()
