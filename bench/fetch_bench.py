@@ -4,8 +4,8 @@ MULTI/EXEC per message), each against bare Celery in the same run, rounds altern
 
     python -m bench.fetch_bench [--calls 3000] [--rounds 3] [--pattern closed|batch]
 
-Prints a markdown table (and writes ``bench/results/fetch.json``); RESULTS.md's section
-"Many messages per fetch" is written by hand from it.
+Prints a markdown table (and writes ``bench/results/fetch-<pattern>.json``); the section
+"Many messages per fetch" of RESULTS.md is written by hand from it.
 """
 
 from __future__ import annotations
