@@ -59,6 +59,7 @@ def test_unset_the_ledger_is_the_broker_as_before() -> None:
     assert c["broker_url"] == LEDGER and c["broker_transport"] == TRANSPORT
     assert all(q.queue_arguments is None for q in c["task_queues"])
     assert "confirm_publish" not in c["broker_transport_options"]
+    assert c["broker_transport_options"]["fetch_batch"] == 64  # many messages per fetch
 
 
 def test_rabbitmq_gets_quorum_queues_and_confirms_and_kombus_own_transport() -> None:
@@ -68,6 +69,7 @@ def test_rabbitmq_gets_quorum_queues_and_confirms_and_kombus_own_transport() -> 
     assert c["broker_transport"] is None  # toolq's Redis transport is for redis:// only
     assert all(q.queue_arguments == {"x-queue-type": "quorum"} for q in c["task_queues"])
     assert c["broker_transport_options"]["confirm_publish"] is True
+    assert "fetch_batch" not in c["broker_transport_options"]  # kombu's AMQP has none
 
 
 def test_a_redis_broker_of_its_own_keeps_classic_lists() -> None:
@@ -182,6 +184,7 @@ def test_a_sentinel_broker_gets_toolqs_sentinel_transport_and_its_master_name() 
     # kombu's master_name, beside toolq's own options (one visibility timeout everywhere)
     assert c["broker_transport_options"] == {
         "visibility_timeout": s.queues.visibility_timeout,
+        "fetch_batch": s.worker.fetch_batch,
         "master_name": "mymaster",
     }
     assert all(q.queue_arguments is None for q in c["task_queues"])  # Redis lists

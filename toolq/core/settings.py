@@ -168,6 +168,12 @@ class WorkerSettings(BaseModel):
     #: this many messages wait behind busy slots. Unset: one per eight slots, none
     #: below eight (prefork -c 2: 0, threads -c 16: 2). 0: none, as before.
     reserve: int | None = Field(default=None, ge=0, le=1024)
+    #: On a Redis/Valkey broker, messages one fetch may take: the BRPOP's and up to
+    #: this many minus one more from the same list, registered as unacknowledged in
+    #: the same script call (toolq.adapters.broker.transport), never beyond the
+    #: prefetch (``prefetch_multiplier`` per slot plus ``reserve``). 0: kombu's own
+    #: path, one message per BRPOP and a second round trip to register it.
+    fetch_batch: int = Field(default=64, ge=0, le=64)
     #: Seconds between a worker's heartbeats (its entry in ``Keys.worker_nodes``).
     beat_s: float = Field(default=5.0, ge=0.1, le=60)
     #: A worker whose last heartbeat is older than this is not live: ``toolq status``,

@@ -116,11 +116,13 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
 
 def transport_options(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
     """kombu's transport options for the broker at ``url``: the visibility timeout
-    everywhere, publisher confirms on AMQP, and on ``sentinel://`` the name the
-    Sentinels know the primary by (kombu's ``master_name``)."""
+    everywhere, publisher confirms on AMQP, the messages per fetch on Redis, and on
+    ``sentinel://`` the name the Sentinels know the primary by (kombu's ``master_name``)."""
     transport: dict[str, Any] = {"visibility_timeout": settings.queues.visibility_timeout}
     if is_amqp(url):
         transport["confirm_publish"] = True
+    else:  # toolq's Redis transport (toolq.adapters.broker.transport)
+        transport["fetch_batch"] = settings.worker.fetch_batch
     if is_sentinel(url):
         transport["master_name"] = settings.broker_master_name
     return transport

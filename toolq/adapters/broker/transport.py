@@ -23,29 +23,158 @@ kombu's unacked hash and index, as kombu's ack would
 (:mod:`toolq.adapters.broker.ack`), and :class:`QoS` does only the local bookkeeping
 for a marked tag: no round trip, the task's thread (or the prefork parent)
 free at once. Measured in bench/RESULTS.md (issue 14).
+
+**Many messages per fetch** (issue 29). kombu takes one message per BRPOP and then
+registers it as unacknowledged in a second round trip (``QoS.append``: ZADD to
+``unacked_index``, HSET to ``unacked``); a crash between the two loses the message.
+Here one script (:data:`FETCH_SCRIPT`) takes up to as many messages as the channel's
+QoS can take (at most ``fetch_batch``) from one list and writes each to
+``unacked``/``unacked_index`` exactly as ``QoS.append`` would (``[message, exchange,
+routing_key]`` under its delivery tag, indexed by the time), in one atomic step:
+kombu's restores (``restore_visible``, ``restore_unacked``, a requeue) read them back
+as their own. A fetch is then one of two:
+
+- the list had more when the last fetch took from it: the script alone, sent where
+  kombu sends its BRPOP and read where kombu reads it (no BRPOP; one round trip, and
+  nothing out of the lists that is not registered);
+- otherwise kombu's BRPOP, which waits for a message; the script then registers that
+  message and takes more from the same list (two round trips for the batch).
+
+The messages are delivered through kombu's path one by one; :class:`QoS` does only the
+local bookkeeping for a tag the script registered. The script reads before it writes
+and takes from the list last, so a refusal (a full ``noeviction`` server, scripts not
+allowed) leaves the list whole; then the message a BRPOP took goes kombu's own way,
+and every fetch does for :data:`REFUSED_PAUSE_S`. ``fetch_batch`` (a transport option,
+``worker.fetch_batch``; 0: kombu's path) bounds a fetch, and so does the QoS (never
+more than the prefetch the consumer allows). Written against kombu 5.7's
+``_brpop_start``/``_brpop_read``. Measured in bench/RESULTS.md ("Many messages per
+fetch").
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from queue import Empty
+from time import monotonic, time
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+from redis.exceptions import NoScriptError, ResponseError
 
 from toolq.adapters.broker.ack import acked_by_ledger, take
 
-__all__ = ["SENTINEL_TRANSPORT", "TRANSPORT", "Channel", "QoS", "Transport", "acked_by_ledger"]
+__all__ = [
+    "FETCH_BATCH",
+    "FETCH_SCRIPT",
+    "SENTINEL_TRANSPORT",
+    "TRANSPORT",
+    "Channel",
+    "QoS",
+    "Transport",
+    "acked_by_ledger",
+    "fetch_more",
+]
+
+log = logging.getLogger("toolq.worker")
 
 #: What ``broker_transport`` names.
 TRANSPORT = "toolq.adapters.broker.transport:Transport"
 #: ... for a broker behind Sentinel (``sentinel://``).
 SENTINEL_TRANSPORT = "toolq.adapters.broker.transport:SentinelTransport"
 
+#: Messages one fetch takes at most, the BRPOP's included (``fetch_batch``'s default).
+FETCH_BATCH = 64
+#: After the server refused the script: kombu's own path for this long, then again.
+REFUSED_PAUSE_S = 30.0
+
+#: KEYS: ``unacked``, ``unacked_index``, then the lists to take from, in kombu's order
+#: (a BRPOP's: each priority, each queue). ARGV: how many to take at most, the time
+#: (the index's score: the client's clock, as kombu's), the message a BRPOP took ('':
+#: none). Takes from the first list that holds messages only. Returns {1 if the BRPOP's
+#: message was registered, the index in KEYS of the list taken from (0: none), how many
+#: it still holds, the messages taken, oldest first}. A message without the delivery
+#: tag and delivery info that ``QoS.append`` needs is not registered, and the taking
+#: stops before it: kombu's path meets it, as it would have. Reads, then writes, then
+#: pops: an error at a write (OOM) leaves the lists whole (an entry written before it
+#: is a copy the visibility timeout restores, which the ledger's claim refuses).
+FETCH_SCRIPT = """
+local function entry(raw)
+  local ok, m = pcall(cjson.decode, raw)
+  if not ok or type(m) ~= 'table' then return nil end
+  local p = m['properties']
+  if type(p) ~= 'table' then return nil end
+  local tag, info = p['delivery_tag'], p['delivery_info']
+  if type(tag) ~= 'string' or type(info) ~= 'table' then return nil end
+  local ex, rk = info['exchange'], info['routing_key']
+  if ex == nil or rk == nil then return nil end
+  return tag, '[' .. raw .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
+end
+local now = ARGV[2]
+local out = {0, 0, 0}
+if ARGV[3] ~= '' then
+  local tag, e = entry(ARGV[3])
+  if tag then
+    redis.call('ZADD', KEYS[2], now, tag)
+    redis.call('HSET', KEYS[1], tag, e)
+    out[1] = 1
+  end
+end
+local n = tonumber(ARGV[1])
+if n <= 0 then return out end
+for k = 3, #KEYS do
+  local tail = redis.call('LRANGE', KEYS[k], -n, -1)
+  if #tail > 0 then
+    local taken = 0
+    for i = #tail, 1, -1 do
+      local t, te = entry(tail[i])
+      if not t then break end
+      redis.call('ZADD', KEYS[2], now, t)
+      redis.call('HSET', KEYS[1], t, te)
+      out[#out + 1] = tail[i]
+      taken = taken + 1
+    end
+    if taken > 0 then redis.call('RPOP', KEYS[k], taken) end
+    out[2] = k
+    out[3] = redis.call('LLEN', KEYS[k])
+    return out
+  end
+end
+return out
+"""
+_FETCH_SHA = hashlib.sha1(FETCH_SCRIPT.encode(), usedforsecurity=False).hexdigest()
+
+
+def fetch_more(limit: int, room: int | None) -> int | None:
+    """How many messages a fetch takes beyond the one its BRPOP took: up to ``limit``
+    in all (the ``fetch_batch`` option), and no more than the QoS can take (``room``,
+    ``can_consume_max_estimate()``, which counts the BRPOP's message; None: no
+    prefetch limit). None: no script, kombu's path (``limit`` 0)."""
+    if limit <= 0:
+        return None
+    total = limit if room is None else min(limit, room)
+    return max(total - 1, 0)
+
 
 class QoS(kombu_redis.QoS):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Tags the fetch script registered in ``unacked`` and not yet delivered.
+        self.toolq_registered: set[str] = set()
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if delivery_tag in self.toolq_registered:
+            self.toolq_registered.discard(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)  # Redis has it already
+            return
+        super().append(message, delivery_tag)
+
     def ack(self, delivery_tag: str) -> None:
         if take(delivery_tag):
             virtual.QoS.ack(self, delivery_tag)  # forget it here; Redis has it already
@@ -57,6 +186,147 @@ class Channel(kombu_redis.Channel):
     QoS = QoS
     _toolq_client: redis.Redis | None = None
     _toolq_client_pool: Any = None
+    #: Messages one fetch takes at most (the transport option; 0: kombu's path).
+    fetch_batch: int = FETCH_BATCH
+    #: Until when (monotonic) the fetch script is not tried again after a refusal.
+    _toolq_refused_until: float = 0.0
+    #: The last fetch left messages in its list: the next one is the script alone.
+    _toolq_backlog: bool = False
+    #: The lists the script sent in the BRPOP's place takes from (None: a BRPOP).
+    _toolq_sent: list[str] | None = None
+
+    from_transport_options = (*kombu_redis.Channel.from_transport_options, "fetch_batch")
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        """kombu's BRPOP, or, when the last fetch left messages in its list, the fetch
+        script alone in its place (read by :meth:`_brpop_read` as its reply)."""
+        c: Any = self
+        self._toolq_sent = None
+        total = self._toolq_room() if self._toolq_backlog else None
+        if not total:
+            kombu: Any = super()
+            kombu._brpop_start(timeout)
+            return
+        queues = c._queue_cycle.consume(len(c.active_queues))
+        if not queues:
+            return
+        lists = [c._q_for_pri(queue, pri) for pri in c.priority_steps for queue in queues]
+        prefix = c.global_keyprefix or ""
+        keys = [prefix + c.unacked_key, prefix + c.unacked_index_key]
+        keys += [prefix + k for k in lists]
+        c._in_poll = c.client.connection
+        c._brpop_sent_at = monotonic()
+        c.client.connection.send_command(
+            "EVALSHA", _FETCH_SHA, len(keys), *keys, total, repr(time()), ""
+        )
+        self._toolq_sent = lists
+
+    def _brpop_read(self, **options: Any) -> bool:
+        """kombu 5.7's, with the fetch script after the BRPOP's reply (or its reply
+        read instead, see :meth:`_brpop_start`)."""
+        c: Any = self
+        lists, self._toolq_sent = self._toolq_sent, None
+        try:
+            command = "BRPOP" if lists is None else "EVALSHA"
+            try:
+                reply = c.client.parse_response(c.client.connection, command, **options)
+            except c.connection_errors:
+                c.client.connection.disconnect()
+                raise
+            except ResponseError:  # the script refused, or unknown here (a restart)
+                if lists is None:
+                    raise
+                self._toolq_backlog = False  # a BRPOP next: its fetch loads the script
+                raise Empty() from None
+            if lists is not None:
+                _, index, left, *taken = reply
+                if not index:
+                    self._toolq_backlog = False
+                    raise Empty()
+                key = lists[index - 3]
+                self._toolq_backlog = bool(left)
+                self._toolq_deliver(key, None, taken)
+                return True
+            if not reply:
+                raise Empty()
+            key, item = reply
+            self._toolq_deliver(bytes_to_str(key), item, None)
+            return True
+        finally:
+            c._in_poll = None
+            c._flush_brpop_reauth()
+
+    def _toolq_room(self) -> int | None:
+        """How many messages a fetch may take (None: the script is off or refused)."""
+        c: Any = self
+        qos = c.qos
+        if not isinstance(qos, QoS) or monotonic() < self._toolq_refused_until:
+            return None
+        more = fetch_more(int(self.fetch_batch or 0), qos.can_consume_max_estimate())
+        return None if more is None else more + 1
+
+    def _toolq_deliver(self, key: str, item: bytes | None, taken: list[bytes] | None) -> None:
+        """Deliver the BRPOP's message ``item`` and what the fetch script took beside it
+        (``taken`` None: the script is run here), or what the script took alone."""
+        c: Any = self
+        dest = key.rsplit(c.sep, 1)[0]
+        c._queue_cycle.rotate(dest)
+        qos = c.qos
+        payloads = []
+        if item is not None:
+            first = loads(bytes_to_str(item))  # (what kombu cannot read fails here, first)
+            total = self._toolq_room()
+            fetched = None if total is None else self._toolq_fetch(key, item, total - 1)
+            if fetched is None:  # kombu's path: QoS.append registers it
+                c.connection._deliver(first, dest)
+                return
+            registered, taken = fetched
+            if registered:
+                qos.toolq_registered.add(first["properties"]["delivery_tag"])
+            payloads.append(first)
+        more = [loads(bytes_to_str(m)) for m in taken or ()]
+        qos.toolq_registered.update(p["properties"]["delivery_tag"] for p in more)
+        payloads += more
+        try:
+            while payloads:
+                c.connection._deliver(payloads[0], dest)
+                del payloads[0]
+        except BaseException:
+            # Not delivered (the consumer failed on one): those not in the QoS yet go
+            # back to the list's head at once rather than after the visibility timeout.
+            self._toolq_give_back(payloads)
+            raise
+
+    def _toolq_give_back(self, payloads: list[dict[str, Any]]) -> None:
+        c: Any = self
+        qos = c.qos
+        for p in reversed(payloads):
+            tag = p["properties"]["delivery_tag"]
+            if tag in qos.toolq_registered:
+                qos.toolq_registered.discard(tag)
+                qos.restore_by_tag(tag)
+
+    def _toolq_fetch(self, key: str, item: bytes, more: int) -> tuple[bool, list[bytes]] | None:
+        """Register the BRPOP's message and take up to ``more`` beside it from its list,
+        in one script call: (whether it was registered, the messages taken). None: the
+        server refused the script (nothing was taken): kombu's path."""
+        c: Any = self
+        prefix = c.global_keyprefix or ""
+        keys = (prefix + c.unacked_key, prefix + c.unacked_index_key, prefix + key)
+        try:
+            with c.conn_or_acquire() as client:
+                registered, _, left, *taken = _evalsha(client, keys, (more, repr(time()), item))
+        except ResponseError as exc:
+            self._toolq_refused_until = monotonic() + REFUSED_PAUSE_S
+            self._toolq_backlog = False
+            log.warning(
+                "the broker refused the fetch script (%s); one message per fetch for %.0f s",
+                exc,
+                REFUSED_PAUSE_S,
+            )
+            return None
+        self._toolq_backlog = bool(left)
+        return bool(registered), list(taken)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -78,13 +348,29 @@ class Channel(kombu_redis.Channel):
         yield self._toolq_client
 
 
+def _evalsha(client: Any, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+    """The fetch script, by its hash (loaded on the first NOSCRIPT). Through redis-py's
+    own ``execute_command``: a prefixed kombu client would prefix the first key
+    again (the keys are prefixed already)."""
+    run: Any = redis.Redis.execute_command
+    try:
+        return run(client, "EVALSHA", _FETCH_SHA, len(keys), *keys, *args)
+    except NoScriptError:
+        return run(client, "EVAL", FETCH_SCRIPT, len(keys), *keys, *args)
+
+
 class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
 class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     """kombu's Sentinel channel (its pool asks the Sentinels for the primary, again
-    on every new connection: a failover is followed) with toolq's client reuse."""
+    on every new connection: a failover is followed) with toolq's client reuse and
+    fetches."""
+
+    # kombu's Sentinel options (master_name, ...), not those of the plain channel that
+    # Channel, first in the bases, would give
+    from_transport_options = (*kombu_redis.SentinelChannel.from_transport_options, "fetch_batch")
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):
