@@ -47,19 +47,20 @@ def test_the_pool_reports_its_slots_and_its_name() -> None:
 
 
 @pytest.mark.parametrize(
-    ("returned", "receivers", "hub", "inline"),
+    ("returned", "receivers", "hub", "running", "inline"),
     [
-        (True, False, True, True),  # the usual call: the tracer is short, no hop to a thread
-        (True, True, True, False),  # a task-signal receiver is user code: on a thread
-        (False, False, True, False),  # a body that raised: a traceback to format, on a thread
-        (True, False, False, False),  # no hub: the tracer's thread sends the ack itself
-        (False, True, False, False),
+        (True, False, True, 16, True),  # the usual call: the tracer is short, no hop
+        (True, True, True, 16, False),  # a task-signal receiver is user code: on a thread
+        (False, False, True, 16, False),  # a body that raised: a traceback to format
+        (True, False, False, 16, False),  # no hub: the tracer's thread sends the ack itself
+        (True, False, True, 17, False),  # more calls than threads: the loop is the busiest
+        (False, True, False, 17, False),
     ],
 )
 def test_where_celerys_tracer_runs(
-    returned: bool, receivers: bool, hub: bool, inline: bool
+    returned: bool, receivers: bool, hub: bool, running: int, inline: bool
 ) -> None:
-    assert traced_inline(returned, receivers, hub) is inline
+    assert traced_inline(returned, receivers, hub, running, threads=16) is inline
 
 
 def test_a_task_signal_receiver_is_seen() -> None:

@@ -76,7 +76,7 @@ def _task_signal_receivers() -> bool:
     return any(sig.receivers for sig in TASK_SIGNALS)
 
 
-def traced_inline(returned: bool, receivers: bool, hub: bool) -> bool:
+def traced_inline(returned: bool, receivers: bool, hub: bool, running: int, threads: int) -> bool:
     """Whether Celery's tracer runs on the loop's thread rather than on a pool thread.
 
     For a body that returned, with no receiver on the task signals, the tracer is
@@ -86,9 +86,11 @@ def traced_inline(returned: bool, receivers: bool, hub: bool) -> bool:
     cost more than it saves, and delay the ack, and with it the consumer's next
     message. A body that raised (a traceback to format and log), a signal receiver
     (user code, which may block) or no hub (the ack sent by the tracer's thread) runs
-    on a thread.
+    on a thread; so do the tracers of a loop holding more calls than the pool has
+    threads (``running``): there the loop is the worker's busiest thread, and the
+    tracers on it slowed the claims of the rest (bench/RESULTS.md, the asyncio pool).
     """
-    return returned and not receivers and hub
+    return returned and not receivers and hub and running <= threads
 
 
 def _trace(
@@ -266,7 +268,8 @@ class AsyncioPool(BasePool):
                 accept_callback(os.getpid(), time.monotonic())
             done, ok = await self._serve(aio, args)
             trace = functools.partial(_trace, done, target, args, kwargs, callback)
-            if traced_inline(ok, _task_signal_receivers(), self._hub):
+            receivers = _task_signal_receivers()
+            if traced_inline(ok, receivers, self._hub, len(self._running), self.threads):
                 trace()  # no hop to a thread and back (the module's docstring)
             else:
                 await self._blocking(trace)
