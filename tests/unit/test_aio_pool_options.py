@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+import pytest
+from celery import Celery, signals
 from click.testing import CliRunner
 
 from toolq.adapters.liveness import _pool_name
 from toolq.edges.cli import main
 from toolq.services.workers import main as worker_main
-from toolq.services.workers.aio_pool import DOTTED, AsyncioPool
+from toolq.services.workers.aio_pool import (
+    DOTTED,
+    AsyncioPool,
+    _task_signal_receivers,
+    traced_inline,
+)
 
 
 def test_more_than_1024_slots_are_refused_to_the_other_pools() -> None:
@@ -38,3 +44,40 @@ def test_the_pool_reports_its_slots_and_its_name() -> None:
     assert pool.info["max-concurrency"] == 2000
     # a tracer's arguments for a task that is not toolq's: run on the threads
     assert pool._bodies_of(("other.task", "id", {}, b"", None, None)) is None
+
+
+@pytest.mark.parametrize(
+    ("returned", "receivers", "hub", "running", "inline"),
+    [
+        (True, False, True, 16, True),  # the usual call: the tracer is short, no hop
+        (True, True, True, 16, False),  # a task-signal receiver is user code: on a thread
+        (False, False, True, 16, False),  # a body that raised: a traceback to format
+        (True, False, False, 16, False),  # no hub: the tracer's thread sends the ack itself
+        (True, False, True, 17, False),  # more calls than threads: the loop is the busiest
+        (False, True, False, 17, False),
+    ],
+)
+def test_where_celerys_tracer_runs(
+    returned: bool, receivers: bool, hub: bool, running: int, inline: bool
+) -> None:
+    assert traced_inline(returned, receivers, hub, running, threads=16) is inline
+
+
+def test_a_task_signal_receiver_is_seen() -> None:
+    assert not _task_signal_receivers()
+
+    def receiver(**_: Any) -> None: ...
+
+    signals.task_postrun.connect(receiver, weak=False)
+    try:
+        assert _task_signal_receivers()
+    finally:
+        signals.task_postrun.disconnect(receiver)
+    assert not _task_signal_receivers()
+
+
+def test_the_tracer_stays_on_threads_until_celerys_consumer_registers_its_hub() -> None:
+    pool = AsyncioPool(limit=1)
+    assert not pool._hub
+    pool.register_with_event_loop(object())
+    assert pool._hub

@@ -4,7 +4,10 @@ Its ``async def`` tools reach the provider stub (the same Redis) with ``redis.as
 one client per event loop. ``await_slowly`` counts the calls in flight inside the tool
 (``provider:inflight``) and keeps the most it saw (``provider:inflight:max``);
 ``awrite`` is a write with modes (ok, rate limited twice, lost reply, long sleep) and
-an async verifier; ``sync_write`` is a ``def`` tool (the pool's threads run it).
+an async verifier; ``sync_read`` is a ``def`` tool (the pool's threads run it), and
+``sync_counted`` a ``def`` one that counts itself in flight as ``await_slowly`` does.
+With ``AIO_POOL_APP_TASK_SIGNAL`` set in a worker's environment, a ``task_success``
+receiver writes the name of the thread Celery's tracer ran it on (``provider:signal:threads``).
 ``hold_loop`` holds the worker's event loop (as a tool that blocks it would) while the
 calls delivered meanwhile wait for the loop's ledger connections.
 """
@@ -20,6 +23,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from celery import signals
 from pydantic import BaseModel
 
 from toolq import CallContext, ToolQueue
@@ -148,5 +152,38 @@ async def hold_loop(args: Hold, ctx: CallContext) -> dict[str, Any]:
     time.sleep(args.seconds)
     return {"held": args.seconds}
 
+
+_sync_client: redis.Redis | None = None
+
+
+def sync_provider() -> redis.Redis:
+    global _sync_client
+    if _sync_client is None:
+        _sync_client = redis.Redis.from_url(tq.redis_url)
+    return _sync_client
+
+
+@tq.tool(writes=False, max_attempts=1)
+def sync_counted(args: Wait, ctx: CallContext) -> dict[str, Any]:
+    """``await_slowly``'s count, blocking a pool thread (``provider:sync:inflight``)."""
+    p = sync_provider()
+    p.eval(_ENTER, 2, "provider:sync:inflight", "provider:sync:inflight:max")
+    try:
+        deadline = time.monotonic() + args.seconds
+        while args.until and time.monotonic() < deadline:
+            if int(p.get("provider:sync:inflight:max") or 0) >= args.until:
+                break
+            time.sleep(0.05)
+    finally:
+        p.decr("provider:sync:inflight")
+    return {"thread": threading.current_thread().name}
+
+
+def _note_tracer_thread(sender: Any = None, **_: Any) -> None:
+    sync_provider().rpush("provider:signal:threads", threading.current_thread().name)
+
+
+if os.environ.get("AIO_POOL_APP_TASK_SIGNAL"):
+    signals.task_success.connect(_note_tracer_thread, weak=False)
 
 celery_app = tq.celery

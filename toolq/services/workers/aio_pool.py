@@ -12,11 +12,13 @@ by its dotted path, so the messages stay Celery's and a plain Celery worker runs
 them too: ``celery -A app worker -P toolq.services.workers.aio_pool:AsyncioPool``
 (``toolq worker -P asyncio`` names it so). For each delivery Celery hands the pool
 its tracer and callbacks (``on_apply``): the pool calls ``accept_callback`` when the
-call takes a slot, awaits the body on the loop, then runs Celery's tracer on the
-loop's thread, whose task returns what the loop found
-(:data:`toolq.services.tasks.celery.AIO_DONE`), and the tracer's result goes to
-``callback``, as the threads pool does it (``apply_target``). Acknowledgement
-(late, or by the ledger), requeues and failures are Celery's and the Request's.
+call takes a slot, awaits the body on the loop, then runs Celery's tracer, whose
+task returns what the loop found (:data:`toolq.services.tasks.celery.AIO_DONE`), and
+the tracer's result goes to ``callback``, as the threads pool does it
+(``apply_target``). Acknowledgement (late, or by the ledger), requeues and failures
+are Celery's and the Request's. The tracer runs on the loop's thread when it is short
+(:func:`traced_inline`): a hop to a pool thread and back cost a ``def`` tool's slot
+more than the tracer itself (bench/RESULTS.md, the asyncio pool's section).
 
 Prefetch: Celery's consumer prefetches ``worker_prefetch_multiplier`` x ``-c``
 messages (plus toolq's reserve); :attr:`AsyncioPool.num_processes` is ``-c``.
@@ -42,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from celery import signals
 from celery.concurrency.base import BasePool, apply_target
 from kombu.serialization import loads, prepare_accept_content
 
@@ -57,6 +60,37 @@ DOTTED = "toolq.services.workers.aio_pool:AsyncioPool"
 MAX_THREADS = 64
 #: How long a warm shutdown waits for the calls in flight before it cancels them.
 WARM_SHUTDOWN_S = 60.0
+
+
+#: The tracer's signals: with a receiver on any, the tracer runs user code.
+TASK_SIGNALS = (
+    signals.task_prerun,
+    signals.task_postrun,
+    signals.task_success,
+    signals.task_failure,
+    signals.task_retry,
+)
+
+
+def _task_signal_receivers() -> bool:
+    return any(sig.receivers for sig in TASK_SIGNALS)
+
+
+def traced_inline(returned: bool, receivers: bool, hub: bool, running: int, threads: int) -> bool:
+    """Whether Celery's tracer runs on the loop's thread rather than on a pool thread.
+
+    For a body that returned, with no receiver on the task signals, the tracer is
+    short and in memory: no result is stored (toolq's tasks ignore results) and,
+    with the consumer on a hub (Celery's event loop), the ack or reject only goes onto
+    that hub (``call_soon_ack``), which sends it. A thread hop there and back would
+    cost more than it saves, and delay the ack, and with it the consumer's next
+    message. A body that raised (a traceback to format and log), a signal receiver
+    (user code, which may block) or no hub (the ack sent by the tracer's thread) runs
+    on a thread; so do the tracers of a loop holding more calls than the pool has
+    threads (``running``): there the loop is the worker's busiest thread, and the
+    tracers on it slowed the claims of the rest (bench/RESULTS.md, the asyncio pool).
+    """
+    return returned and not receivers and hub and running <= threads
 
 
 def _trace(
@@ -106,6 +140,8 @@ class AsyncioPool(BasePool):
         self._waiting: set[asyncio.Task[Any]] = set()
         self._runtimes: dict[int, AioRuntime] = {}
         self._pid = os.getpid()
+        #: Whether Celery's consumer runs a hub (its acks go onto it): see traced_inline.
+        self._hub = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -128,6 +164,10 @@ class AsyncioPool(BasePool):
         # The runtimes (the App's, the loop's ledgers) before the first delivery, which
         # would otherwise hold the loop while they are made.
         asyncio.run_coroutine_threadsafe(self._warm(), loop)
+
+    def register_with_event_loop(self, loop: Any) -> None:
+        """Celery's consumer runs on a hub (``asynloop``), before its first delivery."""
+        self._hub = loop is not None
 
     async def _warm(self) -> None:
         try:
@@ -226,10 +266,13 @@ class AsyncioPool(BasePool):
                 return
             if accept_callback is not None:
                 accept_callback(os.getpid(), time.monotonic())
-            done = await self._serve(aio, args)
-            # Celery's tracer and callbacks (signals, logs, the ack) on a thread: the
-            # loop goes on with the calls in flight and their lease renewals.
-            await self._blocking(functools.partial(_trace, done, target, args, kwargs, callback))
+            done, ok = await self._serve(aio, args)
+            trace = functools.partial(_trace, done, target, args, kwargs, callback)
+            receivers = _task_signal_receivers()
+            if traced_inline(ok, receivers, self._hub, len(self._running), self.threads):
+                trace()  # no hop to a thread and back (the module's docstring)
+            else:
+                await self._blocking(trace)
         finally:
             self._running.discard(task)
             self._slots.release()
@@ -243,8 +286,9 @@ class AsyncioPool(BasePool):
         found = getattr(task, "toolq_aio", None)
         return found if isinstance(found, AioBodies) else None
 
-    async def _serve(self, aio: AioBodies, args: tuple[Any, ...]) -> Callable[[], str]:
-        """Await the body; what the task then returns (or raises) in the tracer."""
+    async def _serve(self, aio: AioBodies, args: tuple[Any, ...]) -> tuple[Callable[[], str], bool]:
+        """Await the body; what the task then returns (or raises) in the tracer, and
+        whether it returned."""
         _name, _id, request, body, content_type, content_encoding = args[:6]
         try:
             if content_type:
@@ -262,8 +306,8 @@ class AsyncioPool(BasePool):
             def raising() -> str:
                 raise failure
 
-            return raising
-        return lambda: value
+            return raising, False
+        return (lambda: value), True
 
     def _runtime(self, aio: AioBodies) -> AioRuntime:
         key = id(aio.runtime)
