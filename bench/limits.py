@@ -650,12 +650,17 @@ def overhead(url: str, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+#: Calls each client process makes before it measures (fewer when it measures fewer).
+LOAD_WARMUP = 200
+
+
 def _load_run(
     root: Path, app: str, tool: str, url: str, calls: int, pids: Sequence[int]
 ) -> dict[str, Any]:
     """One client process's run; ``pids``: the worker and scheduler whose CPU to count."""
     argv = [sys.executable, "-m", "bench.limits_load", "--app", app, "--tool", tool,
-            "--url", url, "--calls", str(calls), "--pids", ",".join(map(str, pids))]  # fmt: skip
+            "--url", url, "--calls", str(calls), "--warmup", str(min(LOAD_WARMUP, calls)),
+            "--pids", ",".join(map(str, pids))]  # fmt: skip
     out = subprocess.run(
         argv, cwd=root, env=procs.child_env(None, root), capture_output=True, text=True,
         timeout=600, check=False,
@@ -703,7 +708,7 @@ QUICK: dict[str, dict[str, Any]] = {
                "breaker_open": 2.0, "workers": 2, "threads": 4},
     "concurrency": {"calls": 12, "concurrency": 2, "hold": 0.5, "lease": 3.0, "workers": 2,
                     "threads": 4, "kill_after": 1.0},
-    "overhead": {"calls": 300, "repeats": 1, "threads": 4},
+    "overhead": {"calls": 50, "repeats": 1, "threads": 4},
 }  # fmt: skip
 
 FULL: dict[str, dict[str, Any]] = {

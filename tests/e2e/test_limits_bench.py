@@ -6,7 +6,8 @@ never its timings (those are in bench/RESULTS.md, from the full-size runs).
 Quick sizes (bench.limits.QUICK): rate: 12 calls, the provider at 3/s, the key at 2/s, 2
 workers x 4 threads; outage: 12 writes, the provider down 6 s, a breaker of 3 failures
 open 2 s; concurrency: 12 calls held 0.5 s, concurrency 2, a lease of 3 s, one worker
-SIGKILLed while it holds a call; overhead: 300 calls, this tree against itself.
+SIGKILLed while it holds a call; overhead: 50 calls (after as many to warm up), this
+tree against itself.
 """
 
 from __future__ import annotations

@@ -23,11 +23,15 @@ from tests.helpers import REPO_ROOT, toolq_env
 SYSTEMS = "toolq,celery,huey"
 
 
-def _bench(tmp_path: Path, *args: str, timeout: float) -> tuple[dict[str, Any], str]:
+def _bench(
+    tmp_path: Path, *args: str, timeout: float, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], str]:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", *args, "--systems", SYSTEMS, "--quick"],
         cwd=REPO_ROOT,
-        env=toolq_env({"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs")}),
+        env=toolq_env(
+            {"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs"), **(env or {})}
+        ),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -59,9 +63,13 @@ def test_peers_quick_completes_every_task_of_every_system(tmp_path: Path) -> Non
 def test_crash_toolq_never_loses_or_doubles_a_write(tmp_path: Path) -> None:
     # Given writes to a counter that never deduplicates, in every system
     # When every worker process of each system is SIGKILLed mid-run and restarted
+    # (toolq's recovery paths at shorter bounds: a 5-s lease, a lost message published
+    # again after 10 s, so the smoke run stops waiting 30 s after the counters stop moving
+    # instead of out the whole --settle; bench.peers_bench.smoke_quiet_s)
     res, report = _bench(
-        tmp_path, "crash", "--calls", "40", "--kills", "2", "--settle", "120", timeout=400
-    )
+        tmp_path, "crash", "--calls", "40", "--kills", "2", "--settle", "120", timeout=400,
+        env={"TOOLQ_LEASE__SECONDS": "5", "TOOLQ_RECOVERY__UNCLAIMED_AFTER": "10"},
+    )  # fmt: skip
     # Then every system's counts are reported: each write is once, lost or doubled
     for name, d in res["systems"].items():
         assert d["written_once"] + d["lost"] + d["doubled"] == d["calls"] == 40, (name, report)
