@@ -462,8 +462,11 @@ def main(argv: list[str]) -> int:
         # A configured toolq (BENCH_TOOLQ_POOL) goes in a section of its own, beside the
         # defaults' table, never over it.
         variant = os.environ.get("BENCH_TOOLQ_POOL")  # bench.peers.toolq_peer.POOL_ENV
-        report.update("peers-configured" if variant else "peers", render_peers(res), res)
-        print(render_peers(res))
+        text = render_peers(res)
+        if variant:
+            text = text.replace("## Peers:", f"## Peers, toolq configured ({variant}):", 1)
+        report.update("peers-configured" if variant else "peers", text, res)
+        print(text)
     else:
         calls = a.calls or (40 if a.quick else 300)
         settle = a.settle

@@ -75,11 +75,16 @@ def test_traces_the_readmes_provider_setup_turns_toolqs_tracing_on() -> None:
     from toolq.process import tracing
 
     _reset()
+    ns: dict[str, Any] = {}
     try:
         assert not tracing.enabled()
-        exec(compile(block("traces"), "README.md", "exec"), {})
+        exec(compile(block("traces"), "README.md", "exec"), ns)
         assert tracing.enabled()
         with tracing.submitting("send_invoice") as span:
             assert span.carrier().startswith("00-")
     finally:
+        # The block's console exporter writes to this test's captured stdout: flushed
+        # and shut down here, not at the interpreter's exit (a closed file by then).
+        if "provider" in ns:
+            ns["provider"].shutdown()
         _reset()
