@@ -211,9 +211,7 @@ class Channel(kombu_redis.Channel):
         if not queues:
             return
         lists = [c._q_for_pri(queue, pri) for pri in c.priority_steps for queue in queues]
-        prefix = c.global_keyprefix or ""
-        keys = [prefix + c.unacked_key, prefix + c.unacked_index_key]
-        keys += [prefix + k for k in lists]
+        keys = self._toolq_keys(lists)
         c._in_poll = c.client.connection
         c._brpop_sent_at = monotonic()
         c.client.connection.send_command(
@@ -255,6 +253,13 @@ class Channel(kombu_redis.Channel):
         finally:
             c._in_poll = None
             c._flush_brpop_reauth()
+
+    def _toolq_keys(self, lists: list[str]) -> list[str]:
+        """The fetch script's KEYS: kombu's ``unacked`` and ``unacked_index``, then
+        ``lists``, with kombu's global key prefix."""
+        c: Any = self
+        prefix = c.global_keyprefix or ""
+        return [prefix + k for k in (c.unacked_key, c.unacked_index_key, *lists)]
 
     def _toolq_room(self) -> int | None:
         """How many messages a fetch may take (None: the script is off or refused)."""
@@ -311,8 +316,7 @@ class Channel(kombu_redis.Channel):
         in one script call: (whether it was registered, the messages taken). None: the
         server refused the script (nothing was taken): kombu's path."""
         c: Any = self
-        prefix = c.global_keyprefix or ""
-        keys = (prefix + c.unacked_key, prefix + c.unacked_index_key, prefix + key)
+        keys = tuple(self._toolq_keys([key]))
         try:
             with c.conn_or_acquire() as client:
                 registered, _, left, *taken = _evalsha(client, keys, (more, repr(time()), item))

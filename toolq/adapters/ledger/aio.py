@@ -84,6 +84,11 @@ class AsyncLedger(Routes):
         if batch and isinstance(self.durable.nodes, AsyncOneServer):
             self.batches = PipelinedScripts(self.scripts, self.durable, batch)
 
+    async def stop_batches(self) -> None:
+        """Stop the batches' tasks (the loop is closing): callers still waiting are cancelled."""
+        if self.batches is not None:
+            await self.batches.aclose()
+
     async def record_cells(self) -> None:
         """:meth:`toolq.adapters.ledger.store.Ledger.record_cells` (errors.RequestRefused)."""
         pipe = self.redis.pipeline(transaction=False)
@@ -134,11 +139,18 @@ class AsyncLedger(Routes):
         keys, args = calls.claim(ref, attempt, holder, now_ms, lease_ms, kind, vcheck, ack, limits)
         durable = kind == "run"  # a claim a power loss undid would run the tool again
         async with self._command():
-            if self.batches is not None:
-                return claim_result(await self.batches("claim", keys, args, durable=durable))
-            if durable:
-                return claim_result(await self.durable.call(self.scripts, "claim", keys, args))
-            return claim_result(await self.scripts("claim", keys, args))
+            return claim_result(await self._script("claim", keys, args, durable=durable))
+
+    async def _script(
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], *, durable: bool = False
+    ) -> Any:
+        """One script call: in the loop's batches when it has them, else alone; a
+        ``durable`` one confirmed on disk or by replicas (``self.durable``)."""
+        if self.batches is not None:
+            return await self.batches(name, keys, args, durable=durable)
+        if durable:
+            return await self.durable.call(self.scripts, name, keys, args)
+        return await self.scripts(name, keys, args)
 
     async def renew(
         self, now_ms: int, lease_ms: int, held: Sequence[tuple[str, int, str, str]]
@@ -161,10 +173,7 @@ class AsyncLedger(Routes):
             keys, args = self.calls_at(cell).apply([transitions[i] for i in where], now_ms, ack)
             ack = None  # acknowledged once
             async with self._command():
-                if self.batches is not None:
-                    answers = strs(await self.batches("apply", keys, args))
-                else:
-                    answers = strs(await self.scripts("apply", keys, args))
+                answers = strs(await self._script("apply", keys, args))
             for i, res in zip(where, answers, strict=True):
                 results[i] = res
         return results

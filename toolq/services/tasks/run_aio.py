@@ -158,8 +158,7 @@ class AioRuntime:
 
     async def aclose(self) -> None:
         await self.leases.stop()
-        if self.ledger.batches is not None:  # a batch out now: its callers are gone
-            await self.ledger.batches.aclose()
+        await self.ledger.stop_batches()  # a batch out now: its callers are gone
 
     # ---------------------------------------------------------------- attempts
 
