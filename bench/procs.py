@@ -103,7 +103,7 @@ def python_child(
 
 
 #: The pools ``toolq worker --pool`` takes.
-CLI_POOLS = ("prefork", "threads", "solo")
+CLI_POOLS = ("prefork", "threads", "solo", "asyncio")
 
 
 def events_on() -> bool:
@@ -131,7 +131,7 @@ def toolq_worker(
 ) -> Child:
     argv = ["-m", "toolq.edges.cli", "worker", "--app", app, "--redis-url", url]
     if pool not in CLI_POOLS:
-        # `toolq worker` offers prefork, threads and solo; Celery itself runs the rest
+        # `toolq worker` offers prefork, threads, solo and asyncio; Celery itself runs the rest
         # (gevent) on the same app, the server named in the environment.
         module = app.split(":")[0]
         argv = ["-m", "celery", "-A", f"{module}:celery_app", "worker", "--without-mingle"]
