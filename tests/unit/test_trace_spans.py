@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,6 +137,20 @@ def test_an_attempt_records_what_it_did_and_fails_only_when_the_operation_does(
     assert attempt.status.status_code is status
     assert [e.name for e in attempt.events] == ["running", state]
     assert "example.org" not in json.dumps(a)  # never the arguments or the result
+
+
+def test_a_state_recorded_in_the_millisecond_the_attempt_started_sorts_after_running() -> None:
+    # The ledger stamps whole milliseconds; the attempt's running is stamped in nanoseconds.
+    # A rate limit answered in the same millisecond used to sort before running.
+    with in_memory() as memory:
+        with tracing.attempt("send", "ms/1", 1, "", "call_1") as step:
+            now_ms = time.time_ns() // 1_000_000  # truncated: earlier than running's stamp
+            step.entered("waiting_retry", at_ms=now_ms - 1)
+        (span,) = memory.get_finished_spans()
+    stamps = [(e.name, e.timestamp) for e in span.events]
+    assert [name for name, _ in stamps] == ["running", "waiting_retry"]
+    assert stamps[0][1] <= stamps[1][1]
+    assert sorted(stamps, key=lambda e: e[1]) == stamps
 
 
 def test_an_operators_approval_is_a_span_in_the_operations_trace_with_who(tq: ToolQueue) -> None:

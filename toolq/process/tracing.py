@@ -27,6 +27,7 @@ ids, codes and states only, never arguments or results.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -76,10 +77,11 @@ _VERSION = "00"
 class Step:
     """One span of toolq's, or none (:data:`OFF`, whose methods do nothing)."""
 
-    __slots__ = ("span",)
+    __slots__ = ("last_ns", "span")
 
     def __init__(self, span: Any) -> None:
         self.span = span
+        self.last_ns = 0  # the newest event's stamp: a span's events never go back in time
 
     def set(self, **attrs: str | int | bool | None) -> None:
         if self.span is not None:
@@ -108,7 +110,11 @@ class Step:
             a["toolq.state"] = str(state)
             if state in SETTLED:
                 a["toolq.settled"] = True
-            at = None if at_ms is None else at_ms * 1_000_000
+            # The ledger's stamps are whole milliseconds; an event stamped now (the
+            # attempt's running) has nanoseconds. A state the same attempt enters in the
+            # same millisecond must still sort after it.
+            at = time.time_ns() if at_ms is None else at_ms * 1_000_000
+            at = self.last_ns = max(at, self.last_ns)
             self.span.add_event(str(state), a, at)
 
     def recorded(self, t: Transition, answer: str, at_ms: int | None = None) -> None:
