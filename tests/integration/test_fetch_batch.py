@@ -18,7 +18,7 @@ import redis
 from kombu import Connection, Consumer, Exchange, Queue
 
 from toolq.adapters.broker import transport as fetch
-from toolq.adapters.broker.transport import TRANSPORT, fetch_more
+from toolq.adapters.broker.transport import TRANSPORT, fetch_more, fetch_supported
 
 QUEUE = Queue("t.calls", Exchange("t.calls", type="direct"), routing_key="t.calls")
 
@@ -221,6 +221,37 @@ def test_fetch_batch_zero_is_kombus_path(redis_url: str) -> None:
             assert [m.payload["n"] for m in got] == [0] and r.hlen("unacked") == 1
             ch.close()
     r.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [((5, 7, 0), True), ((5, 7, 3), True), ((5, 8, 0), False), ((5, 6, 9), False), ((6, 0), False)],
+)
+def test_the_fetch_replaces_kombus_read_only_on_the_series_it_follows(
+    version: tuple[int, ...], supported: bool
+) -> None:
+    assert fetch_supported(version) is supported
+
+
+def test_under_another_kombu_each_fetch_is_kombus_own_read(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(fetch, "FETCH_HERE", False)
+    monkeypatch.setattr(fetch, "_said_unsupported", False)
+    r = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport=TRANSPORT) as conn:
+        _publish(conn, [{"n": i} for i in range(3)])
+        with _consuming(conn, prefetch=10) as (ch, got):
+            conn.drain_events(timeout=5)
+            conn.drain_events(timeout=5)
+            # one message a BRPOP, each registered by kombu's QoS.append
+            assert [m.payload["n"] for m in got] == [0, 1] and r.hlen("unacked") == 2
+            assert r.llen("t.calls") == 1 and not ch.qos.toolq_registered
+            ch.close()
+        assert r.llen("t.calls") == 3  # the closing channel gave its two back
+    r.close()
+    said = [rec for rec in caplog.records if "many-messages fetch" in rec.getMessage()]
+    assert len(said) == 1  # said once, not per fetch
 
 
 def test_a_message_the_script_cannot_read_stops_the_batch_and_stays_in_the_list(

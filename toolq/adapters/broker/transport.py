@@ -47,8 +47,10 @@ allowed) leaves the list whole; then the message a BRPOP took goes kombu's own w
 and every fetch does for :data:`REFUSED_PAUSE_S`. ``fetch_batch`` (a transport option,
 ``worker.fetch_batch``; 0: kombu's path) bounds a fetch, and so does the QoS (never
 more than the prefetch the consumer allows). Written against kombu 5.7's
-``_brpop_start``/``_brpop_read``. Measured in bench/RESULTS.md ("Many messages per
-fetch").
+``_brpop_start``/``_brpop_read`` (private; the read is a copy of 5.7's with the script
+beside it): on any other kombu series the fetch is kombu's own, whatever
+``fetch_batch`` says (:func:`fetch_supported`), and a worker says so once. Measured
+in bench/RESULTS.md ("Many messages per fetch").
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import hashlib
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import version as _installed
 from queue import Empty
 from time import monotonic, time
 from typing import Any
@@ -80,6 +83,7 @@ __all__ = [
     "Transport",
     "acked_by_ledger",
     "fetch_more",
+    "fetch_supported",
 ]
 
 log = logging.getLogger("toolq.worker")
@@ -91,6 +95,8 @@ SENTINEL_TRANSPORT = "toolq.adapters.broker.transport:SentinelTransport"
 
 #: Messages one fetch takes at most, the BRPOP's included (``fetch_batch``'s default).
 FETCH_BATCH = 64
+#: The kombu series whose private BRPOP read the fetch follows.
+FETCH_KOMBU = (5, 7)
 #: After the server refused the script: kombu's own path for this long, then again.
 REFUSED_PAUSE_S = 30.0
 
@@ -162,6 +168,41 @@ def fetch_more(limit: int, room: int | None) -> int | None:
     return max(total - 1, 0)
 
 
+def fetch_supported(version: tuple[int, ...]) -> bool:
+    """Whether the fetch script may replace kombu's BRPOP read under this kombu
+    ``(major, minor, ...)``: only the series it was written against."""
+    return tuple(version[:2]) == FETCH_KOMBU
+
+
+def _series(text: str) -> tuple[int, ...]:
+    """``"5.7.0"`` -> ``(5, 7)`` (what is not a number ends it)."""
+    out: list[int] = []
+    for part in text.split(".")[:2]:
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+#: This process's kombu (read once).
+KOMBU_VERSION = _installed("kombu")
+FETCH_HERE = fetch_supported(_series(KOMBU_VERSION))
+_said_unsupported = False
+
+
+def _say_unsupported() -> None:
+    """Once a process: this kombu is not the one the fetch follows."""
+    global _said_unsupported
+    if not _said_unsupported:
+        _said_unsupported = True
+        log.warning(
+            "kombu %s: toolq's many-messages fetch is written for kombu %d.%d; "
+            "using kombu's one message per fetch",
+            KOMBU_VERSION,
+            *FETCH_KOMBU,
+        )
+
+
 class QoS(kombu_redis.QoS):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -224,6 +265,11 @@ class Channel(kombu_redis.Channel):
         read instead, see :meth:`_brpop_start`)."""
         c: Any = self
         lists, self._toolq_sent = self._toolq_sent, None
+        if not FETCH_HERE:  # another kombu: its own read (nothing of ours was sent)
+            if self.fetch_batch:
+                _say_unsupported()
+            kombu_read: Any = super()
+            return bool(kombu_read._brpop_read(**options))
         try:
             command = "BRPOP" if lists is None else "EVALSHA"
             try:
@@ -266,6 +312,8 @@ class Channel(kombu_redis.Channel):
         c: Any = self
         qos = c.qos
         if not isinstance(qos, QoS) or monotonic() < self._toolq_refused_until:
+            return None
+        if not FETCH_HERE:
             return None
         more = fetch_more(int(self.fetch_batch or 0), qos.can_consume_max_estimate())
         return None if more is None else more + 1
