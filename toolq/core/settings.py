@@ -172,7 +172,8 @@ class WorkerSettings(BaseModel):
     #: this many minus one more from the same list, registered as unacknowledged in
     #: the same script call (toolq.adapters.broker.transport), never beyond the
     #: prefetch (``prefetch_multiplier`` per slot plus ``reserve``). 0: kombu's own
-    #: path, one message per BRPOP and a second round trip to register it.
+    #: path, one message per BRPOP and a second round trip to register it (also what
+    #: a kombu other than 5.7 gets, whatever this says).
     fetch_batch: int = Field(default=64, ge=0, le=64)
     #: Seconds between a worker's heartbeats (its entry in ``Keys.worker_nodes``).
     beat_s: float = Field(default=5.0, ge=0.1, le=60)
