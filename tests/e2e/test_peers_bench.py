@@ -64,11 +64,13 @@ def test_crash_toolq_never_loses_or_doubles_a_write(tmp_path: Path) -> None:
     # Given writes to a counter that never deduplicates, in every system
     # When every worker process of each system is SIGKILLed mid-run and restarted
     # (toolq's recovery paths at shorter bounds: a 5-s lease, a lost message published
-    # again after 10 s, so the smoke run stops waiting 30 s after the counters stop moving
-    # instead of out the whole --settle; bench.peers_bench.smoke_quiet_s)
+    # again after 5 s (as bench.chaos), the scheduler's sleep at most 1 s, so the smoke
+    # run stops waiting 21 s after the counters stop moving instead of out the whole
+    # --settle; bench.peers_bench.smoke_quiet_s reads the same settings)
     res, report = _bench(
         tmp_path, "crash", "--calls", "40", "--kills", "2", "--settle", "120", timeout=400,
-        env={"TOOLQ_LEASE__SECONDS": "5", "TOOLQ_RECOVERY__UNCLAIMED_AFTER": "10"},
+        env={"TOOLQ_LEASE__SECONDS": "5", "TOOLQ_RECOVERY__UNCLAIMED_AFTER": "5",
+             "TOOLQ_SCHEDULER__MAX_SLEEP": "1"},
     )  # fmt: skip
     # Then every system's counts are reported: each write is once, lost or doubled
     for name, d in res["systems"].items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import start_worker, stop_process, wait_until
+from tests.integration.apps import runtime_app
 from tests.integration.conftest import APP, effects
 from toolq import ToolQueue
 from toolq.core.keys import KOMBU_UNACKED
@@ -32,8 +33,12 @@ def test_a_worker_holds_its_reserve_and_no_more(
     rt: ToolQueue, module_redis_url: str, slots: int, env: dict[str, str], reserved: int
 ) -> None:
     r = rt.redis
+    r.delete(runtime_app.GATE)  # the module's database: an earlier case opened it
     calls = slots + 3
-    refs = [rt.submit("pay", {"sleep": 3.0}).operation_ref for _ in range(calls)]
+    # Each call holds its slot until the gate opens (60 s at most), so what the worker
+    # holds is looked at while it cannot change, however slowly the worker starts
+    gated = {"mode": "gated", "sleep": 60.0}
+    refs = [rt.submit("pay", gated).operation_ref for _ in range(calls)]
     queue = rt.app.messages.run(refs[0], 1)[0]
     w = start_worker(APP, module_redis_url, pool="threads", concurrency=slots, env=env)
     try:
@@ -50,6 +55,7 @@ def test_a_worker_holds_its_reserve_and_no_more(
             ),
             20,
         ), (running(), r.hlen(KOMBU_UNACKED), r.llen(queue))
+        r.set(runtime_app.GATE, "1")
         assert all(rt.wait(ref, timeout=60).ok for ref in refs)
         assert [effects(r, ref) for ref in refs] == [1] * calls
     finally:

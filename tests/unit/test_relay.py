@@ -300,6 +300,10 @@ def test_a_relay_waits_out_any_failure_of_a_round_and_says_it_once(
     relay = _memory_relay(tq, fake_redis, on_read=fail)
     relay.block_ms = 100
     relay.reader._blocking = fake_redis  # type: ignore[attr-defined]  # blocking reads too
+    # Shorter waits between tries (0.5 + 1 + 2 s at the defaults): the backoff's steps are
+    # Outage's own tests; here, that the relay lives through the failures and says so once
+    for waiter in (relay.ledger_wait, relay.broker_wait, relay.fault_wait):
+        waiter.outage.first_s, waiter.outage.cap_s = 0.05, 0.2
     caplog.set_level("INFO", logger="toolq.relay")
     runner = threading.Thread(target=relay.run, daemon=True)
     runner.start()

@@ -39,6 +39,9 @@ class Call(BaseModel):
 
 
 provider = ProcessClient(tq)
+#: A ``gated`` call holds its slot (after its side effect) until this key exists: a test
+#: looks at the held state for as long as it needs, then lets every call finish at once.
+GATE = "provider:gate"
 
 
 def commit(ref: str) -> None:
@@ -76,7 +79,11 @@ def pay(args: Call, ctx: CallContext) -> dict[str, Any]:
     if args.mode == "absurd_not_before":
         raise errors.RateLimited(retry_after=10 * 365 * 86400.0)
     commit(ctx.operation_ref)
-    if args.sleep:
+    if args.mode == "gated":  # held until the test opens the gate, ``sleep`` s at most
+        deadline = time.monotonic() + args.sleep
+        while not p.exists(GATE) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    elif args.sleep:
         time.sleep(args.sleep)  # inside the write: after the side effect, before the reply
     if args.mode in ("lost_reply", "verifier_down"):
         raise ConnectionResetError("connection reset by peer")
