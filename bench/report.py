@@ -34,6 +34,7 @@ ORDER = (
     "peers-configured",
     "crash",
     "profile",
+    "lean-ab",
     "commands",
     "server",
     "latency",

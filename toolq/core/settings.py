@@ -175,6 +175,12 @@ class WorkerSettings(BaseModel):
     #: path, one message per BRPOP and a second round trip to register it (also what
     #: a kombu other than 5.7 gets, whatever this says).
     fetch_batch: int = Field(default=64, ge=0, le=64)
+    #: On ``-P asyncio``, a toolq call that returned goes to Celery's request (ack,
+    #: events) without Celery's tracer running the task a second time around what the
+    #: loop already awaited, where nothing could see the tracer (no task signal
+    #: receivers, no result, no links, tracer logs below INFO; the table in
+    #: toolq.services.workers.lean). False: the tracer for every call, as before.
+    lean_success: bool = True
     #: Seconds between a worker's heartbeats (its entry in ``Keys.worker_nodes``).
     beat_s: float = Field(default=5.0, ge=0.1, le=60)
     #: A worker whose last heartbeat is older than this is not live: ``toolq status``,

@@ -37,6 +37,8 @@ REQUEST = "toolq.adapters.broker.request:Request"
 #: reason), and the conf key that carries ``worker.reserve`` to it.
 CONSUMER = "toolq.adapters.broker.consumer:Consumer"
 RESERVE_KEY = "toolq_worker_reserve"
+#: The conf key that carries ``worker.lean_success`` to the asyncio pool.
+LEAN_KEY = "toolq_lean_success"
 
 #: The schemes kombu serves with its AMQP transport (RabbitMQ).
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
@@ -80,6 +82,7 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         # A few messages beyond one per slot (toolq.adapters.broker.consumer).
         "worker_consumer": CONSUMER,
         RESERVE_KEY: settings.worker.reserve,
+        LEAN_KEY: settings.worker.lean_success,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": q.visibility_timeout,

@@ -18,7 +18,10 @@ the tracer's result goes to ``callback``, as the threads pool does it
 (``apply_target``). Acknowledgement (late, or by the ledger), requeues and failures
 are Celery's and the Request's. The tracer runs on the loop's thread when it is short
 (:func:`traced_inline`): a hop to a pool thread and back cost a ``def`` tool's slot
-more than the tracer itself (bench/RESULTS.md, the asyncio pool's section).
+more than the tracer itself (bench/RESULTS.md, the asyncio pool's section). Where
+nothing could see the tracer (no task signal receivers, no result, no links, its log
+below INFO), a body that returned skips it: its success goes to the same ``callback``
+as the tracer's would (:mod:`toolq.services.workers.lean`, ``worker.lean_success``).
 
 Prefetch: Celery's consumer prefetches ``worker_prefetch_multiplier`` x ``-c``
 messages (plus toolq's reserve); :attr:`AsyncioPool.num_processes` is ``-c``.
@@ -49,8 +52,11 @@ from celery.concurrency.base import BasePool, apply_target
 from kombu.serialization import loads, prepare_accept_content
 
 from toolq.adapters.broker.ack import in_ledger
+from toolq.adapters.broker.app import LEAN_KEY
+from toolq.adapters.broker.messages import task_result
 from toolq.services.tasks.celery import AIO_DONE, AioBodies
 from toolq.services.tasks.run_aio import AioRuntime
+from toolq.services.workers import lean
 
 log = logging.getLogger("toolq.worker")
 
@@ -142,6 +148,12 @@ class AsyncioPool(BasePool):
         self._pid = os.getpid()
         #: Whether Celery's consumer runs a hub (its acks go onto it): see traced_inline.
         self._hub = False
+        #: The lean success (toolq.services.workers.lean), and which tasks are plain.
+        self.lean = bool(self.app is None or self.app.conf.get(LEAN_KEY, True))
+        self._plain: dict[str, bool] = {}
+        #: Successes the lean path reported, and calls Celery's tracer ran (``stats``).
+        self.lean_count = 0
+        self.traced_count = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -266,10 +278,17 @@ class AsyncioPool(BasePool):
                 return
             if accept_callback is not None:
                 accept_callback(os.getpid(), time.monotonic())
-            done, ok = await self._serve(aio, args)
-            trace = functools.partial(_trace, done, target, args, kwargs, callback)
+            started = time.monotonic()
+            done, ok, embed = await self._serve(aio, args)
             receivers = _task_signal_receivers()
-            if traced_inline(ok, receivers, self._hub, len(self._running), self.threads):
+            inline = traced_inline(ok, receivers, self._hub, len(self._running), self.threads)
+            runtime = time.monotonic() - started
+            if self._succeeded(ok, inline, args, embed, done, runtime, callback):
+                self.lean_count += 1
+                return  # no tracer (toolq.services.workers.lean)
+            self.traced_count += 1
+            trace = functools.partial(_trace, done, target, args, kwargs, callback)
+            if inline:
                 trace()  # no hop to a thread and back (the module's docstring)
             else:
                 await self._blocking(trace)
@@ -286,18 +305,21 @@ class AsyncioPool(BasePool):
         found = getattr(task, "toolq_aio", None)
         return found if isinstance(found, AioBodies) else None
 
-    async def _serve(self, aio: AioBodies, args: tuple[Any, ...]) -> tuple[Callable[[], str], bool]:
-        """Await the body; what the task then returns (or raises) in the tracer, and
-        whether it returned."""
+    async def _serve(
+        self, aio: AioBodies, args: tuple[Any, ...]
+    ) -> tuple[Callable[[], str], bool, dict[str, Any] | None]:
+        """Await the body; what the task then returns (or raises) in the tracer, whether
+        it returned, and the message's embed (its callbacks, chain, chord)."""
         _name, _id, request, body, content_type, content_encoding = args[:6]
+        embed: dict[str, Any] | None = None
         try:
             if content_type:
                 accept = prepare_accept_content(self.app.conf.accept_content)
-                call_args, call_kwargs, _embed = loads(
+                call_args, call_kwargs, embed = loads(
                     body, content_type, content_encoding, accept=accept
                 )
             else:
-                call_args, call_kwargs, _embed = body
+                call_args, call_kwargs, embed = body
             rt = self._runtime(aio)
             value = await aio.body(rt, self._delivery(request), *call_args, **call_kwargs)
         except Exception as exc:  # raised again in the tracer, which reports it as Celery does
@@ -306,8 +328,43 @@ class AsyncioPool(BasePool):
             def raising() -> str:
                 raise failure
 
-            return raising, False
-        return (lambda: value), True
+            return raising, False, embed
+        return (lambda: value), True, embed
+
+    def _succeeded(
+        self,
+        returned: bool,
+        inline: bool,
+        args: tuple[Any, ...],
+        embed: dict[str, Any] | None,
+        done: Callable[[], str],
+        runtime: float,
+        callback: Callable[..., Any] | None,
+    ) -> bool:
+        """The lean success (:mod:`toolq.services.workers.lean`): True when the
+        request's callback got the body's success without Celery's tracer."""
+        if not self.lean or not returned or self.app is None:
+            return False
+        name, request = args[0], args[2]
+        plain = self._plain.get(name)
+        if plain is None:
+            plain = self._plain[name] = lean.plain_task(self.app.tasks[name])
+        ok = lean.lean_success(
+            returned=returned,
+            inline=inline,
+            plain=plain,
+            ignore_result=lean.ignore_result_of(request),
+            linked=lean.linked(request, embed),
+            logs_success=lean.TRACE_LOG.isEnabledFor(logging.INFO),
+        )
+        if not ok:
+            return False
+        try:
+            result = task_result(done())
+        except Exception:  # not a success: the tracer reports it as Celery does
+            return False
+        lean.succeed(callback, result, runtime, self.app.tasks[name])
+        return True
 
     def _runtime(self, aio: AioBodies) -> AioRuntime:
         key = id(aio.runtime)
@@ -343,4 +400,7 @@ class AsyncioPool(BasePool):
             "threads": self.threads,
             "in-flight": len(self._running),
             "waiting": len(self._waiting),
+            "lean": self.lean,
+            "lean-successes": self.lean_count,
+            "traced": self.traced_count,
         }
