@@ -51,6 +51,18 @@ def holder_is_dead(holder: str) -> bool:
     return _is_zombie(pid)
 
 
+def until_next(sent_at: float, every: float, now: float) -> float:
+    """Seconds to wait before the next renewal: ``every`` after the last one was *sent*.
+
+    A renewal's lease counts from when it was sent (its ``now``), not from its reply:
+    waiting ``every`` after a reply that took ``d`` left a lease of ``lease - every - d``
+    to the next one, so a server stalled for two thirds of a lease (an fsync) lost it.
+    Counted from the send, a renewal follows a slow one at once: a stall shorter than
+    the whole lease keeps it.
+    """
+    return max(0.0, sent_at + every - now)
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -123,7 +135,9 @@ class LeaseKeeper:
 
     def _loop(self) -> None:
         every = self.renew_every
-        while not self._stop.wait(every):
+        sent = time.monotonic()
+        while not self._stop.wait(until_next(sent, every, time.monotonic())):
+            sent = time.monotonic()
             with self._lock:
                 held = list(self._held)
             if not held:
@@ -132,7 +146,7 @@ class LeaseKeeper:
                 lost = self.ledger.renew(int(self.clock() * 1000), self.lease_ms, held)
             except redis.RedisError as exc:
                 log.warning("lease renewal failed (%s); retrying", type(exc).__name__)
-                time.sleep(min(every, 0.5))
+                self._stop.wait(min(every, 0.5))  # not a hot loop while the server is away
                 continue
             for ref in lost:
                 log.warning("lease lost for %s: the operation moved on without this worker", ref)
