@@ -79,12 +79,14 @@ class LeaseKeeper:
         clock: Callable[[], float],
         *,
         renew_every: float,
+        ticks: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
         self.lease_ms = lease_ms
         #: Seconds between renewals: ``LeaseSettings.renew_every``, passed in by the App.
         self.renew_every = renew_every
         self.clock = clock
+        self._ticks = ticks  # what the renewals are paced by (a test's own clock)
         self.holder = process_holder()
         self._seq = itertools.count(1)
         self._held: dict[tuple[str, int, str, str], int] = {}
@@ -135,9 +137,9 @@ class LeaseKeeper:
 
     def _loop(self) -> None:
         every = self.renew_every
-        sent = time.monotonic()
-        while not self._stop.wait(until_next(sent, every, time.monotonic())):
-            sent = time.monotonic()
+        sent = self._ticks()
+        while not self._stop.wait(until_next(sent, every, self._ticks())):
+            sent = self._ticks()
             with self._lock:
                 held = list(self._held)
             if not held:
