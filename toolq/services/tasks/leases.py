@@ -51,6 +51,18 @@ def holder_is_dead(holder: str) -> bool:
     return _is_zombie(pid)
 
 
+def until_next(sent_at: float, every: float, now: float) -> float:
+    """Seconds to wait before the next renewal: ``every`` after the last one was *sent*.
+
+    A renewal's lease counts from when it was sent (its ``now``), not from its reply:
+    waiting ``every`` after a reply that took ``d`` left a lease of ``lease - every - d``
+    to the next one, so a server stalled for two thirds of a lease (an fsync) lost it.
+    Counted from the send, a renewal follows a slow one at once: a stall shorter than
+    the whole lease keeps it.
+    """
+    return max(0.0, sent_at + every - now)
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -67,12 +79,14 @@ class LeaseKeeper:
         clock: Callable[[], float],
         *,
         renew_every: float,
+        ticks: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
         self.lease_ms = lease_ms
         #: Seconds between renewals: ``LeaseSettings.renew_every``, passed in by the App.
         self.renew_every = renew_every
         self.clock = clock
+        self._ticks = ticks  # what the renewals are paced by (a test's own clock)
         self.holder = process_holder()
         self._seq = itertools.count(1)
         self._held: dict[tuple[str, int, str, str], int] = {}
@@ -123,7 +137,9 @@ class LeaseKeeper:
 
     def _loop(self) -> None:
         every = self.renew_every
-        while not self._stop.wait(every):
+        sent = self._ticks()
+        while not self._stop.wait(until_next(sent, every, self._ticks())):
+            sent = self._ticks()
             with self._lock:
                 held = list(self._held)
             if not held:
@@ -132,7 +148,7 @@ class LeaseKeeper:
                 lost = self.ledger.renew(int(self.clock() * 1000), self.lease_ms, held)
             except redis.RedisError as exc:
                 log.warning("lease renewal failed (%s); retrying", type(exc).__name__)
-                time.sleep(min(every, 0.5))
+                self._stop.wait(min(every, 0.5))  # not a hot loop while the server is away
                 continue
             for ref in lost:
                 log.warning("lease lost for %s: the operation moved on without this worker", ref)

@@ -36,7 +36,7 @@ from toolq.core.tools import CallContext, Tool
 from toolq.decisions.recovery import outcome
 from toolq.decisions.recovery.transition import Transition
 from toolq.process import tracing
-from toolq.services.tasks.leases import holder_is_dead, process_holder
+from toolq.services.tasks.leases import holder_is_dead, process_holder, until_next
 from toolq.services.tasks.run import (
     AWAY,
     CLAIM_PATIENCE_S,
@@ -105,8 +105,11 @@ class AsyncLeaseKeeper:
             self._task = None
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
         while True:
-            await asyncio.sleep(self.renew_every)
+            await asyncio.sleep(until_next(sent, self.renew_every, loop.time()))
+            sent = loop.time()
             held = list(self._held)
             for start in range(0, len(held), RENEW_BATCH):
                 batch = held[start : start + RENEW_BATCH]
