@@ -2,8 +2,8 @@
 
 ``await_sleep`` awaits ``seconds``; ``await_http`` awaits a local HTTP provider that
 answers after ``seconds`` (an ``httpx.AsyncClient`` per call, sharing one SSL context); both
-count the calls inside the tool (``bench:inflight``) and keep the most seen
-(``bench:inflight:max``).
+count the calls inside the tool in the worker process's memory and publish the most
+seen (``bench:inflight:max``, :class:`InFlight`).
 
 Not one client for every call: httpx 0.28's pool (httpcore 1.0) walks every connection
 on each request and, per idle connection, every connection again on each response
@@ -17,14 +17,15 @@ on a loop alone took 24 s of CPU, 24 s of it in one turn of the loop (a client p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
+import threading
 import time
-import weakref
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
+import redis
 from pydantic import BaseModel
 
 from toolq import ToolQueue
@@ -33,31 +34,57 @@ tq = ToolQueue(name="bench")
 #: For ``celery -A bench.aio_pool_app:celery_app worker`` (the threads pool past -c 1024).
 celery_app = tq.celery
 
-_ENTER = """
-local n = redis.call('INCR', KEYS[1])
-local m = tonumber(redis.call('GET', KEYS[2]) or '0')
-if n > m then redis.call('SET', KEYS[2], n) end
-return n
-"""
+#: Where the worker process publishes the most calls it held inside a tool at once.
+MAX_KEY = "bench:inflight:max"
+#: How often it does (a call never waits for it).
+PUBLISH_EVERY_S = 0.1
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
-    weakref.WeakKeyDictionary()
-)
+
+class InFlight:
+    """The calls inside a tool in this worker process, and the most seen: counted in
+    memory (under a lock: the threads pool's calls run on threads of their own), the
+    most published to ``MAX_KEY`` by a thread of its own every ``PUBLISH_EVERY_S``.
+
+    Counted in Redis instead (an EVAL in, a DECR out, on a pool of 64 connections per
+    loop), the count cost each call two round trips inside the tool: with 2,000 calls
+    ending within a second on one loop the DECRs queued for up to 2.4 s, and the
+    bench's wall was partly its own counter (bench/RESULTS.md, the asyncio pool)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+        self._lock = threading.Lock()
+        self._publisher: threading.Thread | None = None
+
+    def enter(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            if self._publisher is None:
+                self._publisher = threading.Thread(
+                    target=self._publish, name="bench-inflight", daemon=True
+                )
+                self._publisher.start()
+
+    def leave(self) -> None:
+        with self._lock:
+            self.now -= 1
+
+    def _publish(self) -> None:
+        r = redis.Redis.from_url(tq.redis_url)
+        sent = 0
+        while True:
+            most = self.most
+            if most != sent:
+                with contextlib.suppress(redis.RedisError):
+                    r.set(MAX_KEY, most)
+                    sent = most
+            time.sleep(PUBLISH_EVERY_S)
+
+
+inflight = InFlight()
 #: Made once: a client's own would load the CA bundle at each call.
 _ssl = ssl.create_default_context()
-
-
-def _loop_client() -> aioredis.Redis:
-    """The counters' client of this loop: its calls wait for a connection as long as
-    it takes (no 20 s bound: a count must not fail the call)."""
-    loop = asyncio.get_running_loop()
-    found = _clients.get(loop)
-    if found is None:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            tq.redis_url, max_connections=64, timeout=None
-        )
-        found = _clients[loop] = aioredis.Redis(connection_pool=pool)
-    return found
 
 
 class Wait(BaseModel):
@@ -65,24 +92,24 @@ class Wait(BaseModel):
     url: str = ""
 
 
-async def _counted(r: aioredis.Redis, wait: Any) -> None:
-    await r.eval(_ENTER, 2, "bench:inflight", "bench:inflight:max")
+async def _counted(wait: Any) -> None:
+    inflight.enter()
     try:
         await wait
     finally:
-        await r.decr("bench:inflight")
+        inflight.leave()
 
 
 @tq.tool(writes=False, max_attempts=1)
 async def await_sleep(args: Wait) -> dict[str, Any]:
-    await _counted(_loop_client(), asyncio.sleep(args.seconds))
+    await _counted(asyncio.sleep(args.seconds))
     return {}
 
 
 @tq.tool(writes=False, max_attempts=1)
 async def await_http(args: Wait) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=120, verify=_ssl) as http:
-        await _counted(_loop_client(), http.get(f"{args.url}?s={args.seconds}"))
+        await _counted(http.get(f"{args.url}?s={args.seconds}"))
     return {}
 
 

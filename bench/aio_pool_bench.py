@@ -17,10 +17,14 @@ waits for all of them to be recorded:
   the pool's threads): calls/s against the ceiling of 160/s, with a backlog of
   ``sync_calls`` submitted first so the queue never runs dry.
 
-Wall: the first claim to the last record (the worker's own time, not the submits').
-In flight: the most calls inside the tool at once (a counter the tool keeps in
-Redis). RSS: the worker's most, sampled every 0.2 s. Medians of ``repeats`` runs; the
-machine is shared (2 CPUs, other jobs).
+Wall: the first claim to the last record (the worker's own time, not the submits'; the
+ledger's stamps, taken by the worker when it asks for the claim or the record: the
+last record is committed a round trip or a batch after its stamp, tens of ms).
+In flight: the most calls inside the tool at once (counted in the worker process's
+memory, the most published to Redis by a thread: :class:`bench.aio_pool_app.InFlight`;
+counted in Redis, the count's two round trips per call were part of the wall). RSS:
+the worker's most, sampled every 0.2 s. Medians of ``repeats`` runs; the machine is
+shared (2 CPUs, other jobs).
 """
 
 from __future__ import annotations
@@ -222,8 +226,9 @@ def render(res: dict[str, Any]) -> str:
         f"Medians of {res['repeats']} interleaved rounds (`python -m bench.aio_pool_bench`). "
         f"Targets: wall ≤ {TARGET_WALL_S:g} s, every call in flight at once, RSS ≤ "
         f"{TARGET_RSS_MB:g} MB. Wall: the first claim to the last record; RSS: the worker's "
-        "most, sampled every 0.2 s. The machine is shared (2 CPUs, other jobs running): "
-        "the wall times are noisy.",
+        "most, sampled every 0.2 s; in flight: counted in the worker's memory (no round trip "
+        "in the tool). The machine is shared (2 CPUs, other jobs running): the wall times "
+        "are noisy.",
         "",
         report.table(
             (
@@ -248,8 +253,9 @@ def render(res: dict[str, Any]) -> str:
         "server call (``worker.fetch_batch``) and the loop claims and records in batches "
         "(what its calls ask while a round trip is out goes in the next), so the claims "
         "take well under a second; the calls then end within the same spread, and the "
-        "rest of the wall is their records and tracers queued behind each other on one "
-        "process (~1.5 ms of worker CPU a call in all). Holding the calls costs little: "
+        "rest of the wall is the loop's lateness in waking the last of them while it "
+        "records the others and hands their tracers to threads (~1 ms of worker CPU a "
+        "call in all, on one process's GIL). Holding the calls costs little: "
         "RSS stays under the target and every call that reached the tool stayed in "
         "flight on the one loop.",
     ]

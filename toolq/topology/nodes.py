@@ -13,6 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from toolq.adapters.aio_packing import hiredis_packed
 from toolq.adapters.ledger.cluster import AsyncLedgerCluster, InFlight, LedgerCluster
 from toolq.topology.notices import CLUSTER, ONE_SERVER, Notices
 
@@ -58,7 +59,7 @@ class OneServer(Nodes):
 
     def async_client(self, url: str, options: dict[str, Any]) -> aioredis.Redis:
         pool = aioredis.BlockingConnectionPool.from_url(url, **options)
-        return aioredis.Redis(connection_pool=pool)
+        return aioredis.Redis(connection_pool=hiredis_packed(pool))
 
     def close(self, client: redis.Redis) -> None:
         # Redis(connection_pool=...).close() leaves the pool's sockets open.

@@ -23,6 +23,10 @@ nothing could see the tracer (no task signal receivers, no result, no links, its
 below INFO), a body that returned skips it: its success goes to the same ``callback``
 as the tracer's would (:mod:`toolq.services.workers.lean`, ``worker.lean_success``).
 
+Celery's consumer hands the deliveries over from its own thread: many at once wake the
+loop once (:class:`Handover`); the body the loop decoded goes to the tracer as it is.
+The pool's threads are started with it (:func:`started_threads`).
+
 Prefetch: Celery's consumer prefetches ``worker_prefetch_multiplier`` x ``-c``
 messages (plus toolq's reserve); :attr:`AsyncioPool.num_processes` is ``-c``.
 
@@ -114,6 +118,66 @@ def _trace(
         AIO_DONE.reset(token)
 
 
+#: How long the pool's start waits for its threads to start.
+THREADS_START_S = 10.0
+
+
+def started_threads(executor: concurrent.futures.ThreadPoolExecutor, n: int) -> None:
+    """Start the executor's ``n`` threads now, not at its first ``n`` jobs: a thread
+    started for a job is started on the loop's thread (``submit``), which waits until
+    the OS runs it; 2,000 calls ending at once held the loop ~0.15 s so on a busy
+    machine (py-spy, bench/RESULTS.md, the asyncio pool). ``n`` jobs that wait for
+    each other keep any thread from being reused before all are started."""
+    barrier = threading.Barrier(n)
+    jobs = [executor.submit(barrier.wait, THREADS_START_S) for _ in range(n)]
+    concurrent.futures.wait(jobs, THREADS_START_S)
+
+
+class Handover:
+    """Deliveries the consumer's thread hands to the loop's, woken once for many.
+
+    ``asyncio.run_coroutine_threadsafe`` wakes the loop for each (a write to its
+    self-pipe, the GIL handed over and back): with 64 messages a fetch and the loop
+    busy claiming, half of the consumer's time per message went there (py-spy,
+    bench/RESULTS.md, the asyncio pool). :meth:`put` says whether the loop must be
+    woken: only when nothing handed over is waiting for a wake-up already;
+    :meth:`take`, on the loop, takes all there is and ends that wake-up (what is put
+    after it wakes the loop again)."""
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._lock = threading.Lock()
+        self._woken = False
+
+    def put(self, item: Any) -> bool:
+        with self._lock:
+            self._items.append(item)
+            wake, self._woken = not self._woken, True
+        return wake
+
+    def take(self) -> list[Any]:
+        with self._lock:
+            items, self._items = self._items, []
+            self._woken = False
+        return items
+
+
+async def _settled(job: Any, future: concurrent.futures.Future[Any]) -> None:
+    """Await ``job``; its result, exception or cancellation goes to ``future``, as
+    ``asyncio.run_coroutine_threadsafe`` would pass them on."""
+    try:
+        result = await job
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
+    except Exception as exc:
+        if future.set_running_or_notify_cancel():
+            future.set_exception(exc)
+    else:
+        if future.set_running_or_notify_cancel():
+            future.set_result(result)
+
+
 class ApplyResult:
     """What ``on_apply`` returns (as the threads pool's): the job's future."""
 
@@ -154,6 +218,11 @@ class AsyncioPool(BasePool):
         #: Successes the lean path reported, and calls Celery's tracer ran (``stats``).
         self.lean_count = 0
         self.traced_count = 0
+        #: Deliveries handed over by the consumer's thread, not yet started on the loop.
+        self._handed = Handover()
+        self._jobs: set[asyncio.Task[None]] = set()
+        #: The content types the app accepts (Celery's setting, read once).
+        self._accept: set[str] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,6 +230,7 @@ class AsyncioPool(BasePool):
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="toolq-aio-sync"
         )
+        started_threads(self._executor, self.threads)
         loop = self.loop = asyncio.new_event_loop()
         started = threading.Event()
 
@@ -251,7 +321,18 @@ class AsyncioPool(BasePool):
         if loop is None:
             raise RuntimeError("the asyncio pool is not running")
         job = self._job(target, tuple(args or ()), kwargs or {}, callback, accept_callback)
-        return ApplyResult(asyncio.run_coroutine_threadsafe(job, loop))
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self._handed.put((job, future)):
+            loop.call_soon_threadsafe(self._start_handed)
+        return ApplyResult(future)
+
+    def _start_handed(self) -> None:
+        """On the loop: a task for each delivery handed over since the last wake-up."""
+        loop = asyncio.get_running_loop()
+        for job, future in self._handed.take():
+            task = loop.create_task(_settled(job, future))
+            self._jobs.add(task)  # held until done (the loop keeps weak references only)
+            task.add_done_callback(self._jobs.discard)
 
     async def _job(
         self,
@@ -279,7 +360,7 @@ class AsyncioPool(BasePool):
             if accept_callback is not None:
                 accept_callback(os.getpid(), time.monotonic())
             started = time.monotonic()
-            done, ok, embed = await self._serve(aio, args)
+            done, ok, embed, traced = await self._serve(aio, args)
             receivers = _task_signal_receivers()
             inline = traced_inline(ok, receivers, self._hub, len(self._running), self.threads)
             runtime = time.monotonic() - started
@@ -287,7 +368,7 @@ class AsyncioPool(BasePool):
                 self.lean_count += 1
                 return  # no tracer (toolq.services.workers.lean)
             self.traced_count += 1
-            trace = functools.partial(_trace, done, target, args, kwargs, callback)
+            trace = functools.partial(_trace, done, target, traced, kwargs, callback)
             if inline:
                 trace()  # no hop to a thread and back (the module's docstring)
             else:
@@ -307,19 +388,21 @@ class AsyncioPool(BasePool):
 
     async def _serve(
         self, aio: AioBodies, args: tuple[Any, ...]
-    ) -> tuple[Callable[[], str], bool, dict[str, Any] | None]:
+    ) -> tuple[Callable[[], str], bool, dict[str, Any] | None, tuple[Any, ...]]:
         """Await the body; what the task then returns (or raises) in the tracer, whether
-        it returned, and the message's embed (its callbacks, chain, chord)."""
-        _name, _id, request, body, content_type, content_encoding = args[:6]
+        it returned, the message's embed (its callbacks, chain, chord), and the tracer's
+        ``args``: with the message's body as decoded here and no content type, which
+        Celery's tracer takes as it is (not decoding it again)."""
+        name, task_id, request, body, content_type, content_encoding = args[:6]
         embed: dict[str, Any] | None = None
+        traced = args
         try:
             if content_type:
-                accept = prepare_accept_content(self.app.conf.accept_content)
-                call_args, call_kwargs, embed = loads(
-                    body, content_type, content_encoding, accept=accept
-                )
-            else:
-                call_args, call_kwargs, embed = body
+                if self._accept is None:
+                    self._accept = prepare_accept_content(self.app.conf.accept_content)
+                body = loads(body, content_type, content_encoding, accept=self._accept)
+                traced = (name, task_id, request, body, None, None, *args[6:])
+            call_args, call_kwargs, embed = body
             rt = self._runtime(aio)
             value = await aio.body(rt, self._delivery(request), *call_args, **call_kwargs)
         except Exception as exc:  # raised again in the tracer, which reports it as Celery does
@@ -328,8 +411,8 @@ class AsyncioPool(BasePool):
             def raising() -> str:
                 raise failure
 
-            return raising, False, embed
-        return (lambda: value), True, embed
+            return raising, False, embed, args
+        return (lambda: value), True, embed, traced
 
     def _succeeded(
         self,
