@@ -16,6 +16,9 @@ waits for all of them to be recorded:
 * **sync**: ``bench.apps``' 100 ms I/O bench on ``-P asyncio -c 16`` (a ``def`` tool on
   the pool's threads): calls/s against the ceiling of 160/s, with a backlog of
   ``sync_calls`` submitted first so the queue never runs dry.
+* **saq**, **saq-nosweep**, **arq** (``--scenarios``; not run by default): the sleep
+  load on ONE saq or arq worker process at concurrency ``calls``, measured the same way
+  (:mod:`bench.aio_pool_peers`), rendered in a section of its own beside toolq's rows.
 
 Wall: the first claim to the last record (the worker's own time, not the submits'; the
 ledger's stamps, taken by the worker when it asks for the claim or the record: the
