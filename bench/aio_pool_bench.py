@@ -16,6 +16,9 @@ waits for all of them to be recorded:
 * **sync**: ``bench.apps``' 100 ms I/O bench on ``-P asyncio -c 16`` (a ``def`` tool on
   the pool's threads): calls/s against the ceiling of 160/s, with a backlog of
   ``sync_calls`` submitted first so the queue never runs dry.
+* **saq**, **saq-nosweep**, **arq** (``--scenarios``; not run by default): the sleep
+  load on ONE saq or arq worker process at concurrency ``calls``, measured the same way
+  (:mod:`bench.aio_pool_peers`), rendered in a section of its own beside toolq's rows.
 
 Wall: the first claim to the last record (the worker's own time, not the submits'; the
 ledger's stamps, taken by the worker when it asks for the claim or the record: the
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import socket
 import sys
 import threading
@@ -40,7 +44,7 @@ from typing import Any
 
 import redis
 
-from bench import procs, report
+from bench import aio_pool_peers, procs, report
 from bench.common import fmt, median, server
 
 APP = "bench.aio_pool_app:tq"
@@ -48,6 +52,19 @@ QUEUES = "toolq.calls,toolq.verify"
 TARGET_WALL_S = 11.0
 TARGET_RSS_MB = 200.0
 TARGET_SHARE = 0.95
+#: toolq's scenarios, and the peers' (:mod:`bench.aio_pool_peers`), for ``--scenarios``.
+TOOLQ_SCENARIOS = ("sleep", "http", "threads", "sync")
+PEER_SCENARIOS = aio_pool_peers.PEERS
+HEADER = (
+    "scenario",
+    "succeeded",
+    "max in flight",
+    "wall s",
+    "first to last claim s",
+    "calls/s",
+    "worker RSS MB",
+    "worker CPU s",
+)
 
 
 def _free_port() -> int:
@@ -87,14 +104,7 @@ def _worker(url: str, pool: str, c: int, name: str) -> procs.Child:
 
 
 def _sampler(pid: int, stop: threading.Event, out: list[int]) -> threading.Thread:
-    def run() -> None:
-        while not stop.is_set():
-            out.append(procs.rss_kb(pid))
-            stop.wait(0.2)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
+    return procs.sample_rss(pid, stop, out, 0.2)
 
 
 def _submit(tq: Any, tool: str, args: dict[str, Any], calls: int) -> list[str]:
@@ -161,59 +171,92 @@ def sync_run(url: str, calls: int, c: int = 16) -> dict[str, Any]:
 
 
 def run(
-    url: str, calls: int, seconds: float, repeats: int, sync_calls: int, http: bool = True
+    url: str,
+    calls: int,
+    seconds: float,
+    repeats: int,
+    sync_calls: int,
+    http: bool = True,
+    scenarios: tuple[str, ...] = TOOLQ_SCENARIOS,
 ) -> dict[str, Any]:
+    """toolq's ``scenarios`` (of :data:`TOOLQ_SCENARIOS`), ``repeats`` interleaved rounds."""
+    if not http:
+        scenarios = tuple(s for s in scenarios if s != "http")
     http_port = _free_port()
-    provider = procs.python_child(
-        "aio-pool-http", ["-m", "bench.aio_pool_bench", "--serve-http", str(http_port)]
+    provider = (
+        procs.python_child(
+            "aio-pool-http", ["-m", "bench.aio_pool_bench", "--serve-http", str(http_port)]
+        )
+        if "http" in scenarios
+        else None
     )
-    time.sleep(1.0)
+    if provider is not None:
+        time.sleep(1.0)
     url_http = f"http://127.0.0.1:{http_port}/"
-    scenarios: dict[str, tuple[str, str, dict[str, Any]]] = {
-        f"sleep, asyncio -c {calls}": ("asyncio", "await_sleep", {"seconds": seconds}),
-        f"http, asyncio -c {calls}": (
+    every: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+        "sleep": (f"sleep, asyncio -c {calls}", "asyncio", "await_sleep", {"seconds": seconds}),
+        "http": (
+            f"http, asyncio -c {calls}",
             "asyncio",
             "await_http",
             {"seconds": seconds, "url": url_http},
         ),
-        f"sleep, threads -c {calls}": ("threads", "await_sleep", {"seconds": seconds}),
+        "threads": (f"sleep, threads -c {calls}", "threads", "await_sleep", {"seconds": seconds}),
     }
-    if not http:
-        del scenarios[f"http, asyncio -c {calls}"]
+    chosen = [every[s] for s in every if s in scenarios]
     out: dict[str, Any] = {"calls": calls, "seconds": seconds, "repeats": repeats, "runs": {}}
     try:
         for i in range(repeats):  # interleaved: A B C A B C
-            for label, (pool, tool, args) in scenarios.items():
+            for label, pool, tool, args in chosen:
                 print(f"aio-pool: {label}, round {i + 1}", flush=True)
                 res = one_run(url, pool, calls, tool, args, calls, label.split(",")[0])
                 print(f"  {res}", flush=True)
                 out["runs"].setdefault(label, []).append(res)
         out["sync"] = []
-        for i in range(repeats):
+        for i in range(repeats if "sync" in scenarios else 0):
             print(f"aio-pool: sync 100 ms, asyncio -c 16, round {i + 1}", flush=True)
             res = sync_run(url, sync_calls)
             print(f"  {res}", flush=True)
             out["sync"].append(res)
     finally:
-        provider.stop()
+        if provider is not None:
+            provider.stop()
     return out
 
 
+def run_peers(
+    url: str, calls: int, seconds: float, repeats: int, systems: tuple[str, ...]
+) -> dict[str, Any]:
+    """saq's and arq's single worker process at concurrency ``calls``
+    (:mod:`bench.aio_pool_peers`), interleaved; a peer not installed is reported missing."""
+    out: dict[str, Any] = {"calls": calls, "seconds": seconds, "repeats": repeats, "runs": {}}
+    out["missing"] = [s for s in systems if not aio_pool_peers.available(s)]
+    chosen = [s for s in systems if s not in out["missing"]]
+    for i in range(repeats):
+        for system in chosen:
+            label = aio_pool_peers.label(system, calls)
+            print(f"aio-pool: {label}, round {i + 1}", flush=True)
+            res = aio_pool_peers.one_run(url, system, calls, seconds)
+            print(f"  {res}", flush=True)
+            out["runs"].setdefault(label, []).append(res)
+    return out
+
+
+def _row(label: str, runs: list[dict[str, Any]], calls: int) -> tuple[str, ...]:
+    return (
+        label,
+        f"{min(r['succeeded'] for r in runs):,} / {calls:,}",
+        fmt(median([r["max_in_flight"] for r in runs]), 0),
+        f"**{fmt(median([r['wall_s'] for r in runs]))}**",
+        fmt(median([r.get("claims_s", 0.0) for r in runs])),
+        fmt(median([calls / r["wall_s"] if r["wall_s"] else 0.0 for r in runs])),
+        f"**{fmt(median([r['rss_mb'] for r in runs]), 0)}**",
+        fmt(median([r["worker_cpu_s"] for r in runs])),
+    )
+
+
 def render(res: dict[str, Any]) -> str:
-    rows = []
-    for label, runs in res["runs"].items():
-        rows.append(
-            (
-                label,
-                f"{min(r['succeeded'] for r in runs):,} / {res['calls']:,}",
-                fmt(median([r["max_in_flight"] for r in runs]), 0),
-                f"**{fmt(median([r['wall_s'] for r in runs]))}**",
-                fmt(median([r.get("claims_s", 0.0) for r in runs])),
-                fmt(median([res["calls"] / r["wall_s"] for r in runs])),
-                f"**{fmt(median([r['rss_mb'] for r in runs]), 0)}**",
-                fmt(median([r["worker_cpu_s"] for r in runs])),
-            )
-        )
+    rows = [_row(label, runs, res["calls"]) for label, runs in res["runs"].items()]
     sync = res.get("sync") or []
     share = median([s["share"] for s in sync]) if sync else 0.0
     lines = [
@@ -230,19 +273,7 @@ def render(res: dict[str, Any]) -> str:
         "in the tool). The machine is shared (2 CPUs, other jobs running): the wall times "
         "are noisy.",
         "",
-        report.table(
-            (
-                "scenario",
-                "succeeded",
-                "max in flight",
-                "wall s",
-                "first to last claim s",
-                "calls/s",
-                "worker RSS MB",
-                "worker CPU s",
-            ),
-            rows,
-        ),
+        report.table(HEADER, rows),
     ]
     lines += [
         "",
@@ -271,6 +302,60 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _stored() -> dict[str, Any]:
+    """toolq's last stored run of this bench (``results/aio-pool.json``), if any."""
+    path = report.RAW / "aio-pool.json"
+    with contextlib.suppress(OSError, ValueError):
+        stored: dict[str, Any] = json.loads(path.read_text())
+        return stored
+    return {}
+
+
+def render_peers(res: dict[str, Any], toolq: dict[str, Any]) -> str:
+    """The peers' rows, under toolq's ``sleep`` rows at the same size (``toolq``: this
+    run's, or the table above's stored run)."""
+    calls = res["calls"]
+    ref = [
+        _row(f"{label} (the table above)", runs, calls)
+        for label, runs in (toolq.get("runs") or {}).items()
+        if label.startswith("sleep,") and toolq.get("calls") == calls
+    ]
+    rows = [_row(label, runs, calls) for label, runs in res["runs"].items()]
+    missing = res.get("missing") or []
+    lines = [
+        "## (i) saq and arq beside it: one worker process at the same concurrency (issue 29)",
+        "",
+        f"The `sleep` load of the table above ({calls:,} jobs of an `async def` function "
+        f"awaiting `asyncio.sleep({res['seconds']:g})`, all queued before the worker starts) "
+        f"on ONE saq worker process at `concurrency={calls}` and ONE arq worker process at "
+        f"`max_jobs={calls}`, their defaults otherwise but for saq's job timeout (300 s, "
+        "arq's default; saq's, 10 s, is the call's own length) and its Redis client's "
+        "connection bound (redis-py 5's, unbounded, as saq supports redis < 8 and arq's "
+        "venv has 5: under redis-py 8's 100 saq's worker, one connection per waiting "
+        f"dequeue, lost its process tasks to `MaxConnectionsError` at {calls:,}); on the "
+        f"same embedded Valkey. Medians of {res['repeats']} interleaved rounds (`python -m "
+        "bench.aio_pool_bench --scenarios saq-nosweep,arq,saq`); toolq's rows are the "
+        "table above's stored run, not re-run with them. *first sweep held off*: the bench "
+        "takes saq's sweep lock before the worker starts, as if its sweep had just run; at "
+        "the defaults the worker's first sweep, at start beside its first dequeues, aborts "
+        "the jobs it finds taken but not yet written active (a round it caught shows in "
+        "*succeeded*, or in a wall far past the sleep when one is run again). Wall: each system's "
+        "own stamps, taken by its worker: saq's `started` "
+        "(after the dequeue, before it writes the job active) to `completed` (before it "
+        "writes the outcome), the same points as toolq's claim and record; arq's "
+        "`start_time` (just before the function is called, after the pipeline that fetches "
+        "the job) to `finish_time` (right after it returns, before the result is written), "
+        "a little tighter than toolq's. *first to last claim*: to the last job's start "
+        "stamp. In flight: counted in the worker's memory (`bench.peers.inflight`, as "
+        "toolq's); RSS and CPU: the worker process's, as toolq's.",
+        "",
+        report.table(HEADER, ref + rows),
+    ]
+    if missing:
+        lines += ["", f"Not run (not installed): {', '.join(missing)}."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.aio_pool_bench")
     ap.add_argument("--redis-url", default=None)
@@ -279,14 +364,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sync-calls", type=int, default=800)
     ap.add_argument("--no-http", action="store_true", help="skip the HTTP provider scenario")
+    ap.add_argument(
+        "--scenarios",
+        default=",".join(TOOLQ_SCENARIOS),
+        help="comma-separated, of "
+        + ",".join(TOOLQ_SCENARIOS + PEER_SCENARIOS)
+        + " (saq, arq: their own section, beside toolq's stored rows)",
+    )
     ap.add_argument("--serve-http", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.serve_http is not None:
         asyncio.run(_serve_http(a.serve_http))
         return 0
+    chosen = tuple(x for x in a.scenarios.split(",") if x)
+    unknown = set(chosen) - set(TOOLQ_SCENARIOS + PEER_SCENARIOS)
+    if unknown:
+        ap.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    ours = tuple(x for x in chosen if x in TOOLQ_SCENARIOS)
+    peers = tuple(x for x in chosen if x in PEER_SCENARIOS)
+    res: dict[str, Any] | None = None
     with server(a.redis_url, appendonly=False) as srv:
-        res = run(srv.url, a.calls, a.seconds, a.repeats, a.sync_calls, not a.no_http)
-    report.update("aio-pool", render(res), res)
+        if ours:
+            res = run(srv.url, a.calls, a.seconds, a.repeats, a.sync_calls, not a.no_http, ours)
+        peer_res = run_peers(srv.url, a.calls, a.seconds, a.repeats, peers) if peers else None
+    if res is not None:
+        report.update("aio-pool", render(res), res)
+    if peer_res is not None:
+        report.update("aio-pool-peers", render_peers(peer_res, res or _stored()), peer_res)
     return 0
 
 

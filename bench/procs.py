@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -193,6 +194,21 @@ def rss_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def sample_rss(
+    pid: int, stop: threading.Event, out: list[int], every: float = 0.2
+) -> threading.Thread:
+    """A daemon thread appending ``pid``'s RSS (kB) to ``out`` every ``every`` s until ``stop``."""
+
+    def run() -> None:
+        while not stop.is_set():
+            out.append(rss_kb(pid))
+            stop.wait(every)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 def wait_for(pred: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:

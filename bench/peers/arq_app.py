@@ -1,20 +1,26 @@
 """arq's side of the peers bench, run with arq's own venv (arq 0.28 pins redis < 6).
 
-``python -m arq bench.peers.arq_app.WorkerSettings``: a worker (max_jobs 10, async).
+``python -m arq bench.peers.arq_app.WorkerSettings``: a worker (max_jobs 10, async);
+``…arq_app.AioSettings``: the asyncio-pool bench's (``max_jobs`` from the environment).
 ``python -m bench.peers.arq_app``: the submitter, driven line by line on stdin by
 :mod:`bench.peers.arq_peer` (``submit TASK START STOP`` -> ``ok``; ``wait TIMEOUT`` ->
-``done FAILED``), so it never shares a process with toolq's redis-py.
+``done FAILED``; for :mod:`bench.aio_pool_bench`, ``aio CALLS SECONDS`` -> ``ok`` and
+``stamps TIMEOUT`` -> one JSON line), so it never shares a process with toolq's redis-py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import sys
 from typing import Any
 
 from arq import create_pool
 from arq.connections import RedisSettings
+
+from bench.peers.inflight import InFlight
 
 URL = os.environ.get("BENCH_PEER_URL", "redis://127.0.0.1:6379/0")
 CRASH_KEY = "bench:peers:crash:arq:{n}"  # bench.peers.CRASH_KEY for arq
@@ -39,7 +45,44 @@ class WorkerSettings:
     redis_settings = RedisSettings.from_dsn(URL)
 
 
+aio_inflight = InFlight(URL)
+
+
+async def await_sleep(ctx: dict[str, Any], n: int, seconds: float) -> None:
+    aio_inflight.enter()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        aio_inflight.leave()
+
+
+class AioSettings:
+    """The asyncio-pool bench's (:mod:`bench.aio_pool_bench`): one worker process at
+    ``max_jobs`` ``BENCH_AIO_MAX_JOBS``, arq's defaults otherwise."""
+
+    functions = [await_sleep]
+    redis_settings = RedisSettings.from_dsn(URL)
+    max_jobs = int(os.environ.get("BENCH_AIO_MAX_JOBS", "10"))
+
+
 NAMES = {"noop": "noop", "sleep": "sleep100", "crash": "crash_write"}
+
+
+async def _stamps(jobs: list[Any], timeout: float) -> dict[str, Any]:
+    """arq's stamps of each job (epoch ms): ``start_time`` is taken just before the
+    function's coroutine is created, ``finish_time`` right after it returns, both before
+    the result is written."""
+    starts, finishes, ok = [], [], 0
+    for job in jobs:
+        with contextlib.suppress(Exception):
+            await job.result(timeout=timeout, poll_delay=0.05)
+        info = await job.result_info()
+        if info is None:
+            continue
+        starts.append(info.start_time.timestamp() * 1000)
+        finishes.append(info.finish_time.timestamp() * 1000)
+        ok += bool(info.success)
+    return {"starts": starts, "finishes": finishes, "succeeded": ok}
 
 
 async def serve() -> None:
@@ -51,6 +94,12 @@ async def serve() -> None:
             task, a, b = line[1], int(line[2]), int(line[3])
             jobs = [await pool.enqueue_job(NAMES[task], i) for i in range(a, b)]
             print("ok", flush=True)
+        elif line[0] == "aio":  # aio CALLS SECONDS: await_sleep jobs
+            calls, seconds = int(line[1]), float(line[2])
+            jobs = [await pool.enqueue_job("await_sleep", i, seconds) for i in range(calls)]
+            print("ok", flush=True)
+        elif line[0] == "stamps":  # stamps TIMEOUT: the jobs' own start and finish stamps
+            print(json.dumps(await _stamps(jobs, float(line[1]))), flush=True)
         elif line[0] == "wait":
             failed = 0
             for job in jobs:

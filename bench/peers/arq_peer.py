@@ -8,6 +8,7 @@ CPU is counted as the submitter's.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -63,6 +64,19 @@ class Adapter:
 
     def wait(self, handles: Any, timeout: float) -> int:
         return int(self._ask(f"wait {timeout}").split()[1])
+
+    # The asyncio-pool bench's (bench.aio_pool_bench): one worker process at max_jobs.
+    def aio_worker(self, url: str, max_jobs: int, name: str) -> procs.Child:
+        argv = [self.python, "-m", "arq", "bench.peers.arq_app.AioSettings"]
+        return procs.Child(name, argv, {"BENCH_PEER_URL": url, "BENCH_AIO_MAX_JOBS": str(max_jobs)})
+
+    def aio_submit(self, calls: int, seconds: float) -> None:
+        self._ask(f"aio {calls} {seconds}")
+
+    def aio_stamps(self, timeout: float) -> dict[str, Any]:
+        """The jobs' ``starts`` and ``finishes`` (epoch ms) and how many ``succeeded``."""
+        stamps: dict[str, Any] = json.loads(self._ask(f"stamps {timeout}"))
+        return stamps
 
     def close(self) -> None:
         if self.client.stdin is not None:

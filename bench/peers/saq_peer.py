@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import redis.asyncio
 from saq import Queue
+from saq.queue.redis import RedisQueue
 
 from bench import procs
 from bench.peers import crash_key, url
+from bench.peers.inflight import InFlight
 
 queue = Queue.from_url(url(), name="bench-peers")
 _client: redis.asyncio.Redis | None = None
@@ -34,6 +37,33 @@ async def crash_write(ctx: Any, *, n: int) -> None:
 
 
 settings = {"queue": queue, "functions": [noop, sleep100, crash_write]}
+
+#: The asyncio-pool bench's (:mod:`bench.aio_pool_bench`): one worker process
+#: (``saq bench.peers.saq_peer.aio_settings``) at ``BENCH_AIO_CONCURRENCY``.
+AIO_QUEUE = "bench-aio"
+#: redis-py 5's default bound on an asyncio pool's connections (saq supports redis < 8;
+#: arq's venv has 5). redis-py 8 (toolq's) bounds it at 100: saq's worker holds one
+#: connection per waiting dequeue (a BLMOVE each), and at concurrency 2,000 its process
+#: tasks died of ``MaxConnectionsError``.
+AIO_MAX_CONNECTIONS = 2**31
+aio_inflight = InFlight(url())
+
+
+async def await_sleep(ctx: Any, *, seconds: float) -> None:
+    aio_inflight.enter()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        aio_inflight.leave()
+
+
+aio_settings = {
+    "queue": RedisQueue(
+        redis.asyncio.from_url(url(), max_connections=AIO_MAX_CONNECTIONS), name=AIO_QUEUE
+    ),
+    "functions": [await_sleep],
+    "concurrency": int(os.environ.get("BENCH_AIO_CONCURRENCY", "10")),
+}
 NAMES = {"noop": "noop", "sleep": "sleep100", "crash": "crash_write"}
 
 
