@@ -33,7 +33,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # pytest exits 5 when it collected no test: that is a failure here too.
-test: lint typecheck
+# arq's venv: the asyncio-pool bench's arq scenario is tested too (not skipped).
+test: lint typecheck .venv-arq/.installed
 	$(BIN)/pytest -q
 
 unit: $(STAMP)
