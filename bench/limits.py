@@ -428,12 +428,25 @@ def outage(url: str, a: argparse.Namespace) -> dict[str, Any]:
     start, end = s["down_periods"][0]
     reqs = s["requests"]
     while_down = [q for q in reqs if start <= q[0] < end]
+    # The breaker can hold back only what is claimed after it opened: when its K-th
+    # failure was recorded (the ledger's stamp, epoch ms; the provider's clock is the
+    # machine's monotonic one). Calls already on their way then reach the provider
+    # anyway: with more slots than K, more than K can (at most K + slots - 1).
+    opened_at = kth_failure_s(records, k)
+    if opened_at is not None:
+        opened_at -= time.time() - time.monotonic()
+    before = [q for q in while_down if opened_at is None or q[0] < opened_at]
     commits = s["committed"]
     after = [q[0] for q in reqs if q[0] >= end and q[1] == 200]
     res.update(
         {
             "hits_while_down": len(while_down),
             "hit_times": [round(q[0] - start, 2) for q in while_down],
+            "opened_after_s": None if opened_at is None else round(opened_at - start, 3),
+            "hits_before_open": len(before),
+            "hits_after_open": len(while_down) - len(before),
+            "probes_bound": math.ceil(down_s / opened),
+            "before_open_bound": k + a.workers * a.threads - 1,
             "writes_committed": sum(commits.values()),
             "refs_committed_once": sum(1 for r in refs if commits.get(r, 0) == 1),
             "refs_committed_twice_or_more": sum(1 for r in refs if commits.get(r, 0) > 1),
@@ -448,6 +461,19 @@ def outage(url: str, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def kth_failure_s(records: dict[str, Any], k: int) -> float | None:
+    """When (epoch s) the ledger recorded the ``k``-th failed attempt of these
+    operations: a breaker of ``k`` failures is open from then (None: fewer)."""
+    failed = sorted(
+        h.at
+        for rec in records.values()
+        if rec is not None
+        for h in rec.history
+        if str(h.from_) == "running" and str(h.to) != "succeeded"
+    )
+    return failed[k - 1] / 1000 if len(failed) >= k else None
+
+
 def _times(ts: Sequence[float], most: int = 16) -> str:
     shown = ", ".join(f"{t:g}" for t in ts[:most])
     return shown + (f", ... ({len(ts) - most} more)" if len(ts) > most else "")
@@ -458,6 +484,12 @@ def render_outage(res: dict[str, Any]) -> str:
     rows = [
         ("calls reaching the provider while down", f"≤ {res['bound']}", res["hits_while_down"]),
         ("... at (s after it went down)", "-", _times(res["hit_times"])),
+        ("... before the breaker opened (its failures and the calls already on their way)",
+         f"≤ {res['before_open_bound']}", res["hits_before_open"]),
+        ("... after it opened, at "
+         + ("-" if res["opened_after_s"] is None else f"{res['opened_after_s']:.2f}")
+         +
+         " s (its probes)", f"≤ {res['probes_bound']}", res["hits_after_open"]),
         ("writes committed exactly once", f"{res['writes']}", res["refs_committed_once"]),
         ("committed twice or more / never", "0 / 0",
          f"{res['refs_committed_twice_or_more']} / {res['refs_not_committed']}"),
@@ -475,7 +507,11 @@ def render_outage(res: dict[str, Any]) -> str:
         f"then ({res['workers']} workers x {res['threads']} threads). Breaker: "
         f"{b['breaker_failures']} failures in {b['breaker_window']:g} s open it for "
         f"{b['breaker_open']:g} s, then one probe; the bound is {b['breaker_failures']} + "
-        f"ceil({res['down_s']:g} / {b['breaker_open']:g}).\n\n"
+        f"ceil({res['down_s']:g} / {b['breaker_open']:g}). The breaker opens when "
+        f"failure {b['breaker_failures']} in its window is recorded: calls claimed before "
+        f"that (up to one a slot) reach the provider anyway, so with more slots than "
+        f"{b['breaker_failures']} the bound can be passed by calls already on their way; "
+        f"after it opened only its probes may reach it.\n\n"
     )
     return head + report.table(("measure", "target", "result"), rows)
 
