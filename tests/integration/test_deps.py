@@ -8,6 +8,7 @@ The tools (``apps/deps_app.py``) push what their fake provider sees to the same 
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -128,7 +129,11 @@ def test_the_asyncio_pool_claims_through_the_same_limiter(tq: ToolQueue, redis_u
     # Then the rate (10/s) and the concurrency (2) held there too, no attempt spent
     times = sorted(seen(tq, "rated"))
     assert len(times) == 20
-    assert max(sum(1 for t in times if s <= t < s + 1000) for s in times) <= 11
+    # Each cell's limiter admits a quarter of the rate, 2.5/s: in any second, at most
+    # ceil(2.5) = 3 calls (a slot every 0.4 s), so the four together at most 12. One
+    # server would hold 11; a run here hit 12 (the share's cost, decision 0019).
+    per_cell = math.ceil(10 / 4)
+    assert max(sum(1 for t in times if s <= t < s + 1000) for s in times) <= 4 * per_cell
     assert int(tq.redis.get("provider:peak:narrow") or 0) <= 2
     assert all(r is not None and r.attempt == 1 for r in map(tq.get, rated))
     assert sum(len(held(tq, r)) for r in rated + narrow) > 0
@@ -162,7 +167,11 @@ def test_on_cells_each_cell_holds_its_share_of_the_rate(redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
     times = sorted(int(x) for x in r.lrange("provider:seen:rated", 0, -1))
     assert len(times) == 24
-    assert max(sum(1 for t in times if s <= t < s + 1000) for s in times) <= 11
+    # Each cell's limiter admits a quarter of the rate, 2.5/s: in any second, at most
+    # ceil(2.5) = 3 calls (a slot every 0.4 s), so the four together at most 12. One
+    # server would hold 11; a run here hit 12 (the share's cost, decision 0019).
+    per_cell = math.ceil(10 / 4)
+    assert max(sum(1 for t in times if s <= t < s + 1000) for s in times) <= 4 * per_cell
     # and the limiter's state is in the cells the calls were in, not under one key
     assert len({k for k in r.scan_iter(match="*:dep:rated")}) >= 2
 
