@@ -3,7 +3,7 @@
 ``await_sleep`` awaits ``seconds``; ``await_http`` awaits a local HTTP provider that
 answers after ``seconds`` (an ``httpx.AsyncClient`` per call, sharing one SSL context); both
 count the calls inside the tool in the worker process's memory and publish the most
-seen (``bench:inflight:max``, :class:`InFlight`).
+seen (``bench:inflight:max``, :class:`bench.peers.inflight.InFlight`).
 
 Not one client for every call: httpx 0.28's pool (httpcore 1.0) walks every connection
 on each request and, per idle connection, every connection again on each response
@@ -17,72 +17,27 @@ on a loop alone took 24 s of CPU, 24 s of it in one turn of the loop (a client p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import ssl
-import threading
 import time
 from typing import Any
 
 import httpx
-import redis
 from pydantic import BaseModel
 
+from bench.peers.inflight import InFlight
 from toolq import ToolQueue
 
 tq = ToolQueue(name="bench")
 #: For ``celery -A bench.aio_pool_app:celery_app worker`` (the threads pool past -c 1024).
 celery_app = tq.celery
 
-#: Where the worker process publishes the most calls it held inside a tool at once.
-MAX_KEY = "bench:inflight:max"
-#: How often it does (a call never waits for it).
-PUBLISH_EVERY_S = 0.1
-
-
-class InFlight:
-    """The calls inside a tool in this worker process, and the most seen: counted in
-    memory (under a lock: the threads pool's calls run on threads of their own), the
-    most published to ``MAX_KEY`` by a thread of its own every ``PUBLISH_EVERY_S``.
-
-    Counted in Redis instead (an EVAL in, a DECR out, on a pool of 64 connections per
-    loop), the count cost each call two round trips inside the tool: with 2,000 calls
-    ending within a second on one loop the DECRs queued for up to 2.4 s, and the
-    bench's wall was partly its own counter (bench/RESULTS.md, the asyncio pool)."""
-
-    def __init__(self) -> None:
-        self.now = 0
-        self.most = 0
-        self._lock = threading.Lock()
-        self._publisher: threading.Thread | None = None
-
-    def enter(self) -> None:
-        with self._lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-            if self._publisher is None:
-                self._publisher = threading.Thread(
-                    target=self._publish, name="bench-inflight", daemon=True
-                )
-                self._publisher.start()
-
-    def leave(self) -> None:
-        with self._lock:
-            self.now -= 1
-
-    def _publish(self) -> None:
-        r = redis.Redis.from_url(tq.redis_url)
-        sent = 0
-        while True:
-            most = self.most
-            if most != sent:
-                with contextlib.suppress(redis.RedisError):
-                    r.set(MAX_KEY, most)
-                    sent = most
-            time.sleep(PUBLISH_EVERY_S)
-
-
-inflight = InFlight()
+#: Calls inside a tool in this worker process, counted in its memory, the most
+#: published to ``bench:inflight:max`` by a thread every 0.1 s. Counted in Redis instead
+#: (an EVAL in, a DECR out, on the loop's pool), the count cost each call two round trips
+#: inside the tool: with 2,000 calls ending within a second on one loop the DECRs queued
+#: for up to 2.4 s, and the bench's wall was partly its own counter (bench/RESULTS.md).
+inflight = InFlight(lambda: tq.redis_url)
 #: Made once: a client's own would load the CA bundle at each call.
 _ssl = ssl.create_default_context()
 

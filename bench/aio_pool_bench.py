@@ -24,7 +24,7 @@ Wall: the first claim to the last record (the worker's own time, not the submits
 ledger's stamps, taken by the worker when it asks for the claim or the record: the
 last record is committed a round trip or a batch after its stamp, tens of ms).
 In flight: the most calls inside the tool at once (counted in the worker process's
-memory, the most published to Redis by a thread: :class:`bench.aio_pool_app.InFlight`;
+memory, the most published to Redis by a thread: :class:`bench.peers.inflight.InFlight`;
 counted in Redis, the count's two round trips per call were part of the wall). RSS:
 the worker's most, sampled every 0.2 s. Medians of ``repeats`` runs; the machine is
 shared (2 CPUs, other jobs).

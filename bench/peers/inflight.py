@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -23,7 +24,10 @@ PUBLISH_EVERY_S = 0.1
 
 
 class InFlight:
-    def __init__(self, url: str) -> None:
+    """``url``: the server's, or a function giving it when the first call enters (an
+    app configured after import: toolq's, :mod:`bench.aio_pool_app`)."""
+
+    def __init__(self, url: str | Callable[[], str]) -> None:
         self.url = url
         self.now = 0
         self.most = 0
@@ -47,7 +51,7 @@ class InFlight:
             self.done += 1
 
     def _publish(self) -> None:
-        r = redis.Redis.from_url(self.url)
+        r = redis.Redis.from_url(self.url() if callable(self.url) else self.url)
         sent = (0, 0)
         while True:
             now = (self.most, self.done)
