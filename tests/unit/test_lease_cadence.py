@@ -3,11 +3,12 @@ sent (:func:`until_next`), so a slow reply does not leave the lease to run out."
 
 from __future__ import annotations
 
+import logging
 from itertools import pairwise
 
 import pytest
 
-from toolq.services.tasks.leases import LeaseKeeper, until_next
+from toolq.services.tasks.leases import LeaseKeeper, RenewalWord, until_next
 
 EVERY = 5.0  # a 15 s lease's renewal period
 
@@ -84,3 +85,21 @@ def test_a_renewal_whose_reply_took_two_periods_is_followed_before_its_lease_end
     assert len(sent) == 5
     assert all(b < a + 15.0 for a, b in pairwise(sent))
     assert sent[3] - sent[2] == pytest.approx(10.0)
+
+
+def test_renewals_say_once_that_they_fail_and_once_that_they_are_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    word = RenewalWord()
+    with caplog.at_level(logging.WARNING, logger="toolq.leases"):
+        for _ in range(3):
+            word.failed(ConnectionError("refused"))
+        word.renewed()
+        word.renewed()
+        word.failed(ConnectionError("refused"))
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "lease renewals failing (ConnectionError); retrying",
+        "lease renewals back",
+        "lease renewals failing (ConnectionError); retrying",
+    ]

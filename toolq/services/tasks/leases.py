@@ -63,6 +63,26 @@ def until_next(sent_at: float, every: float, now: float) -> float:
     return max(0.0, sent_at + every - now)
 
 
+class RenewalWord:
+    """What the renewals say while the server is away: once when they start failing,
+    once when they are back (not every period: a two-minute outage said it 24 times)."""
+
+    __slots__ = ("failing",)
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def failed(self, exc: BaseException) -> None:
+        if not self.failing:
+            self.failing = True
+            log.warning("lease renewals failing (%s); retrying", type(exc).__name__)
+
+    def renewed(self) -> None:
+        if self.failing:
+            self.failing = False
+            log.warning("lease renewals back")
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -87,6 +107,7 @@ class LeaseKeeper:
         self.renew_every = renew_every
         self.clock = clock
         self._ticks = ticks  # what the renewals are paced by (a test's own clock)
+        self._word = RenewalWord()
         self.holder = process_holder()
         self._seq = itertools.count(1)
         self._held: dict[tuple[str, int, str, str], int] = {}
@@ -147,8 +168,9 @@ class LeaseKeeper:
             try:
                 lost = self.ledger.renew(int(self.clock() * 1000), self.lease_ms, held)
             except redis.RedisError as exc:
-                log.warning("lease renewal failed (%s); retrying", type(exc).__name__)
+                self._word.failed(exc)
                 self._stop.wait(min(every, 0.5))  # not a hot loop while the server is away
                 continue
+            self._word.renewed()
             for ref in lost:
                 log.warning("lease lost for %s: the operation moved on without this worker", ref)

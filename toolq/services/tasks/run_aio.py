@@ -36,7 +36,7 @@ from toolq.core.tools import CallContext, Tool
 from toolq.decisions.recovery import outcome
 from toolq.decisions.recovery.transition import Transition
 from toolq.process import tracing
-from toolq.services.tasks.leases import holder_is_dead, process_holder, until_next
+from toolq.services.tasks.leases import RenewalWord, holder_is_dead, process_holder, until_next
 from toolq.services.tasks.run import (
     AWAY,
     CLAIM_PATIENCE_S,
@@ -74,6 +74,7 @@ class AsyncLeaseKeeper:
         self._seq = itertools.count(1)
         self._held: dict[tuple[str, int, str, str], int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._word = RenewalWord()
 
     def new_holder(self) -> str:
         """A lease-holder id for one delivery (this process's id and a number)."""
@@ -116,11 +117,12 @@ class AsyncLeaseKeeper:
                 try:
                     lost = await self.ledger.renew(int(self.clock() * 1000), self.lease_ms, batch)
                 except redis.RedisError as exc:
-                    log.warning("lease renewal failed (%s); retrying", type(exc).__name__)
+                    self._word.failed(exc)
                     break
                 except Exception:  # never end the renewals of every call in flight
                     log.exception("lease renewal failed; retrying")
                     break
+                self._word.renewed()
                 still = {key[0] for key in self._held}  # not those recorded meanwhile
                 for ref in lost:
                     if ref in still:
