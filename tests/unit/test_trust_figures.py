@@ -251,3 +251,29 @@ def test_the_console_writes_a_states_times_as_bounds(figures: dict[str, Any], te
 )
 def test_the_console_says_what_span_a_window_covers(window: dict[str, Any], text: str) -> None:
     assert present.covered(window, NOW) == text
+
+
+@pytest.mark.parametrize(
+    ("existing", "window_s", "expected"),
+    [
+        # a system older than the window: the baseline is among the minutes read
+        ([NOW - H - 3 * M, NOW - H, NOW - M, NOW], 3600, None),
+        # a young one: its first sample is on no field read, so it is read too
+        ([NOW - 7 * M, NOW - 6 * M, NOW], 3600, NOW - 7 * M),
+        # ... unless it is one of them
+        ([NOW - 10 * M, NOW - 9 * M, NOW], 3600, None),
+        # a gap in sampling longer than the minutes around the start: the last before it
+        ([NOW - H - 30 * M, NOW - 20 * M, NOW], 3600, NOW - H - 30 * M),
+        # nothing sampled yet; names that are not fields are skipped
+        ([], 3600, None),
+        (["first", str(NOW - 3 * M)], 3600, NOW - 3 * M),
+        # the hourly tier of a week: a 10-hour-old system's first hour is read too
+        ([NOW - 10 * H, NOW - 9 * H, NOW], 7 * 24 * 3600, NOW - 10 * H),
+    ],
+)
+def test_the_baseline_a_windows_fields_missed_is_read(
+    existing: list[Any], window_s: int, expected: int | None
+) -> None:
+    minutes, hours = series.window_fields(NOW + 30_000, window_s)
+    fields = minutes or hours
+    assert series.baseline_field(existing, fields, NOW + 30_000, window_s) == expected

@@ -133,7 +133,8 @@ async def series(aio: AsyncToolQueue, hours: float) -> list[Point]:
 async def trust(aio: AsyncToolQueue, window: str) -> dict[str, Any]:
     """The trust figures per tool over ``window`` (a key of
     :data:`toolq.services.scheduler.trust.WINDOWS`): from the series' samples at the
-    window's start and in it, to the ledger's counters read now. One round trip."""
+    window's start and in it, to the ledger's counters read now. One round trip (two on
+    a system younger than the window: :func:`~toolq.services.scheduler.series.baseline_field`)."""
     if window not in WINDOWS:
         from toolq.core import errors
         from toolq.core.envelope import FieldError
@@ -146,18 +147,24 @@ async def trust(aio: AsyncToolQueue, window: str) -> dict[str, Any]:
     now = aio.app.now_ms()
     sources = settings_sources(aio.app.settings)
     minutes, hours = samples.window_fields(now, window_s)
+    tier, fields = (
+        (sources.keys.series_tools, minutes) if minutes else (sources.keys.series_hourly, hours)
+    )
     client = await aio.client()
     async with client.pipeline(transaction=False) as pipe:
-        if minutes:
-            pipe.hmget(sources.keys.series_tools, [str(f) for f in minutes])
-        else:
-            pipe.hmget(sources.keys.series_hourly, [str(f) for f in hours])
+        pipe.hmget(tier, [str(f) for f in fields])
+        pipe.hkeys(tier)
         for k in sources.cell_keys:
             pipe.hgetall(k.stats)
         replies = await pipe.execute()
-    found = [s for s in (samples.parse_tools_sample(r) for r in replies[0]) if s is not None]
+    raw = list(replies[0])
+    # The baseline, when the sparse fields missed it (a young system): one more read.
+    extra = samples.baseline_field(replies[1], fields, now, window_s)
+    if extra is not None:
+        raw.append(await client.hget(tier, str(extra)))
+    found = [s for s in (samples.parse_tools_sample(r) for r in raw) if s is not None]
     stats: dict[str, int] = {}
-    for cell in replies[1:]:  # summed over the cells
+    for cell in replies[2:]:  # summed over the cells
         for k, v in cell.items():
             stats[as_text(k)] = stats.get(as_text(k), 0) + int(v)
     found.append(samples.sample_of(stats, {}, now))

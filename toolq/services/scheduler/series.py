@@ -189,6 +189,25 @@ def window_fields(now_ms: int, window_s: int) -> tuple[list[int], list[int]]:
     return [], [base - hour, base, *range(base + step, bucket(now_ms, HOURLY_S) + 1, step)]
 
 
+def baseline_field(
+    existing: Sequence[Any], read: Sequence[int], now_ms: int, window_s: int
+) -> int | None:
+    """The field a window's baseline is in when :func:`window_fields` did not read it, else
+    None (pure). ``existing``: the tier's fields (``HKEYS``); ``read``: those read.
+
+    The baseline is the last sample at or before the window's start; on a system younger
+    than the window (or after a gap in sampling longer than the fields around the start)
+    it is the first sample there is. The sparse fields after the start miss that one
+    unless it falls on one of them: a window would then count from a later sample, and
+    leave out what happened before it (a CI run's 1-hour figures counted 1 of 6 unknown
+    outcomes: the stack was 1 minute old, its first sample on no 10-minute field)."""
+    start = now_ms - window_s * 1000
+    fields = sorted(int(f) for f in map(as_text, existing) if f.isdigit())
+    before = [f for f in fields if f <= start]
+    want = before[-1] if before else (fields[0] if fields else None)
+    return None if want is None or want in read else want
+
+
 @dataclass
 class Sampler:
     """Writes a sample when an interval begins (the scheduler calls :meth:`maybe`)."""
