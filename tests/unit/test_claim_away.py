@@ -4,7 +4,9 @@ The task bodies on fakeredis, the ledger's calls made to fail as a server away
 fails (``redis.ConnectionError``): a claim that fails past its patience raises
 ``LedgerAway`` (the tool not called), which the Celery task turns into a requeue
 (``Requeue``, a ``Reject``) that Celery logs on one line; a record that fails
-after the tool ran stays what it was (the lease sweep and verification settle it).
+after the tool ran raises ``RecordAway``, which the task turns into a requeue too: the
+attempt stays held under a lease no longer renewed (its expiry settles it), and the
+copy's claim finds it held and never calls the tool again.
 The integration test with real processes: tests/integration/test_broker_outage.py.
 """
 
@@ -24,7 +26,7 @@ from pydantic import BaseModel
 from toolq import CallContext, State, ToolQueue
 from toolq.adapters.broker.messages import RUN_TASK, VERIFY_TASK, Requeue
 from toolq.services.tasks import run as run_module
-from toolq.services.tasks.run import LedgerAway
+from toolq.services.tasks.run import LedgerAway, RecordAway
 
 
 class Args(BaseModel):
@@ -90,19 +92,88 @@ def test_a_check_whose_claim_fails_raises_ledger_away_and_looks_nothing_up(
     assert tq.called == []  # type: ignore[attr-defined]
 
 
-def test_a_record_that_fails_after_the_tool_ran_is_not_a_requeue(
+def test_a_record_that_fails_after_the_tool_ran_raises_record_away_and_calls_nothing_again(
     tq: ToolQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a claim that succeeds, and the server gone before the outcome is recorded
     ref = tq.submit("send", {}, operation_ref="away/record").operation_ref
+    apply_one = tq.app.ledger.apply_one
     monkeypatch.setattr(tq.app.ledger, "apply_one", away)
 
-    # Then the redis error escapes as before (acked: the lease sweep and verification
-    # settle the attempt), never LedgerAway, which would run the tool again
-    with pytest.raises(redis.ConnectionError) as raised:
+    # Then RecordAway, not the redis error (Celery logged that as "raised unexpected",
+    # at ERROR, with its traceback), and not LedgerAway (the claim's: "not called")
+    with pytest.raises(RecordAway) as raised:
         tq.runtime.run_attempt(ref, 1)
     assert not isinstance(raised.value, LedgerAway)
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    assert str(raised.value) == (
+        "away/record -> succeeded: the ledger's server did not take the record within 0.2 s "
+        "(ConnectionError); the lease's expiry settles it"
+    )
     assert tq.called == ["send away/record"]  # type: ignore[attr-defined]
+    # the attempt stays running under its lease, which the keeper no longer renews
+    assert tq.app.ledger.fields(ref, "state")["state"] == State.RUNNING
+    assert tq.runtime.leases._held == {}
+
+    # And the copy of the delivery, once the server answers, never calls the tool again:
+    # its claim finds the attempt held (dropped while the lease lasts)
+    monkeypatch.setattr(tq.app.ledger, "apply_one", apply_one)
+    assert tq.runtime.run_attempt(ref, 1) == "duplicate"
+    assert tq.called == ["send away/record"]  # type: ignore[attr-defined]
+
+
+def test_the_task_gives_back_a_delivery_whose_record_fails_in_one_warning_line(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = tq.submit("send", {}, operation_ref="away/task-record").operation_ref
+    monkeypatch.setattr(tq.app.ledger, "apply_one", away)
+    body = tq.app.celery.tasks[RUN_TASK]
+
+    with caplog.at_level(logging.DEBUG, logger="celery"):
+        result = body.apply(args=(ref, 1))
+
+    assert str(result.state) == "REJECTED"  # requeued, not acknowledged
+    lines = [r for r in caplog.records if r.name == "celery.app.trace"]
+    assert len(lines) == 1, lines
+    assert lines[0].levelno == logging.WARNING
+    assert lines[0].exc_info is None and lines[0].exc_text is None
+    assert f"requeued: {ref} -> succeeded: the ledger's server did not take the record" in (
+        lines[0].getMessage()
+    )
+    assert "Traceback" not in caplog.text and "10.0.0.7" not in caplog.text
+    assert "raised unexpected" not in caplog.text
+
+
+def test_patience_counts_from_the_first_failure_not_the_first_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a first try that took longer than the whole patience and then failed
+    # (a server stalled, then its reply lost), and a second that is answered
+    now = [1000.0]
+    monkeypatch.setattr(run_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(run_module.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    tries: list[float] = []
+
+    def slow_then_answered() -> str:
+        tries.append(now[0])
+        if len(tries) == 1:
+            now[0] += 90.0
+            raise redis.TimeoutError("Timeout reading from socket")
+        return "ok"
+
+    # Then it is tried again, not given up on at once
+    assert run_module._patient(slow_then_answered, 60.0) == "ok"
+    assert len(tries) == 2
+
+    # And a server away all along is still given up on after its patience
+    def never() -> str:
+        tries.append(now[0])
+        raise redis.ConnectionError("refused")
+
+    tries.clear()
+    with pytest.raises(redis.ConnectionError):
+        run_module._patient(never, 60.0)
+    assert 55.0 <= tries[-1] - tries[0] <= 60.0
 
 
 @pytest.mark.parametrize(("task", "args"), [(RUN_TASK, (1,)), (VERIFY_TASK, (1, 1))])

@@ -3,12 +3,18 @@ sent (:func:`until_next`), so a slow reply does not leave the lease to run out."
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable
 from itertools import pairwise
 
 import pytest
+import redis
 
+from toolq.process import logs
 from toolq.services.tasks.leases import LeaseKeeper, RenewalWord, until_next
+from toolq.services.tasks.run_aio import AsyncLeaseKeeper
 
 EVERY = 5.0  # a 15 s lease's renewal period
 
@@ -103,3 +109,121 @@ def test_renewals_say_once_that_they_fail_and_once_that_they_are_back(
         "lease renewals back",
         "lease renewals failing (ConnectionError); retrying",
     ]
+
+
+class _Away:
+    """A ledger whose server is away for ``away`` renewals and ``ping_away`` pings."""
+
+    def __init__(self, away: int, ping_away: int) -> None:
+        self.away, self.ping_away = away, ping_away
+        self.pings = 0
+        self.redis = self
+
+    def renew(self, now_ms: int, lease_ms: int, held: list[object]) -> list[str]:
+        if self.away:
+            self.away -= 1
+            raise redis.ConnectionError("refused")
+        return []
+
+    def ping(self) -> bool:
+        self.pings += 1
+        if self.ping_away:
+            self.ping_away -= 1
+            raise redis.ConnectionError("refused")
+        return True
+
+
+class _Periods:
+    """The keeper's stop event: runs ``steps`` (one before each period), then stops."""
+
+    def __init__(self, clock: _Clock, steps: list[Callable[[], None]]) -> None:
+        self.clock, self.steps = clock, steps
+
+    def wait(self, timeout: float) -> bool:
+        self.clock.now += timeout
+        if not self.steps:
+            return True
+        self.steps.pop(0)()
+        return False
+
+    def set(self) -> None:
+        pass
+
+
+def test_an_outage_that_ends_with_nothing_held_says_back_and_the_next_one_is_said_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a keeper holding one call while the server is away (two renewals fail)
+    clock = _Clock()
+    ledger = _Away(away=2, ping_away=1)
+    keeper = LeaseKeeper(ledger, 15_000, clock, renew_every=EVERY, ticks=clock)  # type: ignore[arg-type]
+    key = ("op/1", 1, "run", "holder:1")
+
+    def hold() -> None:
+        keeper._held[key] = 1
+
+    def release() -> None:
+        keeper._held.clear()
+
+    def away_again() -> None:
+        ledger.away = 1
+        hold()
+
+    def nothing() -> None:
+        pass
+
+    keeper._stop = _Periods(  # type: ignore[assignment]
+        clock,
+        [
+            hold,  # a period with the call held: the renewal fails
+            nothing,  # the back-off wait after it
+            release,  # the call ended (given back) while the server was away: no answer
+            nothing,  # a period with nothing held: the server answers the ping
+            nothing,  # nothing held, nothing failing: nothing sent
+            away_again,  # a new outage, a new call held
+            nothing,
+            release,
+        ],
+    )
+
+    # When the keeper runs through those periods
+    with caplog.at_level(logging.WARNING, logger="toolq.leases"):
+        keeper._loop()
+
+    # Then the end of the first outage is said though nothing was held then (the
+    # server answered the keeper's ping), and the second outage is said again
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "lease renewals failing (ConnectionError); retrying",
+        "lease renewals back",
+        "lease renewals failing (ConnectionError); retrying",
+        "lease renewals back",
+    ]
+    assert ledger.pings == 3  # only while failing with nothing held, not every period
+
+
+def test_the_asyncio_keeper_is_about_no_operation_though_a_call_started_it() -> None:
+    # Given an asyncio-pool keeper started by a call's first lease (inside its log context)
+    seen: list[str] = []
+
+    class Ledger:
+        async def renew(self, now_ms: int, lease_ms: int, held: list[object]) -> list[str]:
+            seen.append(logs._REF.get())  # what its log lines would carry as operation_ref
+            raise redis.ConnectionError("refused")
+
+        async def ping(self) -> None:
+            seen.append(logs._REF.get())
+
+    async def run() -> None:
+        keeper = AsyncLeaseKeeper(Ledger(), 15_000, time.time, renew_every=0.01)  # type: ignore[arg-type]
+        with logs.about("op/started-it"):
+            holder = keeper.new_holder()
+            with keeper.hold("op/started-it", 1, "run", holder):
+                while not seen:
+                    await asyncio.sleep(0.01)
+        await keeper.stop()
+
+    asyncio.run(run())
+
+    # Then its renewals (and their warnings) carry no operation_ref, not that call's
+    assert seen and set(seen) == {""}

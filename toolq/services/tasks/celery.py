@@ -11,7 +11,10 @@ not), where an ack would have left its operation to the scheduler's republish af
 (``toolq_acks_in_ledger``), where the broker is away too: the reject then fails as the
 ack would have (kombu logs it) and the message stays unacknowledged on the server, as
 before; a server back by then takes the requeue, not an ack that drops the message.
-One rule for both modes.
+One rule for both modes. A delivery whose record the server did not take (after the
+tool ran: :class:`~toolq.services.tasks.run.RecordAway`) goes back the same way: the
+call that ends a delivery is the ledger's; its copy's claim finds the attempt held
+and ends it there (dropped while the lease lasts, settled as a lost lease after).
 
 On the asyncio pool (:mod:`toolq.services.workers.aio_pool`) a delivery's body is
 awaited on the pool's loop first (:attr:`AioBodies`, :mod:`toolq.services.tasks.run_aio`);
@@ -39,7 +42,7 @@ from toolq.adapters.broker.messages import (
 )
 from toolq.adapters.ledger.aio import AsyncLedger
 from toolq.process.logs import about
-from toolq.services.tasks.run import LedgerAway, Runtime
+from toolq.services.tasks.run import LedgerAway, RecordAway, Runtime
 from toolq.services.tasks.run_aio import AioRuntime
 
 #: What the asyncio pool's loop found for the delivery the tracer is running now:
@@ -95,7 +98,7 @@ def register_tasks(
                 return task_result(done())
             with about(ref):
                 return task_result(runtime().run_attempt(ref, int(attempt), delivery_of(self)))
-        except LedgerAway as exc:
+        except (LedgerAway, RecordAway) as exc:
             raise Requeue(str(exc)) from exc
 
     @celery.task(name=VERIFY_TASK, **options)
@@ -108,7 +111,7 @@ def register_tasks(
                 return task_result(
                     runtime().run_check(ref, int(attempt), int(vcheck), delivery_of(self))
                 )
-        except LedgerAway as exc:
+        except (LedgerAway, RecordAway) as exc:
             raise Requeue(str(exc)) from exc
 
     if aio_ledger is not None:

@@ -3,6 +3,7 @@ script call, every lease the process holds, while its tools run."""
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 import os
@@ -65,7 +66,13 @@ def until_next(sent_at: float, every: float, now: float) -> float:
 
 class RenewalWord:
     """What the renewals say while the server is away: once when they start failing,
-    once when they are back (not every period: a two-minute outage said it 24 times)."""
+    once when they are back (not every period: a two-minute outage said it 24 times).
+
+    "Back" is said on the keeper's next answer from the server: a renewal, or, when no
+    lease is left to renew (the calls held then have ended or were given back), a
+    ping the keeper sends only while failing (:meth:`idle`). Without it an outage that
+    ended with nothing held never said "back", and the next outage's failures said
+    nothing at all."""
 
     __slots__ = ("failing",)
 
@@ -81,6 +88,17 @@ class RenewalWord:
         if self.failing:
             self.failing = False
             log.warning("lease renewals back")
+
+    def idle(self, ping: Callable[[], object]) -> None:
+        """Nothing held to renew: while failing, ask the server (``ping``); its answer
+        is the renewals' "back". Still away: nothing said, the next period asks again."""
+        if not self.failing:
+            return
+        try:
+            ping()
+        except redis.RedisError:
+            return
+        self.renewed()
 
 
 def _is_zombie(pid: int) -> bool:
@@ -126,7 +144,14 @@ class LeaseKeeper:
             self._pid = os.getpid()
             self._stop = threading.Event()
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="toolq-leases", daemon=True)
+            # An empty context (as a thread's is by default, made explicit): the keeper's
+            # lines are about no one operation, not the one whose call started it.
+            self._thread = threading.Thread(
+                target=contextvars.Context().run,
+                args=(self._loop,),
+                name="toolq-leases",
+                daemon=True,
+            )
             self._thread.start()
 
     def new_holder(self) -> str:
@@ -164,6 +189,7 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held)
             if not held:
+                self._word.idle(self.ledger.redis.ping)
                 continue
             try:
                 lost = self.ledger.renew(int(self.clock() * 1000), self.lease_ms, held)

@@ -6,7 +6,12 @@ attempt is already claimed does not call the tool: if the holder is alive it
 is dropped; if the holder died or its lease expired, a write goes to
 verification and a read runs again. A claim that cannot reach the ledger's server
 raises :class:`LedgerAway`: the tool was not called, and the task body gives the
-delivery back to its queue (:mod:`toolq.client.app`).
+delivery back to its queue (:mod:`toolq.client.app`). A record (the outcome after the
+tool ran, or a hand-back) that cannot reach it raises :class:`RecordAway`: the delivery
+goes back to its queue too, its attempt stays as the ledger has it (``running``, its
+lease no longer renewed), and the lease's expiry settles it as any unknown outcome (a
+write is verified, a read runs again); the copy's claim finds it held and never calls
+the tool.
 """
 
 from __future__ import annotations
@@ -70,6 +75,27 @@ class LedgerAway(Exception):
         super().__init__(
             f"{ref} attempt {attempt}: the ledger's server did not take the claim within "
             f"{CLAIM_PATIENCE_S:g} s ({type(cause).__name__}); the tool was not called"
+        )
+
+
+class RecordAway(Exception):
+    """A delivery's record (its outcome, after the tool ran; or a claim given back)
+    could not be written: the ledger's server did not answer within
+    :data:`RECORD_PATIENCE_S`. Raised from the redis error; the task body turns it
+    into a requeue of the delivery, as :class:`LedgerAway`.
+
+    The attempt stays as the ledger has it: ``running`` under this delivery's lease,
+    which is no longer renewed. Once it runs out, the lease sweep (or the copy's
+    claim, which finds it held, not claimable) settles it as an unknown outcome: a
+    write goes to verification, a read runs again. The tool is never called again
+    for this attempt. (The record may have been written and its reply lost: the copy
+    then finds the new state and is refused.)
+    """
+
+    def __init__(self, t: Transition, cause: BaseException) -> None:
+        super().__init__(
+            f"{t.ref} -> {t.to}: the ledger's server did not take the record within "
+            f"{RECORD_PATIENCE_S:g} s ({type(cause).__name__}); the lease's expiry settles it"
         )
 
 
@@ -324,7 +350,12 @@ class Runtime:
 
     def _record(self, t: Transition, delivery: str | None = None) -> str:
         at = self.now_ms()  # when it was decided: a step after it starts later
-        res = _patient(lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S)
+        try:
+            res = _patient(
+                lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S
+            )
+        except AWAY as exc:
+            raise RecordAway(t, exc) from exc
         tracing.current().recorded(t, res, at)  # the attempt's or the check's span, if traced
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
@@ -358,17 +389,22 @@ def _claimed(ref: str, attempt: int, fn: Callable[[], T]) -> T:
 
 
 def _patient(fn: Callable[[], T], patience_s: float) -> T:
-    """Call ``fn``, retrying connection errors with backoff for up to ``patience_s``.
+    """Call ``fn``, retrying connection errors with backoff for up to ``patience_s``
+    from the first failure (a first try that took long and then failed, a server
+    stalled rather than away, still gets its retries).
 
     Every ledger call is a compare-and-set, so a repeat after a lost reply is safe.
     """
-    deadline = time.monotonic() + patience_s
+    deadline: float | None = None
     delay = 0.05
     while True:
         try:
             return fn()
         except AWAY:
-            if time.monotonic() + delay > deadline:
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + patience_s
+            if now + delay > deadline:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)

@@ -18,6 +18,7 @@ that died mid-call, its lease runs out and the lease sweep settles it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import time
@@ -36,12 +37,13 @@ from toolq.core.tools import CallContext, Tool
 from toolq.decisions.recovery import outcome
 from toolq.decisions.recovery.transition import Transition
 from toolq.process import tracing
+from toolq.services.tasks import run as _sync_run
 from toolq.services.tasks.leases import RenewalWord, holder_is_dead, process_holder, until_next
 from toolq.services.tasks.run import (
     AWAY,
     CLAIM_PATIENCE_S,
-    RECORD_PATIENCE_S,
     LedgerAway,
+    RecordAway,
     Runtime,
     _log_failure,
     _traced,
@@ -79,8 +81,10 @@ class AsyncLeaseKeeper:
     def new_holder(self) -> str:
         """A lease-holder id for one delivery (this process's id and a number)."""
         if self._task is None or self._task.done():
+            # A context of its own, not the first call's: the keeper's lines are about
+            # no one operation (no operation_ref, no span of that call's).
             self._task = asyncio.get_running_loop().create_task(
-                self._loop(), name="toolq-aio-leases"
+                self._loop(), name="toolq-aio-leases", context=contextvars.Context()
             )
         return f"{self.holder}:{next(self._seq)}"
 
@@ -112,6 +116,17 @@ class AsyncLeaseKeeper:
             await asyncio.sleep(until_next(sent, self.renew_every, loop.time()))
             sent = loop.time()
             held = list(self._held)
+            if not held and self._word.failing:
+                # Nothing left to renew: the server's answer to a ping is the "back"
+                # (RenewalWord.idle), else an outage ended with nothing held said none.
+                try:
+                    await self.ledger.ping()
+                except redis.RedisError:
+                    continue
+                except Exception:  # never end the keeper
+                    log.exception("lease keeper's ping failed; retrying")
+                    continue
+                self._word.renewed()
             for start in range(0, len(held), RENEW_BATCH):
                 batch = held[start : start + RENEW_BATCH]
                 try:
@@ -347,9 +362,13 @@ class AioRuntime:
 
     async def _record(self, t: Transition, delivery: str | None = None) -> str:
         at = self.now_ms()  # when it was decided: a step after it starts later
-        res = await _patient(
-            lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S
-        )
+        try:
+            res = await _patient(
+                lambda: self.ledger.apply_one(t, self.now_ms(), delivery),
+                _sync_run.RECORD_PATIENCE_S,  # read at the call (a test's app shortens it)
+            )
+        except AWAY as exc:
+            raise RecordAway(t, exc) from exc
         tracing.current().recorded(t, res, at)  # the attempt's or the check's span, if traced
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
