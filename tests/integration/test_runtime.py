@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 import redis
@@ -50,6 +51,7 @@ def test_every_attempt_sends_the_same_operation_ref(rt: ToolQueue, provider: red
     # Given a provider that rate-limits the first two attempts
     ref = rt.submit("pay", {"mode": "rate_limited"}).operation_ref
     remaining: list[int] = []
+    not_before: list[datetime] = []
 
     def watch() -> None:
         while True:
@@ -61,6 +63,8 @@ def test_every_attempt_sends_the_same_operation_ref(rt: ToolQueue, provider: red
                 n = env.retry.max_attempts_remaining
                 if not remaining or remaining[-1] != n:
                     remaining.append(n)
+                    assert env.retry.not_before is not None
+                    not_before.append(env.retry.not_before)
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch)
@@ -76,10 +80,14 @@ def test_every_attempt_sends_the_same_operation_ref(rt: ToolQueue, provider: red
     assert remaining == [4, 3]
     rec = rt.get(ref)
     assert rec is not None
-    failed_at = [h.at for h in rec.history if h.to == State.WAITING_RETRY]
     started_at = [h.at for h in rec.history if h.to == State.RUNNING]
-    for fail, nxt in zip(failed_at, started_at[1:], strict=True):
-        assert nxt - fail >= 400  # retry_after=0.4 s
+    # Compared with the envelope's not_before, not the waiting_retry entry's stamp: a
+    # step is stamped when it is recorded, a few ms after it was decided (the time
+    # not_before counts from), so "failure stamp + 0.4 s" can be later than it.
+    nb_ms = [round(nb.timestamp() * 1000) for nb in not_before]
+    for start, nb, nxt in zip(started_at[:-1], nb_ms, started_at[1:], strict=True):
+        assert nb - start >= 400  # retry_after=0.4 s, counted from after the attempt began
+        assert nxt >= nb
     assert effects(provider, ref) == 1
 
 
