@@ -10,7 +10,20 @@ on each request and, per idle connection, every connection again on each respons
 (``_assign_requests_to_connections``). One client holding 2,000 connections with
 keep-alive held the worker's loop for minutes when the responses came back: 1,000 GETs
 on a loop alone took 24 s of CPU, 24 s of it in one turn of the loop (a client per call:
-1.3 s); the worker's claims waiting on that loop timed out and were requeued.
+1.3 s); the worker's claims waiting on that loop timed out and were requeued. Still so
+in httpx 0.29 and httpx2 2.16 (its pool rewritten, the OpenAI/Anthropic/MCP SDKs' client):
+one client with ``max_connections=max_keepalive_connections=2000``, 2,000 GETs of 5 s on
+one loop alone sent the last request after 125 s (httpx) and 48 s (httpx2); a client per
+call, after 7-17 s on a machine at load 4-6, in CPU 6.5-8 s against 70 and 25.
+
+Where the ``http`` scenario's ~2 s past ``sleep`` go (2026-12-02, py-spy on the worker,
+timestamps in the tool and the provider): httpx's CPU on the loop, ~1.3 ms a call (worker
+CPU 4.4 s against 1.7 s), ~80 % of it before the request is sent (the client, its
+environment proxy lookup, anyio's connect, ``get_extra_info``, the first write) and
+~17 % reading and closing; the last requests leave late and their answers come back as
+late. Not the provider: its sleeps end within 20 ms of due and it writes at once.
+``trust_env=False`` (no proxy lookup per client) saved ~5 % of the worker's CPU, within
+the wall's noise: not taken.
 ``sleep100`` (a ``def`` tool, 100 ms) is :mod:`bench.apps`' I/O-bound tool.
 """
 
