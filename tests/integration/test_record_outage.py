@@ -28,7 +28,8 @@ from toolq.adapters.embedded import EmbeddedServer, url_for_db
 
 APP = "tests.integration.apps.outage_app:tq"
 CALLS = 4
-#: The record's patience in the worker (60 s in production): the outage outlasts it.
+#: The record's patience in the worker (``worker.record_patience_s``, 60 s by default):
+#: the outage outlasts it.
 PATIENCE_S = "4"
 TERMINAL = {"succeeded", "failed", "escalated", "cancelled"}
 
@@ -54,7 +55,7 @@ def test_a_record_the_server_does_not_take_is_said_once_and_settled_without_a_tr
     env = {
         "TOOLQ_REDIS_URL": url,
         "TOOLQ_TEST_PROVIDER_DIR": str(provider),
-        "TOOLQ_TEST_RECORD_PATIENCE": PATIENCE_S,
+        "TOOLQ_WORKER__RECORD_PATIENCE_S": PATIENCE_S,
     }
     log = tmp_path / "worker.log"
     with log.open("wb") as f:  # the worker's own level: WARNING, quiet by default
@@ -107,6 +108,8 @@ def test_a_record_the_server_does_not_take_is_said_once_and_settled_without_a_tr
     records = [x for x in lines if "did not take the record" in x]
     assert len(records) == CALLS, records  # one line a call
     assert all("WARNING" in x and "requeued: rec/" in x for x in records), records
+    # after the patience the worker's settings gave it (not the 60 s default)
+    assert all(f"did not take the record within {PATIENCE_S} s" in x for x in records), records
     # once a process each way: one process (asyncio) or one a pool child (prefork)
     failing = _by_process(lines, "lease renewals failing")
     back = _by_process(lines, "lease renewals back")

@@ -21,10 +21,11 @@ import fakeredis
 import pytest
 import redis
 from celery.exceptions import Reject
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from toolq import CallContext, State, ToolQueue
 from toolq.adapters.broker.messages import RUN_TASK, VERIFY_TASK, Requeue
+from toolq.core.settings import ToolqSettings, WorkerSettings
 from toolq.services.tasks import run as run_module
 from toolq.services.tasks.run import LedgerAway, RecordAway
 
@@ -34,8 +35,11 @@ class Args(BaseModel):
 
 
 @pytest.fixture
-def tq(fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolQueue]:
-    q = ToolQueue(redis_url="redis://fake:6379/0")
+def tq(fake_redis: fakeredis.FakeRedis) -> Iterator[ToolQueue]:
+    # a short patience (its settings): what is tested is what happens after it
+    worker = WorkerSettings(claim_patience_s=0.2, record_patience_s=0.2)
+    settings = ToolqSettings(redis_url=SecretStr("redis://fake:6379/0"), worker=worker)
+    q = ToolQueue(settings=settings)
     q.app._redis = fake_redis
     called: list[str] = []
 
@@ -49,9 +53,6 @@ def tq(fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch) -> Iter
         called.append(f"find {ctx.operation_ref}")
 
     q.called = called  # type: ignore[attr-defined]
-    # a short patience: what is tested is what happens after it
-    monkeypatch.setattr(run_module, "CLAIM_PATIENCE_S", 0.2)
-    monkeypatch.setattr(run_module, "RECORD_PATIENCE_S", 0.2)
     yield q
     q.close()
 

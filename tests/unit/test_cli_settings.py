@@ -14,6 +14,16 @@ from toolq.edges.cli import main
         ({"TOOLQ_CELLS": "abc"}, ["status"], "TOOLQ_CELLS: Input should be a valid integer"),
         ({"TOOLQ_LEASE__SECONDS": "x"}, ["status"], "TOOLQ_LEASE__SECONDS: Input should be"),
         (
+            {"TOOLQ_WORKER__RECORD_PATIENCE_S": "0"},
+            ["status"],
+            "TOOLQ_WORKER__RECORD_PATIENCE_S: Input should be greater than or equal to 0.1",
+        ),
+        (
+            {"TOOLQ_WORKER__CLAIM_PATIENCE_S": "7200"},
+            ["status"],
+            "TOOLQ_WORKER__CLAIM_PATIENCE_S: Input should be less than or equal to 3600",
+        ),
+        (
             {"TOOLQ_CLUSTER": "1", "TOOLQ_REDIS_URL": "redis://u:s3cret@127.0.0.1:1/0"},
             ["status"],
             "cluster=true needs cells",

@@ -226,6 +226,8 @@ class App:
                     int(self.settings.lease.seconds * 1000),
                     self.clock,
                     renew_every=self.settings.lease.renew_every,
+                    claim_patience_s=self.settings.worker.claim_patience_s,
+                    record_patience_s=self.settings.worker.record_patience_s,
                     messages_for=self.outbound_for,
                 )
                 # cells: each cell limits the calls it holds, with its share of the limits

@@ -187,6 +187,17 @@ class WorkerSettings(BaseModel):
     #: the API and the console list it as gone, not beside the live ones (three beats
     #: missed by default; tests choose shorter ones). At least two beats.
     alive_s: float = Field(default=15.0, ge=0.5, le=3600)
+    #: How long a delivery keeps trying to claim its attempt while the ledger's server
+    #: is away, from the first failure. Past it the delivery goes back to its queue,
+    #: the tool not called (``LedgerAway``), so each copy of a message waits this long
+    #: first: a redelivery is not a hot loop. At least 0.1 s: one retry (the first
+    #: backoff is 50 ms).
+    claim_patience_s: float = Field(default=10.0, ge=0.1, le=3600)
+    #: How long a worker keeps trying to record an outcome (or give a claim back)
+    #: while the ledger's server is away, from the first failure. Past it the delivery
+    #: goes back to its queue (``RecordAway``), and the lease's expiry settles the
+    #: attempt: a write is verified, a read runs again.
+    record_patience_s: float = Field(default=60.0, ge=0.1, le=3600)
 
     @model_validator(mode="after")
     def _two_beats(self) -> WorkerSettings:

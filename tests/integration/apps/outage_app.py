@@ -4,8 +4,9 @@ the tool and its verifier work while the server is down: ``hold`` marks that it
 started (``started/<ref>``), waits for the test's ``go`` file, commits
 (``effects/<ref>``, one line an attempt), and returns.
 
-The record's patience is cut to a few seconds (``TOOLQ_TEST_RECORD_PATIENCE``), so a
-test's outage outlasts it without taking a minute.
+A test cuts the record's patience to a few seconds (its setting,
+``TOOLQ_WORKER__RECORD_PATIENCE_S``), so that its outage outlasts it without taking a
+minute.
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ from pydantic import BaseModel
 
 from toolq import CallContext, ToolQueue
 from toolq.core.settings import LeaseSettings, RecoverySettings, SchedulerSettings, ToolqSettings
-from toolq.services.tasks import run
 
 APP = "tests.integration.apps.outage_app:tq"
-
-if os.environ.get("TOOLQ_TEST_RECORD_PATIENCE"):
-    run.RECORD_PATIENCE_S = float(os.environ["TOOLQ_TEST_RECORD_PATIENCE"])
 
 tq = ToolQueue(
     settings=ToolqSettings(

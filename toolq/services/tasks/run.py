@@ -43,14 +43,6 @@ log = logging.getLogger("toolq.worker")
 
 T = TypeVar("T")
 
-#: How long a worker keeps trying to record an outcome while Redis is away.
-#: Past it the lease sweep and verification settle the attempt.
-RECORD_PATIENCE_S = 60.0
-#: How long a delivery keeps trying to claim its attempt while Redis is away. Past
-#: it the delivery goes back to its queue (:class:`LedgerAway`), so each copy of a
-#: message waits this long first: a redelivery is not a hot loop.
-CLAIM_PATIENCE_S = 10.0
-
 #: What a ledger call raises while the ledger's server is away (or a Cluster's node
 #: is, before its failover): retried with backoff by :func:`_patient`.
 AWAY = (
@@ -64,24 +56,24 @@ AWAY = (
 
 class LedgerAway(Exception):
     """A delivery could not claim its attempt: the ledger's server did not answer
-    within :data:`CLAIM_PATIENCE_S`. The tool was not called. Raised from the
-    redis error; the task body turns it into a requeue of the delivery.
+    within the claim's patience (``worker.claim_patience_s``). The tool was not called.
+    Raised from the redis error; the task body turns it into a requeue of the delivery.
 
     (The claim may have been written and its reply lost: the copy then finds the
     attempt held by this process, and the lease sweep settles it, as before.)
     """
 
-    def __init__(self, ref: str, attempt: int, cause: BaseException) -> None:
+    def __init__(self, ref: str, attempt: int, cause: BaseException, patience_s: float) -> None:
         super().__init__(
             f"{ref} attempt {attempt}: the ledger's server did not take the claim within "
-            f"{CLAIM_PATIENCE_S:g} s ({type(cause).__name__}); the tool was not called"
+            f"{patience_s:g} s ({type(cause).__name__}); the tool was not called"
         )
 
 
 class RecordAway(Exception):
     """A delivery's record (its outcome, after the tool ran; or a claim given back)
-    could not be written: the ledger's server did not answer within
-    :data:`RECORD_PATIENCE_S`. Raised from the redis error; the task body turns it
+    could not be written: the ledger's server did not answer within the record's
+    patience (``worker.record_patience_s``). Raised from the redis error; the task body turns it
     into a requeue of the delivery, as :class:`LedgerAway`.
 
     The attempt stays as the ledger has it: ``running`` under this delivery's lease,
@@ -92,10 +84,10 @@ class RecordAway(Exception):
     then finds the new state and is refused.)
     """
 
-    def __init__(self, t: Transition, cause: BaseException) -> None:
+    def __init__(self, t: Transition, cause: BaseException, patience_s: float) -> None:
         super().__init__(
             f"{t.ref} -> {t.to}: the ledger's server did not take the record within "
-            f"{RECORD_PATIENCE_S:g} s ({type(cause).__name__}); the lease's expiry settles it"
+            f"{patience_s:g} s ({type(cause).__name__}); the lease's expiry settles it"
         )
 
 
@@ -110,6 +102,8 @@ class Runtime:
         clock: Callable[[], float] = time.time,
         *,
         renew_every: float,
+        claim_patience_s: float,
+        record_patience_s: float,
         messages_for: Callable[[str], outcome.Messages] | None = None,
     ) -> None:
         self.registry = registry
@@ -120,6 +114,10 @@ class Runtime:
         self.policy = policy
         self.lease_ms = lease_ms
         self.clock = clock
+        #: How long a claim, and a record, keep trying while the ledger's server is
+        #: away (``worker.claim_patience_s``, ``worker.record_patience_s``).
+        self.claim_patience_s = claim_patience_s
+        self.record_patience_s = record_patience_s
         self.leases = LeaseKeeper(ledger, lease_ms, clock, renew_every=renew_every)
         # Each notice goes to the steps channel of its ref's cell (the single tag: its own).
         self.progress = ProgressPublisher(
@@ -148,6 +146,7 @@ class Runtime:
             claim = _claimed(
                 ref,
                 attempt,
+                self.claim_patience_s,
                 lambda: self.ledger.claim(
                     ref,
                     attempt,
@@ -222,7 +221,12 @@ class Runtime:
         # A "held" claim does not carry the deadline; a read that runs again needs it
         # (rare: only when the holder died), and it never changes, so a plain read will do.
         # Nothing is recorded yet: a server away here sends the delivery back too.
-        f = _claimed(ref, attempt, lambda: self.ledger.fields(ref, "deadline", tracing.FIELD))
+        f = _claimed(
+            ref,
+            attempt,
+            self.claim_patience_s,
+            lambda: self.ledger.fields(ref, "deadline", tracing.FIELD),
+        )
         deadline = f.get("deadline")
         lost = outcome.Lost(
             ref=ref,
@@ -294,6 +298,7 @@ class Runtime:
         claim = _claimed(
             ref,
             attempt,
+            self.claim_patience_s,
             lambda: self.ledger.claim(
                 ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck, delivery
             ),
@@ -352,10 +357,10 @@ class Runtime:
         at = self.now_ms()  # when it was decided: a step after it starts later
         try:
             res = _patient(
-                lambda: self.ledger.apply_one(t, self.now_ms(), delivery), RECORD_PATIENCE_S
+                lambda: self.ledger.apply_one(t, self.now_ms(), delivery), self.record_patience_s
             )
         except AWAY as exc:
-            raise RecordAway(t, exc) from exc
+            raise RecordAway(t, exc, self.record_patience_s) from exc
         tracing.current().recorded(t, res, at)  # the attempt's or the check's span, if traced
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
@@ -379,13 +384,13 @@ def _log_failure(tool: str, ref: str, attempt: int, exc: Exception) -> None:
         )
 
 
-def _claimed(ref: str, attempt: int, fn: Callable[[], T]) -> T:
+def _claimed(ref: str, attempt: int, patience_s: float, fn: Callable[[], T]) -> T:
     """:func:`_patient` for what a delivery does before it calls anything (its claim):
-    the server still away after :data:`CLAIM_PATIENCE_S` raises :class:`LedgerAway`."""
+    the server still away after ``patience_s`` raises :class:`LedgerAway`."""
     try:
-        return _patient(fn, CLAIM_PATIENCE_S)
+        return _patient(fn, patience_s)
     except AWAY as exc:
-        raise LedgerAway(ref, attempt, exc) from exc
+        raise LedgerAway(ref, attempt, exc, patience_s) from exc
 
 
 def _patient(fn: Callable[[], T], patience_s: float) -> T:

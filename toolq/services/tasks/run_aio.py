@@ -37,11 +37,9 @@ from toolq.core.tools import CallContext, Tool
 from toolq.decisions.recovery import outcome
 from toolq.decisions.recovery.transition import Transition
 from toolq.process import tracing
-from toolq.services.tasks import run as _sync_run
 from toolq.services.tasks.leases import RenewalWord, holder_is_dead, process_holder, until_next
 from toolq.services.tasks.run import (
     AWAY,
-    CLAIM_PATIENCE_S,
     LedgerAway,
     RecordAway,
     Runtime,
@@ -189,6 +187,7 @@ class AioRuntime:
             claim = await _claimed(
                 ref,
                 attempt,
+                self.sync.claim_patience_s,
                 lambda: self.ledger.claim(
                     ref,
                     attempt,
@@ -263,7 +262,10 @@ class AioRuntime:
             return Delivery.DUPLICATE
         tool = self.registry.get(claim.tool) if claim.tool in self.registry else None
         fields = await _claimed(
-            ref, attempt, lambda: self.ledger.fields(ref, "deadline", tracing.FIELD)
+            ref,
+            attempt,
+            self.sync.claim_patience_s,
+            lambda: self.ledger.fields(ref, "deadline", tracing.FIELD),
         )
         lost = outcome.Lost(
             ref=ref,
@@ -308,6 +310,7 @@ class AioRuntime:
         claim = await _claimed(
             ref,
             attempt,
+            self.sync.claim_patience_s,
             lambda: self.ledger.claim(
                 ref, attempt, holder, self.now_ms(), self.lease_ms, "verify", vcheck, delivery
             ),
@@ -362,13 +365,13 @@ class AioRuntime:
 
     async def _record(self, t: Transition, delivery: str | None = None) -> str:
         at = self.now_ms()  # when it was decided: a step after it starts later
+        patience_s = self.sync.record_patience_s
         try:
             res = await _patient(
-                lambda: self.ledger.apply_one(t, self.now_ms(), delivery),
-                _sync_run.RECORD_PATIENCE_S,  # read at the call (a test's app shortens it)
+                lambda: self.ledger.apply_one(t, self.now_ms(), delivery), patience_s
             )
         except AWAY as exc:
-            raise RecordAway(t, exc) from exc
+            raise RecordAway(t, exc, patience_s) from exc
         tracing.current().recorded(t, res, at)  # the attempt's or the check's span, if traced
         if res != "ok":
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
@@ -376,12 +379,12 @@ class AioRuntime:
         return Outcome(t.to, t.code)
 
 
-async def _claimed(ref: str, attempt: int, fn: Callable[[], Awaitable[T]]) -> T:
+async def _claimed(ref: str, attempt: int, patience_s: float, fn: Callable[[], Awaitable[T]]) -> T:
     """:func:`toolq.services.tasks.run._claimed`, awaited."""
     try:
-        return await _patient(fn, CLAIM_PATIENCE_S)
+        return await _patient(fn, patience_s)
     except AWAY as exc:
-        raise LedgerAway(ref, attempt, exc) from exc
+        raise LedgerAway(ref, attempt, exc, patience_s) from exc
 
 
 async def _patient(fn: Callable[[], Awaitable[T]], patience_s: float) -> T:
