@@ -227,3 +227,61 @@ def test_the_asyncio_keeper_is_about_no_operation_though_a_call_started_it() -> 
 
     # Then its renewals (and their warnings) carry no operation_ref, not that call's
     assert seen and set(seen) == {""}
+
+
+def test_the_asyncio_keeper_says_back_after_an_outage_that_ends_with_nothing_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The asyncio keeper's side of the outage above (RenewalWord's idle ping, awaited)
+    class Ledger:
+        def __init__(self) -> None:
+            self.away, self.ping_away, self.pings = 2, 1, 0
+            self.all_failed, self.answered, self.renewed = (asyncio.Event() for _ in range(3))
+
+        async def renew(self, now_ms: int, lease_ms: int, held: list[object]) -> list[str]:
+            if self.away:
+                self.away -= 1
+                if not self.away:
+                    self.all_failed.set()
+                raise redis.ConnectionError("refused")
+            self.renewed.set()
+            return []
+
+        async def ping(self) -> bool:
+            self.pings += 1
+            if self.ping_away:
+                self.ping_away -= 1
+                raise redis.ConnectionError("refused")
+            self.answered.set()
+            return True
+
+    ledger = Ledger()
+
+    async def run() -> None:
+        keeper = AsyncLeaseKeeper(ledger, 15_000, time.time, renew_every=0.001)  # type: ignore[arg-type]
+        # Given a call held while the server is away (two renewals fail)
+        with keeper.hold("op/1", 1, "run", keeper.new_holder()):
+            await ledger.all_failed.wait()
+        # When the call ends while it is still away, and the server answers later
+        await ledger.answered.wait()
+        # and a second outage begins with a new call held, and ends
+        ledger.away = 1
+        ledger.all_failed.clear()
+        with keeper.hold("op/2", 1, "run", keeper.new_holder()):
+            await ledger.all_failed.wait()
+            await ledger.renewed.wait()
+        await keeper.stop()
+
+    with caplog.at_level(logging.WARNING, logger="toolq.leases"):
+        asyncio.run(run())
+
+    # Then the first outage's end is said though nothing was held (the ping's answer),
+    # the second outage is said again, and pings went only while failing with nothing held
+    said = [r.getMessage() for r in caplog.records if r.name == "toolq.leases"]
+    assert said == [
+        "lease renewals failing (ConnectionError); retrying",
+        "lease renewals back",
+        "lease renewals failing (ConnectionError); retrying",
+        "lease renewals back",
+    ]
+    assert ledger.pings == 2

@@ -92,10 +92,16 @@ class RenewalWord:
     def idle(self, ping: Callable[[], object]) -> None:
         """Nothing held to renew: while failing, ask the server (``ping``); its answer
         is the renewals' "back". Still away: nothing said, the next period asks again."""
-        if not self.failing:
-            return
+        if self.failing:
+            with self.asking():
+                ping()
+
+    @contextmanager
+    def asking(self) -> Iterator[None]:
+        """Around the ping :meth:`idle` sends (the asyncio keeper awaits its own inside):
+        an answer is the "back"; a redis error, the server still away, says nothing."""
         try:
-            ping()
+            yield
         except redis.RedisError:
             return
         self.renewed()

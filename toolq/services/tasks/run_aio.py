@@ -114,17 +114,16 @@ class AsyncLeaseKeeper:
             await asyncio.sleep(until_next(sent, self.renew_every, loop.time()))
             sent = loop.time()
             held = list(self._held)
-            if not held and self._word.failing:
-                # Nothing left to renew: the server's answer to a ping is the "back"
-                # (RenewalWord.idle), else an outage ended with nothing held said none.
-                try:
-                    await self.ledger.ping()
-                except redis.RedisError:
-                    continue
-                except Exception:  # never end the keeper
-                    log.exception("lease keeper's ping failed; retrying")
-                    continue
-                self._word.renewed()
+            if not held:
+                # RenewalWord.idle, awaited: while failing, the server's answer to a ping
+                # is the "back", else an outage ended with nothing held said none.
+                if self._word.failing:
+                    try:
+                        with self._word.asking():
+                            await self.ledger.ping()
+                    except Exception:  # never end the keeper
+                        log.exception("lease keeper's ping failed; retrying")
+                continue
             for start in range(0, len(held), RENEW_BATCH):
                 batch = held[start : start + RENEW_BATCH]
                 try:
