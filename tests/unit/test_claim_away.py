@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +40,9 @@ def tq(fake_redis: fakeredis.FakeRedis) -> Iterator[ToolQueue]:
     # a short patience (its settings): what is tested is what happens after it
     worker = WorkerSettings(claim_patience_s=0.2, record_patience_s=0.2)
     settings = ToolqSettings(redis_url=SecretStr("redis://fake:6379/0"), worker=worker)
-    q = ToolQueue(settings=settings)
+    now = [time.time()]  # moved by a test that waits out a lease
+    q = ToolQueue(settings=settings, clock=lambda: now[0])
+    q.now = now  # type: ignore[attr-defined]
     q.app._redis = fake_redis
     called: list[str] = []
 
@@ -121,6 +124,33 @@ def test_a_record_that_fails_after_the_tool_ran_raises_record_away_and_calls_not
     monkeypatch.setattr(tq.app.ledger, "apply_one", apply_one)
     assert tq.runtime.run_attempt(ref, 1) == "duplicate"
     assert tq.called == ["send away/record"]  # type: ignore[attr-defined]
+
+
+def test_a_copy_that_finds_the_lease_run_out_does_not_say_its_worker_died(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a record the server did not take: the worker lived, its delivery went back
+    ref = tq.submit("send", {}, operation_ref="away/lease-out").operation_ref
+    apply_one = tq.app.ledger.apply_one
+    monkeypatch.setattr(tq.app.ledger, "apply_one", away)
+    with pytest.raises(RecordAway):
+        tq.runtime.run_attempt(ref, 1)
+    monkeypatch.setattr(tq.app.ledger, "apply_one", apply_one)
+
+    # When its copy comes once the lease has run out
+    tq.now[0] += tq.settings.lease.seconds + 1  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="toolq.worker"):
+        tq.runtime.run_attempt(ref, 1)
+
+    # Then the write goes to verification, and the line says what happened: the lease
+    # ran out (not "its worker died", which this one did not)
+    assert tq.app.ledger.fields(ref, "state")["state"] == State.VERIFYING
+    said = [r.getMessage() for r in caplog.records if r.name == "toolq.worker"]
+    assert said == [
+        f"{ref} attempt 1: its lease ran out (its worker died or lost the ledger's server "
+        "mid-call); verifying"
+    ]
+    assert tq.called == ["send away/lease-out"]  # type: ignore[attr-defined]
 
 
 def test_the_task_gives_back_a_delivery_whose_record_fails_in_one_warning_line(

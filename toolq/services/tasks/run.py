@@ -212,7 +212,8 @@ class Runtime:
 
     def _held(self, ref: str, attempt: int, claim: Claim, holder: str, delivery: str | None) -> str:
         """Another process claimed this attempt. Drop the copy, unless that process is gone."""
-        if claim.lease_until_ms > self.now_ms() and not holder_is_dead(claim.holder):
+        lasts = claim.lease_until_ms > self.now_ms()
+        if lasts and not holder_is_dead(claim.holder):
             log.info(
                 "duplicate delivery of %s attempt %d dropped (held by a live worker)", ref, attempt
             )
@@ -243,12 +244,7 @@ class Runtime:
         t = outcome.lease_lost(lost, self.now_ms(), self.policy, self.messages_for(claim.tool))
         with tracing.recovered(claim.tool, ref, attempt, f.get(tracing.FIELD, ""), lost.by):
             res = self._record(t, delivery)
-        log.warning(
-            "%s attempt %d: its worker died mid-call; %s",
-            ref,
-            attempt,
-            "verifying" if t.to == "verifying" else t.to,
-        )
+        log.warning("%s attempt %d: %s; %s", ref, attempt, holder_gone(lasts), t.to)
         return res
 
     def _tool_or_release(
@@ -366,6 +362,16 @@ class Runtime:
             log.info("%s -> %s refused by the ledger (now %s)", t.ref, t.to, res)
             return f"{REFUSED}{res}"
         return Outcome(t.to, t.code)  # with its code, for what Flower shows
+
+
+def holder_gone(lease_lasts: bool) -> str:
+    """Why a delivery takes over an attempt another holder claimed (its log line): the
+    holder's process is gone from this host while its lease lasts, or the lease ran out,
+    as it does too for a worker that lived but lost the ledger's server mid-call (its
+    delivery given back unrecorded: :class:`RecordAway`)."""
+    if lease_lasts:
+        return "its worker died mid-call"
+    return "its lease ran out (its worker died or lost the ledger's server mid-call)"
 
 
 def _traced(tool: Tool[Any], ref: str, claim: Claim, attempt: int) -> AbstractContextManager[Any]:

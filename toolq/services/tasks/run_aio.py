@@ -45,6 +45,7 @@ from toolq.services.tasks.run import (
     Runtime,
     _log_failure,
     _traced,
+    holder_gone,
 )
 
 log = logging.getLogger("toolq.worker")
@@ -254,7 +255,8 @@ class AioRuntime:
         self, ref: str, attempt: int, claim: Claim, holder: str, delivery: str | None
     ) -> str:
         """:meth:`Runtime._held <toolq.services.tasks.run.Runtime._held>`."""
-        if claim.lease_until_ms > self.now_ms() and not holder_is_dead(claim.holder):
+        lasts = claim.lease_until_ms > self.now_ms()
+        if lasts and not holder_is_dead(claim.holder):
             log.info(
                 "duplicate delivery of %s attempt %d dropped (held by a live worker)", ref, attempt
             )
@@ -281,7 +283,7 @@ class AioRuntime:
         t = outcome.lease_lost(lost, self.now_ms(), self.policy, self.sync.messages_for(claim.tool))
         with tracing.recovered(claim.tool, ref, attempt, fields.get(tracing.FIELD, ""), lost.by):
             res = await self._record(t, delivery)
-        log.warning("%s attempt %d: its worker died mid-call; %s", ref, attempt, t.to)
+        log.warning("%s attempt %d: %s; %s", ref, attempt, holder_gone(lasts), t.to)
         return res
 
     async def _give_back(self, ref: str, attempt: int, holder: str, delivery: str | None) -> None:
