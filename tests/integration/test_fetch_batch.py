@@ -9,6 +9,7 @@ Real worker processes: ``test_fetch_batch_worker.py``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -375,4 +376,59 @@ def test_two_queues_each_message_reaches_its_own_queues_consumer_once(redis_url:
         assert r.llen("t.calls") == 0 and r.llen("t.verify") == 0 and r.hlen("unacked") == 0
         assert _calls(r, "evalsha") + _calls(r, "eval") > scripts  # through the fetch script
         ch.close()
+    r.close()
+
+
+@pytest.mark.parametrize("backlog", [False, True], ids=["brpop", "script-alone"])
+def test_a_fetch_read_after_its_consumer_was_cancelled_goes_back_whole_in_one_line(
+    redis_url: str, caplog: pytest.LogCaptureFixture, backlog: bool
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    with (
+        Connection(redis_url, transport=TRANSPORT) as conn,
+        Connection(redis_url, transport=TRANSPORT) as other,
+    ):
+        ch = conn.channel()
+        got: list[Any] = []
+        consumer = Consumer(ch, [QUEUE], callbacks=[lambda body, m: got.append(m)], accept=["json"])
+        consumer.qos(prefetch_count=3)
+        consumer.consume()
+        first = 0
+        if backlog:  # the last fetch left messages: the next one is the script alone
+            _publish(other, [{"n": i} for i in range(6)])
+            conn.drain_events(timeout=5)
+            assert len(got) == 3 and ch._toolq_backlog
+            for m in got:
+                m.ack()
+            first = 3
+
+        else:
+            _publish(other, [{"n": i} for i in range(3)])
+
+        # Given a fetch out (a BRPOP, or the script alone) when the consumer is cancelled,
+        # as Celery's consumer is when it reconnects
+        conn.transport.cycle._register_BRPOP(ch)
+        assert ch._in_poll
+        consumer.cancel()
+
+        # When the old channel reads its reply
+        with caplog.at_level(logging.INFO):
+            ch._brpop_read()
+
+        # Then none is delivered or left registered, it is said once in toolq's words
+        # (kombu said "Requeuing undeliverable message ...: No consumers" for each), and
+        # they are back at the queue's head, in their order
+        assert len(got) == (3 if backlog else 0)
+        assert r.hlen("unacked") == 0 and r.llen("t.calls") == 3
+        said = [rec.getMessage() for rec in caplog.records]
+        assert not [x for x in said if "undeliverable" in x], said
+        n = 3 if backlog else 1  # the script's batch, or the BRPOP's one (no more taken)
+        assert said == [
+            f"{n} message(s) of t.calls fetched as the consumer reconnected went back to the queue"
+        ]
+        with _consuming(other, prefetch=3) as (_, again):
+            other.drain_events(timeout=5)
+            assert [m.payload["n"] for m in again] == [first, first + 1, first + 2]
+            for m in again:
+                m.ack()
     r.close()

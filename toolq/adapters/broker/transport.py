@@ -51,6 +51,13 @@ more than the prefetch the consumer allows). Written against kombu 5.7's
 beside it): on any other kombu series the fetch is kombu's own, whatever
 ``fetch_batch`` says (:func:`fetch_supported`), and a worker says so once. Measured
 in bench/RESULTS.md ("Many messages per fetch").
+
+**A fetch out when the consumer reconnects.** Celery's consumer cancels its consumers
+and opens a new connection; a fetch the old channel had sent is still read there, into
+no consumer. Its messages go back to the head of their list with one line
+(:meth:`Channel._toolq_unconsumed`), where kombu logged "Requeuing undeliverable
+message for queue ...: No consumers" at WARNING for each, as if the worker consumed no
+such queue.
 """
 
 from __future__ import annotations
@@ -323,6 +330,9 @@ class Channel(kombu_redis.Channel):
         (``taken`` None: the script is run here), or what the script took alone."""
         c: Any = self
         dest = key.rsplit(c.sep, 1)[0]
+        if dest not in c.connection._callbacks:
+            self._toolq_unconsumed(key, dest, item, taken)
+            return
         c._queue_cycle.rotate(dest)
         qos = c.qos
         payloads = []
@@ -349,6 +359,42 @@ class Channel(kombu_redis.Channel):
             # back to the list's head at once rather than after the visibility timeout.
             self._toolq_give_back(payloads)
             raise
+
+    def _toolq_unconsumed(
+        self, key: str, dest: str, item: bytes | None, taken: list[bytes] | None
+    ) -> None:
+        """A fetch's reply read after its consumer was cancelled: Celery's consumer
+        reconnected while it was out, and the old channel reads it. Its messages go back
+        to the head of their list, oldest next, with one line; kombu put each back at
+        the tail with a WARNING apiece ("Requeuing undeliverable message for queue ...:
+        No consumers"), which said a worker had no consumer for a queue it consumes.
+        Not put back (the server away again): said at WARNING, and raised as kombu's
+        would be; a message then lost from the broker is published again by the
+        scheduler while its operation is ``queued`` (``recovery.unclaimed_after``)."""
+        c: Any = self
+        qos = c.qos
+        tags = [loads(bytes_to_str(m))["properties"]["delivery_tag"] for m in taken or ()]
+        n = len(tags) + (item is not None)
+        try:
+            for tag in reversed(tags):  # registered by the script: kombu's restore
+                qos.restore_by_tag(tag)
+            if item is not None:  # the BRPOP's alone, not registered: as it was
+                with c.conn_or_acquire() as client:
+                    client.rpush(key, item)
+        except Exception as exc:
+            log.warning(
+                "%d message(s) of %s fetched as the consumer reconnected could not go back "
+                "to the queue (%s)",
+                n,
+                dest,
+                type(exc).__name__,
+            )
+            raise
+        log.info(
+            "%d message(s) of %s fetched as the consumer reconnected went back to the queue",
+            n,
+            dest,
+        )
 
     def _toolq_give_back(self, payloads: list[dict[str, Any]]) -> None:
         c: Any = self
