@@ -240,3 +240,29 @@ def test_the_task_gives_the_delivery_back_and_celery_says_it_in_one_line(
     said = lines[0].getMessage()
     assert f"[{result.id}] requeued: {ref} attempt 1: the ledger's server did not take" in said
     assert "Traceback" not in caplog.text and "10.0.0.7" not in caplog.text
+
+
+def test_a_check_for_a_tool_this_worker_lacks_whose_ack_fails_is_given_back(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a write whose lease ran out (verifying), checked by a worker that does not
+    # have its tool, and the server gone before that delivery is acknowledged
+    ref = tq.submit("send", {}, operation_ref="away/unknown-tool").operation_ref
+    apply_one = tq.app.ledger.apply_one
+    monkeypatch.setattr(tq.app.ledger, "apply_one", away)
+    with pytest.raises(RecordAway):
+        tq.runtime.run_attempt(ref, 1)
+    monkeypatch.setattr(tq.app.ledger, "apply_one", apply_one)
+    tq.now[0] += tq.settings.lease.seconds + 1  # type: ignore[attr-defined]
+    tq.runtime.run_attempt(ref, 1)
+    assert tq.app.ledger.fields(ref, "state")["state"] == State.VERIFYING
+    monkeypatch.delitem(tq.app.registry._tools, "send")
+    monkeypatch.setattr(tq.app.ledger, "ack", away)
+
+    # Then, past the claim's patience (a setting, not a fixed 10 s), the delivery goes
+    # back as any claim the server did not take (a requeue), not a raw redis error
+    with pytest.raises(LedgerAway) as raised:
+        tq.runtime.run_check(ref, 1, 1, delivery="tag-1")
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    assert "within 0.2 s" in str(raised.value)
+    assert tq.called == ["send away/unknown-tool"]  # type: ignore[attr-defined]

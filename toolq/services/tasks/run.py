@@ -306,7 +306,7 @@ class Runtime:
                 "tool %s is not registered in this worker; %s not verified here", claim.tool, ref
             )
             if delivery:  # nothing recorded: acknowledged on its own (its lease runs out)
-                _patient(lambda: self.ledger.ack(delivery), 10.0)
+                _claimed(ref, attempt, self.claim_patience_s, lambda: self.ledger.ack(delivery))
             return Delivery.UNKNOWN_TOOL
         tool = self.registry.get(claim.tool)
         c = outcome.Check(

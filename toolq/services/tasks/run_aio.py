@@ -324,7 +324,9 @@ class AioRuntime:
             )
             if delivery:
                 tag = delivery
-                await _patient(lambda: self.ledger.ack(tag), 10.0)
+                await _claimed(
+                    ref, attempt, self.sync.claim_patience_s, lambda: self.ledger.ack(tag)
+                )
             return Delivery.UNKNOWN_TOOL
         tool = self.registry.get(claim.tool)
         c = outcome.Check(
