@@ -35,6 +35,7 @@ ORDER = (
     "crash",
     "profile",
     "lean-ab",
+    "noop-cost",
     "commands",
     "server",
     "latency",
