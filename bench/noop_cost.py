@@ -17,6 +17,11 @@ bench peers`` does. CPU ms a call:
 ``--before DIR``: the same rounds, interleaved, in an older tree (``git archive main |
 tar -x -C DIR``), reported beside this one. Each run is a subprocess importing ``bench``
 and ``toolq`` from its tree. Writes the section "noop-cost" of RESULTS.md.
+
+``--submit-only``: ``tq.submit``'s own CPU, what the whole bench cannot resolve on a busy
+machine: the server's answer to the SUBMIT call stubbed (``OneServer.send`` answers
+"created" at once, no round trip), the best of 7 x 2,000 submits a run, each run a
+subprocess of its tree, interleaved; section "noop-cost-submit".
 """
 
 from __future__ import annotations
@@ -179,22 +184,72 @@ def one(calls: int) -> dict[str, Any]:
     return out
 
 
-def run_in(tree: Path, calls: int) -> dict[str, Any]:
+def submit_only(calls: int) -> dict[str, Any]:
+    """``tq.submit``'s CPU us a call with the server's answer stubbed (best of 7)."""
+    import logging
+    import timeit
+
+    from bench import apps
+    from bench.peers_bench import valkey
+    from toolq.adapters.ledger import durable
+
+    logging.disable(logging.WARNING)  # no worker runs: the liveness warning
+    with valkey(None, "always") as url:
+        tq = apps.tq
+        tq.configure(redis_url=url)
+        for i in range(50):
+            tq.submit("noop", {"n": i})
+        durable.OneServer.send = lambda self, commands, node: [  # type: ignore[method-assign]
+            [b"created", b"queued"],
+            [1, 0],
+        ]
+        assert tq.submit("noop", {"n": 1}).created
+        times = timeit.repeat(lambda: tq.submit("noop", {"n": 7}), number=calls, repeat=7)
+        tq.close()
+    return {"us": min(times) / calls * 1e6, "load1": os.getloadavg()[0]}
+
+
+def run_in(tree: Path, calls: int, mode: str = "--one") -> dict[str, Any]:
     """One run in a subprocess importing ``bench`` and ``toolq`` from ``tree``."""
-    cmd = [sys.executable, "-P", str(HERE), "--one", str(tree), "--calls", str(calls)]
+    cmd = [sys.executable, "-P", str(HERE), mode, str(tree), "--calls", str(calls)]
     done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run(rounds: int, calls: int, before: Path | None) -> dict[str, Any]:
+def run(rounds: int, calls: int, before: Path | None, mode: str = "--one") -> dict[str, Any]:
     trees = {"after": ROOT} if before is None else {"before": before, "after": ROOT}
     rows: list[dict[str, Any]] = []
     for r in range(rounds):
         for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
-            row = {"tree": name, "round": r, **run_in(trees[name], calls)}
+            row = {"tree": name, "round": r, **run_in(trees[name], calls, mode)}
             rows.append(row)
-            print(json.dumps({k: row[k] for k in ("tree", "round", "rate", "total", "load1")}))
+            keep = ("tree", "round", "rate", "total", "us", "load1")
+            print(json.dumps({k: row[k] for k in keep if k in row}))
     return {"rounds": rounds, "calls": calls, "trees": list(trees), "rows": rows}
+
+
+def render_submit(res: dict[str, Any]) -> str:
+    from bench.report import table
+
+    trees = res["trees"]
+    by = {t: [x["us"] for x in res["rows"] if x["tree"] == t] for t in trees}
+    rows = [
+        (t, f"**{statistics.median(by[t]):.1f}**", ", ".join(f"{v:.1f}" for v in by[t]))
+        for t in trees
+    ]
+    loads = ", ".join(f"{x['load1']:.1f}" for x in res["rows"])
+    return (
+        "## tq.submit's own CPU, the server's answer stubbed (issue 29)\n\n"
+        f"`python -m bench.noop_cost --submit-only --rounds {res['rounds']} --calls "
+        f"{res['calls']}" + (" --before DIR`" if len(trees) > 1 else "`") + ": "
+        "`tq.submit` of the no-op tool with `OneServer.send` answering at once (no round "
+        "trip: what toolq's Python spends, not redis-py's or the server's), the best of 7 x "
+        f"{res['calls']:,} a run, each run a subprocess of its tree"
+        + (". " + INTERLEAVED if len(trees) > 1 else ".")
+        + "\n\n"
+        + table(("tree", "us a submit (median)", "per round"), rows)
+        + f"\n\nload1 at each run's end: {loads}.\n"
+    )
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> Any:
@@ -275,14 +330,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--before", type=Path, default=None, help="an older tree, interleaved")
+    ap.add_argument("--submit-only", action="store_true", help="tq.submit's own CPU")
     ap.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--one-submit", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.one is not None:
-        sys.path.insert(0, str(a.one))
-        print(json.dumps(one(a.calls)))
+    if a.one is not None or a.one_submit is not None:
+        sys.path.insert(0, str(a.one or a.one_submit))
+        print(json.dumps(one(a.calls) if a.one is not None else submit_only(a.calls)))
         return 0
     from bench import report
 
+    if a.submit_only:
+        res = run(a.rounds, a.calls, a.before, "--one-submit")
+        report.update("noop-cost-submit", render_submit(res), res)
+        print(render_submit(res))
+        return 0
     res = run(a.rounds, a.calls, a.before)
     report.update("noop-cost", render(res), res)
     print(render(res))

@@ -36,6 +36,7 @@ ORDER = (
     "profile",
     "lean-ab",
     "noop-cost",
+    "noop-cost-submit",
     "commands",
     "server",
     "latency",
