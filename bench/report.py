@@ -35,6 +35,8 @@ ORDER = (
     "crash",
     "profile",
     "lean-ab",
+    "noop-cost",
+    "noop-cost-submit",
     "commands",
     "server",
     "latency",

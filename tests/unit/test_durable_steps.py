@@ -86,3 +86,15 @@ def test_an_error_of_the_call_itself_is_raised() -> None:
     refused = redis.ResponseError("WRONGTYPE")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         drive(one_server_call(plans("fsync")), [None, list(CALL), [refused, [1, 0]]])
+
+
+def test_a_plan_is_made_once_per_settings_and_again_after_they_change() -> None:
+    p = Plans("fsync", "test", lambda: 0.0)
+    p.probed(Persistence(appendonly=True, appendfsync="always"))
+    first = p.current()
+    assert first.wait and p.current() is first  # every durable call asks: made once
+    assert p.current(replicas=1).replica and not p.current().replica
+    p.learned(redis.ResponseError("ERR unknown command 'WAITAOF'"))  # a server without it
+    assert not p.current().wait
+    p.probed(Persistence(appendonly=False))
+    assert p.current().warning

@@ -47,7 +47,7 @@ def test_message_ref_of_anything_else_is_none(raw: bytes | None) -> None:
 def test_message_ids_are_version_4_uuids_and_distinct() -> None:
     import uuid
 
-    from toolq.adapters.broker.messages import uuid4_hex
+    from toolq.core.ids import uuid4_hex
 
     ids = [uuid4_hex() for _ in range(2000)]
     assert len(set(ids)) == len(ids)
@@ -61,3 +61,16 @@ def test_message_arguments_are_written_as_json_dumps_writes_them(args: list[Any]
     from toolq.adapters.broker.messages import _json_list
 
     assert _json_list(args) == json.dumps(args)
+
+
+def test_a_new_operation_ref_is_op_and_a_version_4_uuid() -> None:
+    import uuid
+
+    from toolq.core.settings import LimitSettings
+    from toolq.decisions.operations import operation_ref
+
+    refs = [operation_ref(None, None, None, LimitSettings()) for _ in range(200)]
+    assert len(set(refs)) == len(refs)
+    for ref in refs:
+        u = uuid.UUID(ref.removeprefix("op_"))
+        assert ref == f"op_{u.hex}" and (u.version, u.variant) == (4, uuid.RFC_4122)

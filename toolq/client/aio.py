@@ -186,7 +186,7 @@ class AsyncToolQueue:
             span.submitted(op.ref, res.state, res.outcome == "created", op.now_ms)
         sub = operations.submitted(op, res.outcome, res.state)
         warnings = await self.app.liveness.acheck(b.redis, self.app.queue_of(op))
-        return dataclasses.replace(sub, warnings=warnings)
+        return Submission(sub.operation_ref, sub.state, sub.created, warnings)
 
     async def call(
         self,

@@ -9,7 +9,6 @@ here, once, with no I/O; each client only carries out the round trips.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,6 +17,7 @@ from toolq.core import errors
 from toolq.core import own_envelopes as envelopes
 from toolq.core.deps import DEP_KEY_PATTERN, is_dep_key
 from toolq.core.envelope import FieldError, ToolError, ToolSuccess
+from toolq.core.ids import uuid4_hex
 from toolq.core.record import load_envelope
 from toolq.core.settings import REF_RULE, LimitSettings
 from toolq.core.states import SETTLED, State
@@ -54,7 +54,7 @@ def operation_ref(
     if given is None and run_id is not None and step is not None:
         given = f"{run_id}/{step}"
     if given is None:
-        return f"op_{uuid.uuid4().hex}"
+        return f"op_{uuid4_hex()}"
     check_ref(given, limits)
     return given
 
@@ -111,7 +111,10 @@ class NewOperation:
     extra: tuple[tuple[str, str], ...] = ()
 
     def ledger_args(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return {name: getattr(self, name) for name in _NEW_OPERATION_FIELDS}
+
+
+_NEW_OPERATION_FIELDS = tuple(NewOperation.__dataclass_fields__)
 
 
 def new_operation(

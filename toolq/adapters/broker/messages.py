@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import socket
 from enum import StrEnum
 from json.encoder import encode_basestring_ascii
@@ -33,6 +32,7 @@ from celery import Celery
 from celery.exceptions import Reject
 from kombu.serialization import dumps
 
+from toolq.core.ids import uuid4_hex
 from toolq.core.states import State
 
 RUN_TASK = "toolq.run"
@@ -249,13 +249,6 @@ def _json_list(args: list[Any]) -> str:
         return json.dumps(args)
     parts = (encode_basestring_ascii(a) if type(a) is str else str(a) for a in args)
     return "[" + ", ".join(parts) + "]"
-
-
-def uuid4_hex() -> str:
-    """``uuid.uuid4().hex``, without building a UUID object (a scheduler batch makes
-    two per message; the object costs more than the random bytes)."""
-    h = os.urandom(16).hex()
-    return f"{h[:12]}4{h[13:16]}{'89ab'[int(h[16], 16) & 3]}{h[17:]}"
 
 
 def message_ref(raw: bytes | str | None) -> str | None:

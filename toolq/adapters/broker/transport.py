@@ -63,6 +63,7 @@ such queue.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,10 +76,14 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
+from kombu.utils.json import object_hook
 from redis.exceptions import NoScriptError, ResponseError
 
 from toolq.adapters.broker.ack import acked_by_ledger, take
+
+#: kombu's ``loads`` (a message as the consumer reads it, kombu's types included), with
+#: one decoder: ``json.loads`` with an ``object_hook`` builds a JSONDecoder every call.
+loads = json.JSONDecoder(object_hook=object_hook).decode
 
 __all__ = [
     "FETCH_BATCH",

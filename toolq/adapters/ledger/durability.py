@@ -224,6 +224,9 @@ class Plans:
         self._read_at = 0.0
         self._probing = False
         self._warned: set[str] = set()
+        #: The last plan and what it was made for (settings as read, replicas): every
+        #: durable call asks, and the settings change only when probed or learned.
+        self._last: tuple[Persistence | None, int, Plan] | None = None
 
     def known(self) -> bool:
         """The server's settings were read once (a probe now is a periodic one)."""
@@ -277,8 +280,13 @@ class Plans:
     def current(self, replicas: int = 0) -> Plan:
         """The plan for a write on a shard with ``replicas`` replicas (see :func:`plan`)."""
         with self._lock:
-            server = replace(self._server or Persistence(), replicas=replicas)
+            known, last = self._server, self._last
+        if last is not None and last[0] is known and last[1] == replicas:
+            return last[2]  # (its warning, if any, was given when it was made)
+        server = replace(known or Persistence(), replicas=replicas)
         p = plan(self.mode, server)
+        with self._lock:
+            self._last = (known, replicas, p)
         if p.warning:
             text = p.warning.format(where=self.where, fsync=server.appendfsync)
             with self._lock:
