@@ -30,6 +30,7 @@ from tests.integration.apps import aio_pool_app
 from tests.integration.conftest import effects, seen
 from toolq import State, ToolQueue
 from toolq.core.keys import KOMBU_UNACKED
+from toolq.core.settings import WorkerSettings
 from toolq.process.procs import pdeathsig_preexec
 from toolq.services.workers.aio_pool import DOTTED
 
@@ -143,6 +144,15 @@ def test_a_cancelled_call_delivered_late_is_refused_and_acknowledged(
     rec = aq.get(ref)
     assert rec is not None and rec.state is State.CANCELLED
     assert State.RUNNING not in [h.to for h in rec.history]
+
+
+def test_the_worker_runs_its_calls_with_the_collectors_first_threshold_raised(
+    aq: ToolQueue, worker: list[subprocess.Popen[bytes]]
+) -> None:
+    """``worker.gc_threshold`` (default 10,000) reaches the pool in a real worker process."""
+    env = aq.wait(aq.submit("gc_threshold", {}).operation_ref, timeout=30)
+
+    assert env.ok and env.result == {"first": WorkerSettings().gc_threshold}
 
 
 def test_a_sync_tool_runs_on_the_pools_threads(

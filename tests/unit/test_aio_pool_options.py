@@ -3,13 +3,16 @@ server. Its behaviour with real workers: tests/integration/test_aio_pool.py."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
 from celery import Celery, signals
 from click.testing import CliRunner
 
+from toolq.adapters.broker.app import celery_config
 from toolq.adapters.liveness import _pool_name
+from toolq.core.settings import ToolqSettings, WorkerSettings
 from toolq.edges.cli import main
 from toolq.services.workers import main as worker_main
 from toolq.services.workers.aio_pool import (
@@ -18,6 +21,8 @@ from toolq.services.workers.aio_pool import (
     _task_signal_receivers,
     traced_inline,
 )
+
+URL = "redis://h:6379/0"
 
 
 def test_more_than_1024_slots_are_refused_to_the_other_pools() -> None:
@@ -81,3 +86,23 @@ def test_the_tracer_stays_on_threads_until_celerys_consumer_registers_its_hub() 
     assert not pool._hub
     pool.register_with_event_loop(object())
     assert pool._hub
+
+
+@pytest.mark.parametrize(("setting", "raised"), [(10_000, True), (0, False)])
+def test_the_pool_raises_the_collectors_first_threshold_while_it_runs(
+    setting: int, raised: bool
+) -> None:
+    """``worker.gc_threshold``: thousands of calls taken at once ran a full collection
+    at each step of the heap's growth (toolq.core.settings)."""
+    app = Celery("t", set_as_current=False)
+    app.conf.update(celery_config(ToolqSettings(worker=WorkerSettings(gc_threshold=setting)), URL))
+    before = gc.get_threshold()
+    pool = AsyncioPool(limit=4, app=app)
+    pool.on_start()
+    try:
+        during = gc.get_threshold()
+        assert pool.info["gc-threshold"] == setting
+    finally:
+        pool.on_stop()
+    assert during == ((setting, *before[1:]) if raised else before)
+    assert gc.get_threshold() == before  # put back when the pool stops

@@ -8,6 +8,7 @@ an async verifier; ``sync_read`` is a ``def`` tool (the pool's threads run it), 
 ``sync_counted`` a ``def`` one that counts itself in flight as ``await_slowly`` does.
 With ``AIO_POOL_APP_TASK_SIGNAL`` set in a worker's environment, a ``task_success``
 receiver writes the name of the thread Celery's tracer ran it on (``provider:signal:threads``).
+``gc_threshold`` returns the garbage collector's first threshold in the worker process.
 ``hold_loop`` holds the worker's event loop (as a tool that blocks it would) while the
 calls delivered meanwhile wait for the loop's ledger connections.
 """
@@ -15,6 +16,7 @@ calls delivered meanwhile wait for the loop's ledger connections.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 import time
@@ -120,6 +122,11 @@ async def afind(ctx: CallContext) -> dict[str, Any] | None:
 async def aapproved(args: Write, ctx: CallContext) -> dict[str, Any]:
     await provider().rpush("provider:effects", ctx.operation_ref)
     return {"paid": ctx.operation_ref}
+
+
+@tq.tool(writes=False, max_attempts=1)
+async def gc_threshold(args: Wait, ctx: CallContext) -> dict[str, Any]:
+    return {"first": gc.get_threshold()[0]}
 
 
 @tq.tool(writes=False, max_attempts=1)

@@ -39,6 +39,8 @@ CONSUMER = "toolq.adapters.broker.consumer:Consumer"
 RESERVE_KEY = "toolq_worker_reserve"
 #: The conf key that carries ``worker.lean_success`` to the asyncio pool.
 LEAN_KEY = "toolq_lean_success"
+#: The conf key that carries ``worker.gc_threshold`` to the asyncio pool.
+GC_KEY = "toolq_gc_threshold"
 
 #: The schemes kombu serves with its AMQP transport (RabbitMQ).
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
@@ -83,6 +85,7 @@ def celery_config(settings: ToolqSettings, url: str | None) -> dict[str, Any]:
         "worker_consumer": CONSUMER,
         RESERVE_KEY: settings.worker.reserve,
         LEAN_KEY: settings.worker.lean_success,
+        GC_KEY: settings.worker.gc_threshold,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": q.visibility_timeout,

@@ -27,6 +27,11 @@ Celery's consumer hands the deliveries over from its own thread: many at once wa
 loop once (:class:`Handover`); the body the loop decoded goes to the tracer as it is.
 The pool's threads are started with it (:func:`started_threads`).
 
+The garbage collector's first threshold is raised while the pool runs
+(``worker.gc_threshold``, :func:`toolq.process.heap.young_threshold`): thousands of
+calls taken at once otherwise ran a full collection, on the loop, at each step of
+the heap's growth.
+
 Prefetch: Celery's consumer prefetches ``worker_prefetch_multiplier`` x ``-c``
 messages (plus toolq's reserve); :attr:`AsyncioPool.num_processes` is ``-c``.
 
@@ -56,8 +61,9 @@ from celery.concurrency.base import BasePool, apply_target
 from kombu.serialization import loads, prepare_accept_content
 
 from toolq.adapters.broker.ack import in_ledger
-from toolq.adapters.broker.app import LEAN_KEY
+from toolq.adapters.broker.app import GC_KEY, LEAN_KEY
 from toolq.adapters.broker.messages import task_result
+from toolq.process import heap
 from toolq.services.tasks.celery import AIO_DONE, AioBodies
 from toolq.services.tasks.run_aio import AioRuntime
 from toolq.services.workers import lean
@@ -215,6 +221,10 @@ class AsyncioPool(BasePool):
         #: The lean success (toolq.services.workers.lean), and which tasks are plain.
         self.lean = bool(self.app is None or self.app.conf.get(LEAN_KEY, True))
         self._plain: dict[str, bool] = {}
+        #: The collector's first threshold while the pool runs (``worker.gc_threshold``),
+        #: and the thresholds before it.
+        self.gc_threshold = int((self.app.conf.get(GC_KEY) if self.app is not None else 0) or 0)
+        self._gc_before: tuple[int, int, int] | None = None
         #: Successes the lean path reported, and calls Celery's tracer ran (``stats``).
         self.lean_count = 0
         self.traced_count = 0
@@ -227,6 +237,7 @@ class AsyncioPool(BasePool):
     # ------------------------------------------------------------ lifecycle
 
     def on_start(self) -> None:
+        self._gc_before = heap.young_threshold(self.gc_threshold)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="toolq-aio-sync"
         )
@@ -286,6 +297,8 @@ class AsyncioPool(BasePool):
         if self._executor is not None:
             self._executor.shutdown(wait=patience_s > 0, cancel_futures=True)
         self.loop = None
+        heap.restore_threshold(self._gc_before)
+        self._gc_before = None
 
     async def _drain(self, patience_s: float) -> None:
         for task in list(self._waiting):  # not started: their messages come back
@@ -486,4 +499,5 @@ class AsyncioPool(BasePool):
             "lean": self.lean,
             "lean-successes": self.lean_count,
             "traced": self.traced_count,
+            "gc-threshold": self.gc_threshold,
         }
