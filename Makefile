@@ -34,8 +34,14 @@ typecheck: $(STAMP)
 
 # pytest exits 5 when it collected no test: that is a failure here too.
 # arq's venv: the asyncio-pool bench's arq scenario is tested too (not skipped).
+# Two pytest-xdist processes, a test file each at a time (--dist loadfile: a module's
+# fixtures, its workers, cluster or RabbitMQ node, stay in one process); each process
+# starts its own Valkey, and every cluster, RabbitMQ node and child picks free ports and
+# a temporary directory of its own. Most of the suite waits on child processes, so two
+# processes on 2 cores roughly halve it. TEST_PROCS=0 runs it in one process.
+TEST_PROCS ?= 2
 test: lint typecheck .venv-arq/.installed
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_PROCS) --dist loadfile
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
