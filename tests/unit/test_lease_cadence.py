@@ -285,3 +285,34 @@ def test_the_asyncio_keeper_says_back_after_an_outage_that_ends_with_nothing_hel
         "lease renewals back",
     ]
     assert ledger.pings == 2
+
+
+class _Broken(_Ledger):
+    """A renewal that raises what no one expected (a bug, not the server away) once."""
+
+    def renew(self, now_ms: int, lease_ms: int, held: list[object]) -> list[str]:
+        if len(self.sent) == 1:
+            self.sent.append(self.clock.now)
+            self.replies.pop(0)
+            raise KeyError("unexpected")
+        return super().renew(now_ms, lease_ms, held)
+
+
+def test_the_keeper_goes_on_renewing_after_an_unexpected_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a keeper holding a call, whose second renewal raises an unexpected error
+    clock = _Clock()
+    ledger = _Broken(clock, [0.01, 0.01, 0.01, 0.01])
+    keeper = LeaseKeeper(ledger, 15_000, clock, renew_every=EVERY, ticks=clock)  # type: ignore[arg-type]
+    keeper._held[("op/1", 1, "run", "holder:1")] = 1
+    keeper._stop = _Stop(clock, ledger)  # type: ignore[assignment]
+
+    # When it runs until the server has answered every renewal
+    with caplog.at_level(logging.ERROR, logger="toolq.leases"):
+        keeper._loop()
+
+    # Then the error is logged and the renewals go on (the thread did not end with it,
+    # leaving the held call's lease to run out while the call still ran)
+    assert len(ledger.sent) == 4
+    assert [r.getMessage() for r in caplog.records] == ["lease renewal failed; retrying"]

@@ -194,14 +194,18 @@ class LeaseKeeper:
             sent = self._ticks()
             with self._lock:
                 held = list(self._held)
-            if not held:
-                self._word.idle(self.ledger.redis.ping)
-                continue
             try:
+                if not held:
+                    self._word.idle(self.ledger.redis.ping)
+                    continue
                 lost = self.ledger.renew(int(self.clock() * 1000), self.lease_ms, held)
             except redis.RedisError as exc:
                 self._word.failed(exc)
                 self._stop.wait(min(every, 0.5))  # not a hot loop while the server is away
+                continue
+            except Exception:  # never end the renewals of the calls held (as the asyncio keeper)
+                log.exception("lease renewal failed; retrying")
+                self._stop.wait(min(every, 0.5))
                 continue
             self._word.renewed()
             for ref in lost:
