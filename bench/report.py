@@ -37,6 +37,7 @@ ORDER = (
     "lean-ab",
     "noop-cost",
     "noop-cost-submit",
+    "lean-ceiling",
     "commands",
     "server",
     "latency",
