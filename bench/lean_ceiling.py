@@ -1,8 +1,9 @@
 """The ceiling of a consumer of toolq's own on Celery's messages (issue 29, decision
 0020's option 3): a bench-only prototype, not the product.
 
-    python -m bench.lean_ceiling [--rounds 3] [--calls 2000] [--slots 16]
-    python -m bench.lean_ceiling --serve --redis-url URL [--slots 16]   (the prototype)
+    python -m bench.lean_ceiling [--rounds 3] [--calls 2000] [--slots 16] [--backlog]
+    python -m bench.lean_ceiling --serve --redis-url URL [--slots 16] [--inline-sync]
+        [--coalesce-ms MS]                                              (the prototype)
 
 **The prototype** (``--serve``): one process, one asyncio loop, no Celery worker. It
 takes messages from toolq's queue lists with the transport's own fetch script
@@ -27,12 +28,17 @@ Not there (what ``toolq worker --lean`` would need; decision 0020): Celery's rem
 control, events, signals, ETA/expires/revoke, links, time limits, autoscale, reconnects.
 
 **The bench**: in each round, on a fresh embedded Valkey (``appendfsync always``) with a
-scheduler, (a) ``toolq worker -P asyncio -c 16`` (one process) and (b) the prototype,
+scheduler, (a) ``toolq worker -P asyncio -c 16`` (one process), (b) the prototype, and two
+what-ifs of it ((c) a ``def`` tool run on its loop, ``--inline-sync``; (d) that and a
+trickle of messages gathered ``--coalesce-ms`` before the script alone takes them),
 interleaved; each warms with 300 calls, then ``--calls`` no-op calls are submitted from
 the bench's process and each awaited (``tq.submit``, then ``tq.wait``), as ``python -m
-bench.noop_cost`` and ``python -m bench peers`` do. CPU ms a call per process from /proc:
-worker (the consumer), server, submitter (this process), scheduler. Section
-"lean-ceiling" of RESULTS.md (``BENCH_OUT`` elsewhere for a trial run).
+bench.noop_cost`` and ``python -m bench peers`` do; ``--backlog``: the worker stopped
+(SIGSTOP) while they are submitted, and measured draining them. CPU ms a call per process
+from /proc: worker (and its busiest and main threads), server, submitter (this process),
+scheduler; the server's BRPOP, EVALSHA and FCALL calls a call. Sections "lean-ceiling" and
+"lean-ceiling-backlog" of RESULTS.md (``BENCH_OUT`` elsewhere for a trial run);
+``BENCH_LEAN_PYSPY=DIR`` records the worker's measured section with py-spy (``--gil``).
 """
 
 from __future__ import annotations
@@ -130,7 +136,10 @@ class LeanConsumer:
         self.rt = AioRuntime(aio.runtime(), aio.ledger(), self._blocking, renew=aio.ledger())
         self.slots = asyncio.Semaphore(self.slots_n)
         self.room = asyncio.Event()
-        self.fetcher = aredis.Redis.from_url(self.tq.redis_url)
+        # No read timeout: redis-py's default (5 s) would end a BRPOP whose reply is on its
+        # way (a process paused, a loop held), and the message the server popped is lost
+        # (the scheduler publishes its operation again after recovery.unclaimed_after).
+        self.fetcher = aredis.Redis.from_url(self.tq.redis_url, socket_timeout=None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop)
         beat = self._beat()
@@ -183,7 +192,18 @@ class LeanConsumer:
     # ------------------------------------------------------------ fetching
 
     async def _fetch_loop(self) -> None:
+        import redis
 
+        while not self.stopping:
+            try:
+                await self._fetching()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # A prototype's reconnect (the pool makes a new connection): no Outage,
+                # no backoff beyond this pause, no beat saying what it waits for.
+                log.warning("fetch failed (%s); again", type(exc).__name__)
+                await asyncio.sleep(0.1)
+
+    async def _fetching(self) -> None:
         from toolq.adapters.broker.transport import FETCH_SCRIPT
 
         self.sha = await self.fetcher.script_load(FETCH_SCRIPT)

@@ -38,6 +38,7 @@ ORDER = (
     "noop-cost",
     "noop-cost-submit",
     "lean-ceiling",
+    "lean-ceiling-backlog",
     "commands",
     "server",
     "latency",
