@@ -37,6 +37,8 @@ ORDER = (
     "lean-ab",
     "noop-cost",
     "noop-cost-submit",
+    "lean-ceiling",
+    "lean-ceiling-backlog",
     "commands",
     "server",
     "latency",
