@@ -106,3 +106,27 @@ def test_the_pool_raises_the_collectors_first_threshold_while_it_runs(
         pool.on_stop()
     assert during == ((setting, *before[1:]) if raised else before)
     assert gc.get_threshold() == before  # put back when the pool stops
+
+
+def test_the_delivery_tag_reads_the_ack_setting_once() -> None:
+    """The tag the ledger acknowledges with, at every call; whether the ledger
+    acknowledges is the app's setting, read at the first call only."""
+    from toolq.adapters.broker.ack import SETTING
+
+    class Conf(dict[str, Any]):
+        reads = 0
+
+        def get(self, key: str, default: Any = None) -> Any:
+            if key == SETTING:
+                Conf.reads += 1
+            return super().get(key, default)
+
+    class App:
+        conf = Conf({SETTING: True})
+
+    pool = AsyncioPool(limit=1)
+    pool.app = App()
+    request = {"delivery_info": {"delivery_tag": "t1"}}
+    assert [pool._delivery(request) for _ in range(3)] == ["t1", "t1", "t1"]
+    assert pool._delivery({}) is None
+    assert Conf.reads == 1

@@ -451,3 +451,31 @@ def test_the_lease_renewal_period_comes_from_the_settings() -> None:
         assert q.runtime.leases.renew_every == settings.lease.renew_every == 2.0
     finally:
         q.close()
+
+
+def test_is_async_is_asked_once_per_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The asyncio pool asks ``is_async`` at every call: ``inspect`` runs once per
+    function, and a function put in its place is asked again."""
+    from toolq.core.tools import tool as tool_module
+
+    asked: list[Any] = []
+    real = tool_module._is_coroutine_fn
+
+    def counting(fn: Any) -> bool:
+        asked.append(fn)
+        return real(fn)
+
+    monkeypatch.setattr(tool_module, "_is_coroutine_fn", counting)
+
+    async def afn(args: Args, ctx: CallContext) -> int:
+        return args.n
+
+    def sfn(args: Args, ctx: CallContext) -> int:
+        return args.n
+
+    t = Tool("t_once", afn, Args, ToolOptions())
+    assert all(t.is_async for _ in range(5))
+    assert asked == [afn]
+    t.fn = sfn
+    assert not t.is_async and not t.is_async
+    assert asked == [afn, sfn]

@@ -143,8 +143,15 @@ class Tool(Generic[R]):
 
     @property
     def is_async(self) -> bool:
-        """Whether the tool is ``async def``: an event loop awaits it (the asyncio pool)."""
-        return _is_coroutine_fn(self.fn)
+        """Whether the tool is ``async def``: an event loop awaits it (the asyncio pool).
+
+        Asked once per function, not at every call (``inspect`` unwraps and reads
+        flags: thousands of calls at once asked it on the pool's loop)."""
+        fn = self.fn
+        known = self.__dict__.get("_is_async_of")
+        if known is None or known[0] is not fn:
+            known = self.__dict__["_is_async_of"] = (fn, _is_coroutine_fn(fn))
+        return bool(known[1])
 
     @property
     def verifier_is_async(self) -> bool:

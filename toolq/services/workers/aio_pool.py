@@ -233,6 +233,8 @@ class AsyncioPool(BasePool):
         self._jobs: set[asyncio.Task[None]] = set()
         #: The content types the app accepts (Celery's setting, read once).
         self._accept: set[str] | None = None
+        #: Whether the ledger acknowledges the deliveries (Celery's setting, read once).
+        self._in_ledger: bool | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -474,7 +476,9 @@ class AsyncioPool(BasePool):
     def _delivery(self, request: Any) -> str | None:
         """The delivery tag the ledger acknowledges with (as
         :func:`toolq.adapters.broker.ack.delivery_of`, from the tracer's request)."""
-        if self.app is None or not in_ledger(self.app.conf):
+        if self._in_ledger is None:  # the app's setting, read once (not at every call)
+            self._in_ledger = self.app is not None and in_ledger(self.app.conf)
+        if not self._in_ledger:
             return None
         tag = ((request or {}).get("delivery_info") or {}).get("delivery_tag")
         return str(tag) if tag else None
