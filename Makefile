@@ -13,12 +13,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The peers bench's systems (`python -m bench peers`): dramatiq, huey, saq in .venv (the bench extra);
-# arq 0.28 pins redis < 6 (toolq needs 8), so it gets a venv of its own.
+# arq 0.28 pins redis < 6 (toolq needs 8), so it gets a venv of its own (with httpx, for
+# the asyncio-pool bench's http scenario).
 bench-peers: $(STAMP) .venv-arq/.installed
 
 .venv-arq/.installed:
 	$(PYTHON) -m venv .venv-arq
-	.venv-arq/bin/pip install --quiet 'arq==0.28.0'
+	.venv-arq/bin/pip install --quiet 'arq==0.28.0' 'httpx>=0.28'
 	touch .venv-arq/.installed
 
 demo: $(STAMP)

@@ -1,7 +1,8 @@
 """The tools of ``bench/aio_pool_bench.py`` (issue 29): slow I/O on the asyncio pool.
 
 ``await_sleep`` awaits ``seconds``; ``await_http`` awaits a local HTTP provider that
-answers after ``seconds`` (an ``httpx.AsyncClient`` per call, sharing one SSL context); both
+answers after ``seconds`` (an ``httpx.AsyncClient`` per call, sharing one SSL context:
+:mod:`bench.peers.http_call`, saq's and arq's tool body too); both
 count the calls inside the tool in the worker process's memory and publish the most
 seen (``bench:inflight:max``, :class:`bench.peers.inflight.InFlight`).
 
@@ -34,13 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 import time
 from typing import Any
 
-import httpx
 from pydantic import BaseModel
 
+from bench.peers.http_call import get_after
 from bench.peers.inflight import InFlight
 from toolq import ToolQueue
 
@@ -54,8 +54,6 @@ celery_app = tq.celery
 #: inside the tool: with 2,000 calls ending within a second on one loop the DECRs queued
 #: for up to 2.4 s, and the bench's wall was partly its own counter (bench/RESULTS.md).
 inflight = InFlight(lambda: tq.redis_url)
-#: Made once: a client's own would load the CA bundle at each call.
-_ssl = ssl.create_default_context()
 
 
 class Wait(BaseModel):
@@ -63,24 +61,15 @@ class Wait(BaseModel):
     url: str = ""
 
 
-async def _counted(wait: Any) -> None:
-    inflight.enter()
-    try:
-        await wait
-    finally:
-        inflight.leave()
-
-
 @tq.tool(writes=False, max_attempts=1)
 async def await_sleep(args: Wait) -> dict[str, Any]:
-    await _counted(asyncio.sleep(args.seconds))
+    await inflight.counted(asyncio.sleep(args.seconds))
     return {}
 
 
 @tq.tool(writes=False, max_attempts=1)
 async def await_http(args: Wait) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=120, verify=_ssl) as http:
-        await _counted(http.get(f"{args.url}?s={args.seconds}"))
+    await get_after(args.url, args.seconds, inflight)
     return {}
 
 

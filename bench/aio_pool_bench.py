@@ -1,6 +1,6 @@
 """Issue 29: slow I/O-bound calls in flight on one worker process, ``-P asyncio``.
 
-    python -m bench.aio_pool_bench [--calls 2000 --seconds 10 --repeats 3]
+    python -m bench.aio_pool_bench [--calls 2000 --seconds 10 --repeats 3] [--scenarios …]
 
 Scenarios, each on a fresh worker process (one process, no children), the server
 flushed between runs; a run queues every call first, then starts the worker and
@@ -11,14 +11,16 @@ waits for all of them to be recorded:
 * **http**: the same tool awaiting a local HTTP provider that answers after ``seconds``
   (an ``httpx.AsyncClient`` per call: one shared by 2,000 calls holds the loop for
   minutes, :mod:`bench.aio_pool_app`; the provider is a child process here);
-* **threads**: the sleep scenario on Celery's threads pool at ``-c calls`` (each
-  thread awaits on its own loop), side by side;
+* **threads**, **threads-http**: the sleep and http scenarios on Celery's threads pool at
+  ``-c calls`` (each thread awaits on its own loop), side by side;
 * **sync**: ``bench.apps``' 100 ms I/O bench on ``-P asyncio -c 16`` (a ``def`` tool on
   the pool's threads): calls/s against the ceiling of 160/s, with a backlog of
   ``sync_calls`` submitted first so the queue never runs dry.
-* **saq**, **saq-nosweep**, **arq** (``--scenarios``; not run by default): the sleep
-  load on ONE saq or arq worker process at concurrency ``calls``, measured the same way
-  (:mod:`bench.aio_pool_peers`), rendered in a section of its own beside toolq's rows.
+* **saq-nosweep**, **arq**, **saq-http**, **arq-http**: the sleep and http loads on ONE
+  saq or arq worker process at concurrency ``calls``, measured the same way
+  (:mod:`bench.aio_pool_peers`), in the same interleaved rounds as toolq's, rendered in a
+  section of their own beside toolq's rows; **saq** (at its defaults, its first sweep
+  free to abort jobs it just took) only when asked with ``--scenarios``.
 
 Wall: the first claim to the last record (the worker's own time, not the submits'; the
 ledger's stamps, taken by the worker when it asks for the claim or the record: the
@@ -39,7 +41,7 @@ import json
 import socket
 import sys
 import threading
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -53,8 +55,10 @@ TARGET_WALL_S = 11.0
 TARGET_RSS_MB = 200.0
 TARGET_SHARE = 0.95
 #: toolq's scenarios, and the peers' (:mod:`bench.aio_pool_peers`), for ``--scenarios``.
-TOOLQ_SCENARIOS = ("sleep", "http", "threads", "sync")
+TOOLQ_SCENARIOS = ("sleep", "http", "threads", "threads-http", "sync")
 PEER_SCENARIOS = aio_pool_peers.PEERS
+#: The peers run by default, in toolq's rounds (saq at its defaults only when asked).
+DEFAULT_PEERS = ("saq-nosweep", "arq", "saq-http", "arq-http")
 HEADER = (
     "scenario",
     "succeeded",
@@ -170,6 +174,35 @@ def sync_run(url: str, calls: int, c: int = 16) -> dict[str, Any]:
     return {**res, "rate": rate, "ceiling": c * 10, "share": rate / (c * 10)}
 
 
+@contextlib.contextmanager
+def _provider(needed: bool) -> Iterator[str]:
+    """The local HTTP provider (a child process) when ``needed``: its URL, else ``""``."""
+    if not needed:
+        yield ""
+        return
+    port = _free_port()
+    child = procs.python_child(
+        "aio-pool-http", ["-m", "bench.aio_pool_bench", "--serve-http", str(port)]
+    )
+    try:
+        url_http = f"http://127.0.0.1:{port}/"
+        if not procs.wait_for(lambda: _answers(port), timeout=30, interval=0.1):
+            raise RuntimeError(f"the local HTTP provider did not answer on port {port}")
+        yield url_http
+    finally:
+        child.stop()
+
+
+def _answers(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+        return True
+    return False
+
+
+def _is_http(scenario: str) -> bool:
+    return scenario in ("http", "threads-http") or aio_pool_peers.is_http(scenario)
+
+
 def run(
     url: str,
     calls: int,
@@ -178,68 +211,51 @@ def run(
     sync_calls: int,
     http: bool = True,
     scenarios: tuple[str, ...] = TOOLQ_SCENARIOS,
-) -> dict[str, Any]:
-    """toolq's ``scenarios`` (of :data:`TOOLQ_SCENARIOS`), ``repeats`` interleaved rounds."""
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``scenarios`` (of :data:`TOOLQ_SCENARIOS` and :data:`PEER_SCENARIOS`), ``repeats``
+    interleaved rounds, toolq's and the peers' in the same rounds: (toolq's results,
+    the peers'), each ``None`` when none of its scenarios was chosen."""
     if not http:
-        scenarios = tuple(s for s in scenarios if s != "http")
-    http_port = _free_port()
-    provider = (
-        procs.python_child(
-            "aio-pool-http", ["-m", "bench.aio_pool_bench", "--serve-http", str(http_port)]
-        )
-        if "http" in scenarios
-        else None
-    )
-    if provider is not None:
-        time.sleep(1.0)
-    url_http = f"http://127.0.0.1:{http_port}/"
-    every: dict[str, tuple[str, str, str, dict[str, Any]]] = {
-        "sleep": (f"sleep, asyncio -c {calls}", "asyncio", "await_sleep", {"seconds": seconds}),
-        "http": (
-            f"http, asyncio -c {calls}",
-            "asyncio",
-            "await_http",
-            {"seconds": seconds, "url": url_http},
-        ),
-        "threads": (f"sleep, threads -c {calls}", "threads", "await_sleep", {"seconds": seconds}),
-    }
-    chosen = [every[s] for s in every if s in scenarios]
+        scenarios = tuple(s for s in scenarios if not _is_http(s))
+    ours = [s for s in TOOLQ_SCENARIOS if s in scenarios]
+    peers = [s for s in PEER_SCENARIOS if s in scenarios]
     out: dict[str, Any] = {"calls": calls, "seconds": seconds, "repeats": repeats, "runs": {}}
-    try:
+    peer_out: dict[str, Any] = {**out, "runs": {}}
+    peer_out["missing"] = [s for s in peers if not aio_pool_peers.available(s)]
+    peers = [s for s in peers if s not in peer_out["missing"]]
+    with _provider(any(_is_http(s) for s in ours + peers)) as url_http:
+        wait = {"seconds": seconds}
+        get = {"seconds": seconds, "url": url_http}
+        every: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+            "sleep": (f"sleep, asyncio -c {calls}", "asyncio", "await_sleep", wait),
+            "http": (f"http, asyncio -c {calls}", "asyncio", "await_http", get),
+            "threads": (f"sleep, threads -c {calls}", "threads", "await_sleep", wait),
+            "threads-http": (f"http, threads -c {calls}", "threads", "await_http", get),
+        }
         for i in range(repeats):  # interleaved: A B C A B C
-            for label, pool, tool, args in chosen:
-                print(f"aio-pool: {label}, round {i + 1}", flush=True)
-                res = one_run(url, pool, calls, tool, args, calls, label.split(",")[0])
+            for scenario in ours + peers:
+                if scenario in every:
+                    label, pool, tool, args = every[scenario]
+                    print(f"aio-pool: {label}, round {i + 1}", flush=True)
+                    res = one_run(url, pool, calls, tool, args, calls, scenario)
+                    out["runs"].setdefault(label, []).append(res)
+                elif scenario in peers:
+                    label = aio_pool_peers.label(scenario, calls)
+                    print(f"aio-pool: {label}, round {i + 1}", flush=True)
+                    res = aio_pool_peers.one_run(
+                        url, scenario, calls, seconds, url_http if _is_http(scenario) else ""
+                    )
+                    peer_out["runs"].setdefault(label, []).append(res)
+                else:
+                    continue
                 print(f"  {res}", flush=True)
-                out["runs"].setdefault(label, []).append(res)
-        out["sync"] = []
-        for i in range(repeats if "sync" in scenarios else 0):
-            print(f"aio-pool: sync 100 ms, asyncio -c 16, round {i + 1}", flush=True)
-            res = sync_run(url, sync_calls)
-            print(f"  {res}", flush=True)
-            out["sync"].append(res)
-    finally:
-        if provider is not None:
-            provider.stop()
-    return out
-
-
-def run_peers(
-    url: str, calls: int, seconds: float, repeats: int, systems: tuple[str, ...]
-) -> dict[str, Any]:
-    """saq's and arq's single worker process at concurrency ``calls``
-    (:mod:`bench.aio_pool_peers`), interleaved; a peer not installed is reported missing."""
-    out: dict[str, Any] = {"calls": calls, "seconds": seconds, "repeats": repeats, "runs": {}}
-    out["missing"] = [s for s in systems if not aio_pool_peers.available(s)]
-    chosen = [s for s in systems if s not in out["missing"]]
-    for i in range(repeats):
-        for system in chosen:
-            label = aio_pool_peers.label(system, calls)
-            print(f"aio-pool: {label}, round {i + 1}", flush=True)
-            res = aio_pool_peers.one_run(url, system, calls, seconds)
-            print(f"  {res}", flush=True)
-            out["runs"].setdefault(label, []).append(res)
-    return out
+    out["sync"] = []
+    for i in range(repeats if "sync" in ours else 0):
+        print(f"aio-pool: sync 100 ms, asyncio -c 16, round {i + 1}", flush=True)
+        res = sync_run(url, sync_calls)
+        print(f"  {res}", flush=True)
+        out["sync"].append(res)
+    return (out if ours else None), (peer_out if peers or peer_out["missing"] else None)
 
 
 def _row(label: str, runs: list[dict[str, Any]], calls: int) -> tuple[str, ...]:
@@ -311,36 +327,43 @@ def _stored() -> dict[str, Any]:
     return {}
 
 
-def render_peers(res: dict[str, Any], toolq: dict[str, Any]) -> str:
-    """The peers' rows, under toolq's ``sleep`` rows at the same size (``toolq``: this
-    run's, or the table above's stored run)."""
+def render_peers(res: dict[str, Any], toolq: dict[str, Any], same_run: bool = False) -> str:
+    """The peers' rows, under toolq's rows at the same size (``toolq``: this run's, in
+    the same interleaved rounds (``same_run``), or the table above's stored run)."""
     calls = res["calls"]
     ref = [
         _row(f"{label} (the table above)", runs, calls)
         for label, runs in (toolq.get("runs") or {}).items()
-        if label.startswith("sleep,") and toolq.get("calls") == calls
+        if toolq.get("calls") == calls
     ]
     rows = [_row(label, runs, calls) for label, runs in res["runs"].items()]
     missing = res.get("missing") or []
     lines = [
         "## (i) saq and arq beside it: one worker process at the same concurrency (issue 29)",
         "",
-        f"The `sleep` load of the table above ({calls:,} jobs of an `async def` function "
-        f"awaiting `asyncio.sleep({res['seconds']:g})`, all queued before the worker starts) "
-        f"on ONE saq worker process at `concurrency={calls}` and ONE arq worker process at "
-        f"`max_jobs={calls}`, their defaults otherwise but for saq's job timeout (300 s, "
-        "arq's default; saq's, 10 s, is the call's own length) and its Redis client's "
-        "connection bound (redis-py 5's, unbounded, as saq supports redis < 8 and arq's "
-        "venv has 5: under redis-py 8's 100 saq's worker, one connection per waiting "
+        f"The loads of the table above ({calls:,} jobs of an `async def` function "
+        f"awaiting `asyncio.sleep({res['seconds']:g})` (`sleep`), or a GET to the local "
+        "provider answering after that long through an `httpx.AsyncClient` per call "
+        "(`http`: the body of toolq's tool, `bench.peers.http_call`), all queued before the "
+        f"worker starts) on ONE saq worker process at `concurrency={calls}` and ONE arq "
+        f"worker process at `max_jobs={calls}`, their defaults otherwise but for saq's job "
+        "timeout (300 s, arq's default; saq's, 10 s, is the call's own length) and its Redis "
+        "client's connection bound (redis-py 5's, unbounded, as saq supports redis < 8 and "
+        "arq's venv has 5: under redis-py 8's 100 saq's worker, one connection per waiting "
         f"dequeue, lost its process tasks to `MaxConnectionsError` at {calls:,}); on the "
         f"same embedded Valkey. Medians of {res['repeats']} interleaved rounds (`python -m "
-        "bench.aio_pool_bench --scenarios saq-nosweep,arq,saq`); toolq's rows are the "
-        "table above's stored run, not re-run with them. *first sweep held off*: the bench "
+        "bench.aio_pool_bench`); "
+        + (
+            "toolq's rows are from the same rounds. "
+            if same_run
+            else "toolq's rows are the table above's stored run, not re-run with them. "
+        )
+        + "*first sweep held off*: the bench "
         "takes saq's sweep lock before the worker starts, as if its sweep had just run; at "
         "the defaults the worker's first sweep, at start beside its first dequeues, aborts "
         "the jobs it finds taken but not yet written active (a round it caught shows in "
-        "*succeeded*, or in a wall far past the sleep when one is run again). Wall: each system's "
-        "own stamps, taken by its worker: saq's `started` "
+        "*succeeded*, or in a wall far past the sleep when one is run again). Wall: each "
+        "system's own stamps, taken by its worker: saq's `started` "
         "(after the dequeue, before it writes the job active) to `completed` (before it "
         "writes the outcome), the same points as toolq's claim and record; arq's "
         "`start_time` (just before the function is called, after the pipeline that fetches "
@@ -366,10 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-http", action="store_true", help="skip the HTTP provider scenario")
     ap.add_argument(
         "--scenarios",
-        default=",".join(TOOLQ_SCENARIOS),
+        default=",".join(TOOLQ_SCENARIOS + DEFAULT_PEERS),
         help="comma-separated, of "
         + ",".join(TOOLQ_SCENARIOS + PEER_SCENARIOS)
-        + " (saq, arq: their own section, beside toolq's stored rows)",
+        + " (default: all but saq at its defaults, whose first sweep can abort jobs it "
+        "just took; saq and arq: a section of their own, beside toolq's rows of the same "
+        "rounds, or its stored rows when none of toolq's is chosen); a peer not installed "
+        "is reported, not run",
     )
     ap.add_argument("--serve-http", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -380,17 +406,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(chosen) - set(TOOLQ_SCENARIOS + PEER_SCENARIOS)
     if unknown:
         ap.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
-    ours = tuple(x for x in chosen if x in TOOLQ_SCENARIOS)
-    peers = tuple(x for x in chosen if x in PEER_SCENARIOS)
-    res: dict[str, Any] | None = None
     with server(a.redis_url, appendonly=False) as srv:
-        if ours:
-            res = run(srv.url, a.calls, a.seconds, a.repeats, a.sync_calls, not a.no_http, ours)
-        peer_res = run_peers(srv.url, a.calls, a.seconds, a.repeats, peers) if peers else None
+        res, peer_res = run(
+            srv.url, a.calls, a.seconds, a.repeats, a.sync_calls, not a.no_http, chosen
+        )
     if res is not None:
         report.update("aio-pool", render(res), res)
     if peer_res is not None:
-        report.update("aio-pool-peers", render_peers(peer_res, res or _stored()), peer_res)
+        section = render_peers(peer_res, res or _stored(), same_run=res is not None)
+        report.update("aio-pool-peers", section, peer_res)
     return 0
 
 

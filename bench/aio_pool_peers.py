@@ -1,11 +1,14 @@
-"""saq and arq in :mod:`bench.aio_pool_bench` (issue 29): the same load as toolq's
-``sleep`` scenario on the peers' own single worker process.
+"""saq and arq in :mod:`bench.aio_pool_bench` (issue 29): the same loads as toolq's
+``sleep`` and ``http`` scenarios on the peers' own single worker process.
 
-``calls`` jobs of an ``async def`` function awaiting ``asyncio.sleep(seconds)`` are
-queued first, then ONE worker process is started at concurrency ``calls`` (saq:
-``saq bench.peers.saq_peer.aio_settings`` with ``concurrency``; arq: ``arq
-bench.peers.arq_app.AioSettings`` with ``max_jobs``), each system's defaults otherwise
-but saq's job timeout (10 s by default, as long as the call: 300 s here, arq's default).
+``calls`` jobs of an ``async def`` function awaiting ``asyncio.sleep(seconds)`` (``saq``,
+``saq-nosweep``, ``arq``), or a GET to the local provider answering after ``seconds``
+through an ``httpx.AsyncClient`` per call (``saq-http``, ``arq-http``: the body of
+toolq's tool, :mod:`bench.peers.http_call`) are queued first, then ONE worker process
+is started at concurrency ``calls`` (saq: ``saq bench.peers.saq_peer.aio_settings`` with
+``concurrency``; arq: ``arq bench.peers.arq_app.AioSettings`` with ``max_jobs``), each
+system's defaults otherwise but saq's job timeout (10 s by default, as long as the call:
+300 s here, arq's default).
 
 Wall: each system's own stamps, taken by its worker, as toolq's ledger stamps are:
 
@@ -34,7 +37,7 @@ import redis
 from bench import procs
 from bench.peers import inflight
 
-PEERS = ("saq", "saq-nosweep", "arq")
+PEERS = ("saq", "saq-nosweep", "arq", "saq-http", "arq-http")
 #: saq's job timeout here (its default is 10 s); arq's default ``job_timeout``.
 JOB_TIMEOUT_S = 300
 #: How long the bench waits for the calls (toolq's scenarios: the same).
@@ -46,7 +49,14 @@ def label(system: str, calls: int) -> str:
         "saq": f"sleep, saq concurrency={calls}",
         "saq-nosweep": f"sleep, saq concurrency={calls}, first sweep held off",
         "arq": f"sleep, arq max_jobs={calls}",
+        "saq-http": f"http, saq concurrency={calls}, first sweep held off",
+        "arq-http": f"http, arq max_jobs={calls}",
     }[system]
+
+
+def is_http(system: str) -> bool:
+    """Whether ``system``'s scenario awaits the local HTTP provider."""
+    return system.endswith("-http")
 
 
 def available(system: str) -> bool:
@@ -93,11 +103,14 @@ def _measure(r: redis.Redis, worker: procs.Child, calls: int, stamps: Any) -> di
     }
 
 
-def saq_run(url: str, calls: int, seconds: float, hold_sweep: bool = False) -> dict[str, Any]:
+def saq_run(
+    url: str, calls: int, seconds: float, hold_sweep: bool = False, url_http: str = ""
+) -> dict[str, Any]:
     """``hold_sweep``: the bench takes saq's sweep lock before the worker starts, as if
     its sweep had just run. At saq's defaults the worker's first sweep (at start, beside
     the first dequeues) aborts the jobs it finds in the active list not yet written
-    active: with a backlog queued first, jobs the worker had just taken."""
+    active: with a backlog queued first, jobs the worker had just taken. ``url_http``:
+    the jobs GET the provider there (``await_http``) instead of sleeping."""
     from saq import Queue
 
     from bench.peers.saq_peer import AIO_QUEUE
@@ -108,6 +121,13 @@ def saq_run(url: str, calls: int, seconds: float, hold_sweep: bool = False) -> d
     queue = Queue.from_url(url, name=AIO_QUEUE)
 
     async def submit() -> list[Any]:
+        if url_http:
+            return [
+                await queue.enqueue(
+                    "await_http", timeout=JOB_TIMEOUT_S, seconds=seconds, url=url_http
+                )
+                for _ in range(calls)
+            ]
         return [
             await queue.enqueue("await_sleep", timeout=JOB_TIMEOUT_S, seconds=seconds)
             for _ in range(calls)
@@ -138,13 +158,13 @@ def saq_run(url: str, calls: int, seconds: float, hold_sweep: bool = False) -> d
         r.close()
 
 
-def arq_run(url: str, calls: int, seconds: float) -> dict[str, Any]:
+def arq_run(url: str, calls: int, seconds: float, url_http: str = "") -> dict[str, Any]:
     from bench.peers.arq_peer import Adapter
 
     r = redis.Redis.from_url(url)
     r.flushdb()
     submitter = Adapter(url)  # arq's own venv: a submitter process driven over a pipe
-    submitter.aio_submit(calls, seconds)
+    submitter.aio_submit(calls, seconds, url_http)
     w = submitter.aio_worker(url, calls, "aio-pool-arq")
 
     def read(timeout: float) -> tuple[list[float], list[float], int]:
@@ -159,7 +179,16 @@ def arq_run(url: str, calls: int, seconds: float) -> dict[str, Any]:
         r.close()
 
 
-def one_run(url: str, system: str, calls: int, seconds: float) -> dict[str, Any]:
+def one_run(
+    url: str, system: str, calls: int, seconds: float, url_http: str = ""
+) -> dict[str, Any]:
+    """One round of ``system`` (of :data:`PEERS`); ``url_http``: the provider of the
+    ``-http`` systems. saq's http rounds hold its first sweep off (as ``saq-nosweep``:
+    what it aborts at start is reported by the sleep rounds, not twice)."""
     if system == "saq-nosweep":
         return saq_run(url, calls, seconds, hold_sweep=True)
+    if system == "saq-http":
+        return saq_run(url, calls, seconds, hold_sweep=True, url_http=url_http)
+    if system == "arq-http":
+        return arq_run(url, calls, seconds, url_http)
     return {"saq": saq_run, "arq": arq_run}[system](url, calls, seconds)

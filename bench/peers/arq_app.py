@@ -4,7 +4,7 @@
 ``…arq_app.AioSettings``: the asyncio-pool bench's (``max_jobs`` from the environment).
 ``python -m bench.peers.arq_app``: the submitter, driven line by line on stdin by
 :mod:`bench.peers.arq_peer` (``submit TASK START STOP`` -> ``ok``; ``wait TIMEOUT`` ->
-``done FAILED``; for :mod:`bench.aio_pool_bench`, ``aio CALLS SECONDS`` -> ``ok`` and
+``done FAILED``; for :mod:`bench.aio_pool_bench`, ``aio CALLS SECONDS [URL]`` -> ``ok`` and
 ``stamps TIMEOUT`` -> one JSON line), so it never shares a process with toolq's redis-py.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 from arq import create_pool
 from arq.connections import RedisSettings
 
+from bench.peers.http_call import get_after
 from bench.peers.inflight import InFlight
 
 URL = os.environ.get("BENCH_PEER_URL", "redis://127.0.0.1:6379/0")
@@ -49,18 +50,19 @@ aio_inflight = InFlight(URL)
 
 
 async def await_sleep(ctx: dict[str, Any], n: int, seconds: float) -> None:
-    aio_inflight.enter()
-    try:
-        await asyncio.sleep(seconds)
-    finally:
-        aio_inflight.leave()
+    await aio_inflight.counted(asyncio.sleep(seconds))
+
+
+async def await_http(ctx: dict[str, Any], n: int, seconds: float, url: str) -> None:
+    """The bench's ``http`` tool body, as toolq's (:mod:`bench.peers.http_call`)."""
+    await get_after(url, seconds, aio_inflight)
 
 
 class AioSettings:
     """The asyncio-pool bench's (:mod:`bench.aio_pool_bench`): one worker process at
     ``max_jobs`` ``BENCH_AIO_MAX_JOBS``, arq's defaults otherwise."""
 
-    functions = [await_sleep]
+    functions = [await_sleep, await_http]
     redis_settings = RedisSettings.from_dsn(URL)
     max_jobs = int(os.environ.get("BENCH_AIO_MAX_JOBS", "10"))
 
@@ -94,9 +96,14 @@ async def serve() -> None:
             task, a, b = line[1], int(line[2]), int(line[3])
             jobs = [await pool.enqueue_job(NAMES[task], i) for i in range(a, b)]
             print("ok", flush=True)
-        elif line[0] == "aio":  # aio CALLS SECONDS: await_sleep jobs
-            calls, seconds = int(line[1]), float(line[2])
-            jobs = [await pool.enqueue_job("await_sleep", i, seconds) for i in range(calls)]
+        elif line[0] == "aio":  # aio CALLS SECONDS [URL]: await_sleep (await_http) jobs
+            calls, seconds, http = int(line[1]), float(line[2]), line[3:]
+            jobs = [
+                await pool.enqueue_job("await_http", i, seconds, *http)
+                if http
+                else await pool.enqueue_job("await_sleep", i, seconds)
+                for i in range(calls)
+            ]
             print("ok", flush=True)
         elif line[0] == "stamps":  # stamps TIMEOUT: the jobs' own start and finish stamps
             print(json.dumps(await _stamps(jobs, float(line[1]))), flush=True)

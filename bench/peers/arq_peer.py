@@ -70,8 +70,9 @@ class Adapter:
         argv = [self.python, "-m", "arq", "bench.peers.arq_app.AioSettings"]
         return procs.Child(name, argv, {"BENCH_PEER_URL": url, "BENCH_AIO_MAX_JOBS": str(max_jobs)})
 
-    def aio_submit(self, calls: int, seconds: float) -> None:
-        self._ask(f"aio {calls} {seconds}")
+    def aio_submit(self, calls: int, seconds: float, url_http: str = "") -> None:
+        """``calls`` jobs awaiting ``seconds``: a sleep, or a GET to ``url_http``."""
+        self._ask(f"aio {calls} {seconds} {url_http}".rstrip())
 
     def aio_stamps(self, timeout: float) -> dict[str, Any]:
         """The jobs' ``starts`` and ``finishes`` (epoch ms) and how many ``succeeded``."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis
 
@@ -49,6 +50,14 @@ class InFlight:
         with self._lock:
             self.now -= 1
             self.done += 1
+
+    async def counted(self, wait: Awaitable[Any]) -> None:
+        """Await ``wait`` counted in flight."""
+        self.enter()
+        try:
+            await wait
+        finally:
+            self.leave()
 
     def _publish(self) -> None:
         r = redis.Redis.from_url(self.url() if callable(self.url) else self.url)

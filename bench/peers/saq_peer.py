@@ -13,6 +13,7 @@ from saq.queue.redis import RedisQueue
 
 from bench import procs
 from bench.peers import crash_key, url
+from bench.peers.http_call import get_after
 from bench.peers.inflight import InFlight
 
 queue = Queue.from_url(url(), name="bench-peers")
@@ -50,18 +51,19 @@ aio_inflight = InFlight(url())
 
 
 async def await_sleep(ctx: Any, *, seconds: float) -> None:
-    aio_inflight.enter()
-    try:
-        await asyncio.sleep(seconds)
-    finally:
-        aio_inflight.leave()
+    await aio_inflight.counted(asyncio.sleep(seconds))
+
+
+async def await_http(ctx: Any, *, seconds: float, url: str) -> None:
+    """The bench's ``http`` tool body, as toolq's (:mod:`bench.peers.http_call`)."""
+    await get_after(url, seconds, aio_inflight)
 
 
 aio_settings = {
     "queue": RedisQueue(
         redis.asyncio.from_url(url(), max_connections=AIO_MAX_CONNECTIONS), name=AIO_QUEUE
     ),
-    "functions": [await_sleep],
+    "functions": [await_sleep, await_http],
     "concurrency": int(os.environ.get("BENCH_AIO_CONCURRENCY", "10")),
 }
 NAMES = {"noop": "noop", "sleep": "sleep100", "crash": "crash_write"}
