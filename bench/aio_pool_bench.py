@@ -386,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sync-calls", type=int, default=800)
-    ap.add_argument("--no-http", action="store_true", help="skip the HTTP provider scenario")
+    ap.add_argument(
+        "--no-http",
+        action="store_true",
+        help="skip the scenarios that need the local HTTP provider (every *http*)",
+    )
     ap.add_argument(
         "--scenarios",
         default=",".join(TOOLQ_SCENARIOS + DEFAULT_PEERS),
