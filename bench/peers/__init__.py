@@ -37,6 +37,20 @@ def url() -> str:
     return os.environ.get("BENCH_PEER_URL", "redis://127.0.0.1:6379/0")
 
 
+#: A configured variant for the asyncio-pool bench's peers (never their default): the
+#: garbage collector's first threshold in their worker processes, as toolq's
+#: ``worker.gc_threshold`` sets it on ``-P asyncio`` (CPython's default is 700).
+GC_THRESHOLD_ENV = "BENCH_PEER_GC_THRESHOLD"
+
+
+def gc_threshold_from_env() -> None:
+    """Set the collector's first threshold from :data:`GC_THRESHOLD_ENV`, if given."""
+    import gc
+
+    if given := os.environ.get(GC_THRESHOLD_ENV):
+        gc.set_threshold(int(given), *gc.get_threshold()[1:])
+
+
 def crash_key(system: str, n: int) -> str:
     return CRASH_KEY.format(system=system, n=n)
 

@@ -20,6 +20,7 @@ from typing import Any
 from arq import create_pool
 from arq.connections import RedisSettings
 
+from bench.peers import gc_threshold_from_env
 from bench.peers.http_call import get_after
 from bench.peers.inflight import InFlight
 
@@ -47,6 +48,7 @@ class WorkerSettings:
 
 
 aio_inflight = InFlight(URL)
+gc_threshold_from_env()  # a configured variant only (bench.peers.GC_THRESHOLD_ENV)
 
 
 async def await_sleep(ctx: dict[str, Any], n: int, seconds: float) -> None:

@@ -12,7 +12,7 @@ from saq import Queue
 from saq.queue.redis import RedisQueue
 
 from bench import procs
-from bench.peers import crash_key, url
+from bench.peers import crash_key, gc_threshold_from_env, url
 from bench.peers.http_call import get_after
 from bench.peers.inflight import InFlight
 
@@ -48,6 +48,7 @@ AIO_QUEUE = "bench-aio"
 #: tasks died of ``MaxConnectionsError``.
 AIO_MAX_CONNECTIONS = 2**31
 aio_inflight = InFlight(url())
+gc_threshold_from_env()  # a configured variant only (bench.peers.GC_THRESHOLD_ENV)
 
 
 async def await_sleep(ctx: Any, *, seconds: float) -> None:
