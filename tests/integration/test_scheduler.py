@@ -10,7 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.conftest import APP, seen
 from toolq import State, ToolQueue
 from toolq.adapters.ledger import scripts
@@ -149,8 +156,7 @@ def test_not_before_in_the_past_runs_at_once_and_absurd_one_escalates(
         assert env.next_action == "escalate"
         assert rt.get(absurd).state is State.ESCALATED  # type: ignore[union-attr]
     finally:
-        for p in procs:
-            stop_process(p)
+        stop_processes(procs)
 
 
 def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:
