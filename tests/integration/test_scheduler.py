@@ -104,8 +104,7 @@ def test_two_schedulers_racing_dispatch_each_item_once(
         assert wait_until(lambda: _dispatched(rt) >= 1000, 30)
     finally:
         # Stopped (and exited) before the counts are read: nothing can move after.
-        stop_process(a)
-        stop_process(b)
+        stop_processes((a, b))
     attempts = {rt.ledger.fields(r, "attempt")["attempt"] for r in refs}
     assert attempts == {"2"}
     assert _dispatches_per_ref(rt, refs) == {1}
