@@ -39,7 +39,9 @@ typecheck: $(STAMP)
 # fixtures, its workers, cluster or RabbitMQ node, stay in one process); each process
 # starts its own Valkey, and every cluster, RabbitMQ node and child picks free ports and
 # a temporary directory of its own. Most of the suite waits on child processes, so two
-# processes on 2 cores roughly halve it. TEST_PROCS=0 runs it in one process.
+# processes on 2 cores roughly halve it. The longest files go first, in the collection's
+# order otherwise (tests/conftest.py: SLOWEST, and xdist's reorder by test count off).
+# TEST_PROCS=0 runs it in one process.
 TEST_PROCS ?= 2
 test: lint typecheck .venv-arq/.installed
 	$(BIN)/pytest -q -n $(TEST_PROCS) --dist loadfile

@@ -9,6 +9,13 @@
 - ``redis_url`` (function) / ``module_redis_url`` (module): a URL on that
   server pointing at a database of its own, flushed before and after use.
 - ``fake_redis`` (function): a fakeredis client with Lua, on a server of its own.
+
+Order (``make test``: pytest-xdist, ``--dist loadfile``): the modules in SLOWEST go
+first, in that order, then the rest as collected (contract, e2e, integration, unit),
+and xdist keeps that order instead of handing out the modules with the most tests
+first. By default it did: the unit modules (hundreds of quick tests) went first and
+a one-test module of a minute (test_outage_chaos) could start last, leaving the other
+process idle for its length.
 """
 
 from __future__ import annotations
@@ -25,6 +32,19 @@ from toolq.adapters.embedded import EmbeddedServer, RedactedUrl, url_for_db
 from toolq.core.redact import redact_url
 
 TEST_REDIS_URL_ENV = "TOOLQ_TEST_REDIS_URL"
+#: The longest modules (seconds in a quiet 2-process run, 2026-12), started first.
+SLOWEST = (
+    "tests/e2e/test_outage_chaos.py",  # 71 s
+    "tests/integration/test_deps.py",  # 53 s
+    "tests/integration/test_broker_outage.py",  # 46 s
+    "tests/e2e/test_chaos.py",  # 45 s
+    "tests/e2e/test_peers_bench.py",  # 45 s
+    "tests/e2e/test_limits_bench.py",  # 44 s
+    "tests/integration/cluster/test_faults_on_cluster.py",  # 37 s
+    "tests/e2e/test_noop_cost_benches.py",  # 36 s
+    "tests/integration/test_server_outage.py",  # 32 s
+    "tests/e2e/test_deploy_recipes.py",  # 30 s
+)
 SESSION_DATABASES = 4096
 # Database 0 is left alone: on a shared external server it may hold anything.
 FIRST_TEST_DB = 1
@@ -51,6 +71,18 @@ class DatabasePool:
     def release(self, db: int) -> None:
         with self._lock:
             self._free.append(db)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # --no-loadscope-reorder: xdist hands out the modules in the collection's order
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """SLOWEST's modules first, each whole and in its own order (a stable sort)."""
+    rank = {path: i for i, path in enumerate(SLOWEST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
 
 
 def _client(url: str) -> redis.Redis:

@@ -43,6 +43,7 @@ from tests.helpers import (
     start_toolq,
     start_worker,
     stop_process,
+    stop_processes,
     wait_until,
 )
 from tests.integration.apps import console_app
@@ -148,8 +149,7 @@ def stack(module_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
     finally:
         if s.api is not None:
             stop_process(s.api, timeout=5)
-        for p in procs:
-            stop_process(p, timeout=5)
+        stop_processes(procs, timeout=5)
         tq.close()
 
 

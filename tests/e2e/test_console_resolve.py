@@ -26,7 +26,7 @@ from tests.helpers import (
     start_scheduler,
     start_toolq,
     start_worker,
-    stop_process,
+    stop_processes,
     wait_until,
 )
 from tests.integration.apps import resolve_app
@@ -79,8 +79,7 @@ def stack(
         assert wait_until(healthy, timeout=30), log.read_text()
         yield tq, f"http://localhost:{port}"
     finally:
-        for p in procs:
-            stop_process(p, timeout=5)
+        stop_processes(procs, timeout=5)
         tq.close()
 
 

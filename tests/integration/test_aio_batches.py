@@ -14,7 +14,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import aio_pool_app
 from tests.integration.conftest import effects
 from toolq import State, ToolQueue
@@ -99,9 +106,7 @@ def test_a_worker_killed_while_its_batches_are_out_loses_and_doubles_no_call(
         replacement = start_worker(APP, always, pool="asyncio", concurrency=CALLS)
         finished = wait_until(lambda: _done(aq, refs) == CALLS, 180, interval=0.5)
     finally:
-        for p in (worker, replacement, scheduler):
-            if p is not None:
-                stop_process(p)
+        stop_processes([p for p in (worker, replacement, scheduler) if p is not None])
     # (killed mid-way: some calls recorded, not all)
     assert 0 < recorded < CALLS, recorded
     assert written >= recorded

@@ -42,11 +42,12 @@ def worker(aq: ToolQueue, module_redis_url: str) -> Iterator[subprocess.Popen[by
 
 
 def _pool(tq: ToolQueue) -> dict[str, Any]:
-    """The worker's pool info (``celery inspect stats``); one worker serves the module."""
+    """The worker's pool info (``celery inspect stats``); one worker serves the module,
+    so the first reply is the answer (``limit=1``: not the whole ``timeout`` each time)."""
     stats: dict[str, Any] = {}
 
     def answered() -> bool:
-        stats.update(tq.celery.control.inspect(timeout=2.0).stats() or {})
+        stats.update(tq.celery.control.inspect(timeout=2.0, limit=1).stats() or {})
         return len(stats) == 1
 
     assert wait_until(answered, 30), "the worker did not answer inspect stats"
@@ -113,7 +114,7 @@ def test_a_revoked_message_is_discarded_before_the_pool(
     aq.celery.control.revoke(task_id)
 
     def revoked() -> bool:
-        answers = aq.celery.control.inspect(timeout=2.0).revoked() or {}
+        answers = aq.celery.control.inspect(timeout=2.0, limit=1).revoked() or {}
         return any(task_id in ids for ids in answers.values())
 
     assert wait_until(revoked, 30)

@@ -23,6 +23,7 @@ from tests.helpers import (
     start_scheduler,
     start_worker,
     stop_process,
+    stop_processes,
     toolq_env,
     wait_until,
 )
@@ -52,8 +53,7 @@ def aq(module_redis_url: str) -> Iterator[ToolQueue]:
 def worker(aq: ToolQueue, module_redis_url: str) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs = [start_worker(APP, module_redis_url, pool="asyncio", concurrency=IN_FLIGHT)]
     yield procs
-    for p in procs:
-        stop_process(p)
+    stop_processes(procs)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from tests.helpers import (
     start_scheduler,
     start_toolq,
     start_worker,
-    stop_process,
+    stop_processes,
     wait_until,
 )
 from tests.integration.apps import outbox_app, requeue_app
@@ -137,8 +137,7 @@ def test_the_relay_and_the_worker_outlive_rabbitmq_down_longer_than_before(
         assert relay.poll() is None and worker.poll() is None and scheduler.poll() is None
         assert wait_until(lambda: not waited_for(tq), timeout=10), relay_beats(tq)
     finally:
-        for p in (relay, worker, scheduler):
-            stop_process(p, timeout=5)
+        stop_processes((relay, worker, scheduler), timeout=5)
     said = log_path.read_text(errors="replace")
     # One line when the wait started and one when it ended, not one per try.
     assert said.count("the broker unavailable") == 1, said[-3000:]
@@ -146,8 +145,9 @@ def test_the_relay_and_the_worker_outlive_rabbitmq_down_longer_than_before(
     assert "Traceback" not in said, said[-3000:]
 
 
-#: Longer than the claim's patience (10 s): at least one delivery gives up meanwhile.
-LEDGER_DOWN_S = 15.0
+#: Longer than the claim's patience (3 s in requeue_app), by more than the 5 s it was
+#: longer than the default 10 s: at least one delivery gives up meanwhile.
+LEDGER_DOWN_S = 9.0
 
 
 @pytest.fixture
@@ -215,8 +215,7 @@ def test_a_delivery_the_ledger_cannot_claim_goes_back_to_rabbitmq_and_runs_once_
     finally:
         probe.close()
         tq.close()
-        for p in (worker, relay, scheduler):
-            stop_process(p, timeout=5)
+        stop_processes((worker, relay, scheduler), timeout=5)
     said = log_path.read_text(errors="replace")
     # One warning line a delivery given back, without a traceback
     requeued = [line for line in said.splitlines() if "requeued: requeue/1 attempt 1" in line]

@@ -9,7 +9,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import cells_app
 from toolq import ToolQueue
 from toolq.core.cells import cell_of
@@ -59,8 +65,6 @@ def test_schedulers_split_the_cells_and_take_over_a_dead_ones(
             record = tq.get(ref)
             assert record is not None and record.attempt == 3
     finally:
-        for p in (first, second, worker):
-            if p is not None:
-                stop_process(p, timeout=5)
+        stop_processes([p for p in (first, second, worker) if p is not None], timeout=5)
     # a scheduler that stops gives its cells up
     assert wait_until(lambda: not _holders(r), 5)

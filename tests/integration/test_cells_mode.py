@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process
+from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process, stop_processes
 from tests.integration.apps import cells_app
 from toolq import ToolQueue
 from toolq.core import errors
@@ -36,8 +36,7 @@ def tq(module_redis_url: str) -> Iterator[ToolQueue]:
         start_scheduler(APP, module_redis_url, env=env),
     ]
     yield client
-    for p in procs:
-        stop_process(p, timeout=5)
+    stop_processes(procs, timeout=5)
     client.close()
 
 

@@ -15,7 +15,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.conftest import APP, effects, seen
 from toolq import State, ToolQueue
 
@@ -31,8 +38,7 @@ def scheduler(rt: ToolQueue, module_redis_url: str) -> Iterator[None]:
 def worker(module_redis_url: str) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs = [start_worker(APP, module_redis_url, pool="prefork", concurrency=1)]
     yield procs
-    for p in procs:
-        stop_process(p)
+    stop_processes(procs)
 
 
 def _holder_pid(rt: ToolQueue, ref: str) -> int:

@@ -19,7 +19,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import deadline_app
 from tests.integration.apps.deadline_app import APP, calls
 from toolq import State, ToolQueue
@@ -42,8 +48,7 @@ def running(redis_url: str, *starters: Starter) -> Iterator[list[subprocess.Pope
     try:
         yield procs
     finally:
-        for p in procs:
-            stop_process(p, timeout=5)
+        stop_processes(procs, timeout=5)
 
 
 def calls_worker(app: str, redis_url: str) -> subprocess.Popen[bytes]:

@@ -18,7 +18,14 @@ from contextlib import contextmanager
 import pytest
 import redis
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import deps_app
 from tests.integration.apps.deps_app import APP
 from toolq import State, ToolQueue
@@ -42,8 +49,7 @@ def running(redis_url: str, *starters: Starter) -> Iterator[list[subprocess.Pope
     try:
         yield procs
     finally:
-        for p in procs:
-            stop_process(p, timeout=5)
+        stop_processes(procs, timeout=5)
 
 
 def worker(threads: int = 4) -> Starter:

@@ -11,7 +11,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import fetch_app
 from tests.integration.apps.fetch_app import APP, GATE, runs
 from toolq import State, ToolQueue
@@ -93,5 +100,4 @@ def test_a_worker_killed_holding_a_fetched_batch_loses_none_of_it(
         assert sorted(a[0] for a in ran.values()) == [1] * 18 + [2] * 2, ran
         assert r.hlen("unacked") == 0 and r.llen(CALLS) == 0
     finally:
-        for p in procs:
-            stop_process(p)
+        stop_processes(procs)

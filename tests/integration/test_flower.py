@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import free_port, start_toolq, start_worker, stop_process, wait_until
+from tests.helpers import (
+    free_port,
+    start_toolq,
+    start_worker,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import operator_app
 from toolq import ToolQueue
 
@@ -44,8 +50,7 @@ def flower(module_redis_url: str) -> Iterator[tuple[ToolQueue, str]]:
         assert wait_until(lambda: _workers_heard(base), 60), "Flower heard no worker"
         yield tq, base
     finally:
-        for p in procs:
-            stop_process(p, timeout=5)
+        stop_processes(procs, timeout=5)
         tq.close()
 
 

@@ -43,7 +43,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 
-from tests.helpers import start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import start_scheduler, start_worker, stop_processes, wait_until
 from tests.integration.agents_fixtures import effects, run_async
 from tests.integration.apps import traced_agents_app
 from tests.integration.apps.traced_app import SPANS_ENV
@@ -77,8 +77,7 @@ def agents_tq(module_redis_url: str, spans_file: Path) -> Iterator[ToolQueue]:
         start_scheduler(traced_agents_app.APP, module_redis_url, env=env),
     ]
     yield tq
-    for p in procs:
-        stop_process(p, timeout=5)
+    stop_processes(procs, timeout=5)
     tq.close()
 
 

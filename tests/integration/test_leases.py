@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import start_scheduler, start_worker, stop_processes, wait_until
 from tests.integration.apps import lease_app
 from tests.integration.apps.lease_app import APP, attempts, effects, verifications
 from toolq import State, ToolQueue
@@ -29,8 +29,7 @@ def lq(module_redis_url: str) -> Iterator[ToolQueue]:
     try:
         yield tq
     finally:
-        for p in procs:
-            stop_process(p)
+        stop_processes(procs)
         tq.close()
 
 

@@ -23,6 +23,7 @@ from tests.helpers import (
     start_toolq,
     start_worker,
     stop_process,
+    stop_processes,
     toolq_env,
     wait_until,
 )
@@ -84,8 +85,7 @@ def test_real_workers_beat_and_the_warning_goes(redis_url: str) -> None:
         assert tq.wait(sub.operation_ref, timeout=30).ok
     finally:
         client.close()
-        stop_process(worker, timeout=5)
-        stop_process(scheduler, timeout=5)
+        stop_processes((worker, scheduler), timeout=5)
 
 
 def test_toolq_submit_prints_the_warning_on_stderr(redis_url: str) -> None:
@@ -126,8 +126,7 @@ def test_each_worker_beats_its_own_entry_and_status_counts_it(redis_url: str) ->
         assert _status_json(redis_url)["workers"]["live"] == 1
     finally:
         client.close()
-        stop_process(calls, timeout=5)
-        stop_process(verify, timeout=5)
+        stop_processes((calls, verify), timeout=5)
 
 
 def test_a_killed_worker_leaves_the_live_list_once_its_beat_is_stale(redis_url: str) -> None:
@@ -232,5 +231,4 @@ def test_the_overview_and_its_chart_come_from_redis_alone(redis_url: str) -> Non
             run_aio(tq, lambda: monitor.series(tq.aio, 0))
     finally:
         client.close()
-        stop_process(worker, timeout=5)
-        stop_process(scheduler, timeout=5)
+        stop_processes((worker, scheduler), timeout=5)

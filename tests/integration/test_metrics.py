@@ -12,7 +12,13 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from tests.helpers import free_port, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    free_port,
+    start_scheduler,
+    start_worker,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.conftest import APP
 from toolq.client.queue import ToolQueue
 from toolq.core.errors import ToolqError
@@ -214,5 +220,4 @@ def test_worker_and_scheduler_processes_serve_what_left_pending_recovery(
         assert _pending_count(scheduler_url, "pay", "verifying") == 0
         assert _pending_count(worker_url, "pay", "waiting_retry") == 0
     finally:
-        for p in procs:
-            stop_process(p)
+        stop_processes(procs)

@@ -24,6 +24,7 @@ from tests.helpers import (
     start_toolq,
     start_worker,
     stop_process,
+    stop_processes,
     toolq_env,
     wait_until,
 )
@@ -75,8 +76,7 @@ def deployment(
         "scheduler": start_scheduler(APP, module_redis_url, env=env),
     }
     yield procs
-    for p in procs.values():
-        stop_process(p, timeout=5)
+    stop_processes(procs.values(), timeout=5)
 
 
 def start_relay(env: dict[str, str]) -> subprocess.Popen[bytes]:

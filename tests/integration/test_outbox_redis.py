@@ -10,7 +10,13 @@ import pytest
 import redis
 
 from tests.conftest import DatabasePool, _database_url
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process, wait_until
+from tests.helpers import (
+    start_scheduler,
+    start_toolq,
+    start_worker,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import outbox_app
 from tests.integration.conftest import effects
 from toolq import ToolQueue
@@ -36,8 +42,7 @@ def tq(module_redis_url: str, broker_url: str) -> Iterator[ToolQueue]:
         start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env),
     ]
     yield app
-    for p in procs:
-        stop_process(p, timeout=5)
+    stop_processes(procs, timeout=5)
     app.close()
 
 

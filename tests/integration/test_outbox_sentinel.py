@@ -18,7 +18,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process, wait_until
+from tests.helpers import (
+    start_scheduler,
+    start_toolq,
+    start_worker,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import outbox_app
 from tests.integration.conftest import effects
 from tests.sentinel import SentinelGroup
@@ -58,8 +64,7 @@ def deployment(
         "relay": start_toolq(["relay", "--app", APP, "--loglevel", "WARNING"], env=env),
     }
     yield procs
-    for p in procs.values():
-        stop_process(p, timeout=5)
+    stop_processes(procs.values(), timeout=5)
 
 
 def submit_all(tq: ToolQueue, refs: list[str], sleep: float = 0.0) -> None:

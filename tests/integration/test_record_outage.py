@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, start_toolq, stop_process, wait_until
+from tests.helpers import free_port, start_toolq, stop_processes, wait_until
 from tests.integration.apps import outage_app
 from toolq import ToolQueue
 from toolq.adapters.embedded import EmbeddedServer, url_for_db
@@ -100,8 +100,7 @@ def test_a_record_the_server_does_not_take_is_said_once_and_settled_without_a_tr
         assert worker.poll() is None
     finally:
         tq.close()
-        for p in (worker, scheduler):
-            stop_process(p, timeout=10)
+        stop_processes((worker, scheduler), timeout=10)
     said = _said(log)
     assert "Traceback" not in said, said[-4000:]
     assert "raised unexpected" not in said and "ERROR" not in said, said[-4000:]

@@ -14,7 +14,7 @@ from datetime import datetime
 import pytest
 import redis
 
-from tests.helpers import start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import start_scheduler, start_worker, stop_processes, wait_until
 from tests.integration.conftest import APP, effects, seen
 from toolq import State, ToolQueue
 from toolq.core import errors
@@ -27,8 +27,7 @@ def processes(rt: ToolQueue, module_redis_url: str) -> Iterator[None]:
     try:
         yield
     finally:
-        stop_process(w)
-        stop_process(s)
+        stop_processes((w, s))
 
 
 def test_a_call_that_succeeds_records_a_committed_envelope(rt: ToolQueue) -> None:

@@ -10,7 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.helpers import kill_group, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    kill_group,
+    start_scheduler,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.conftest import APP, seen
 from toolq import State, ToolQueue
 from toolq.adapters.ledger import scripts
@@ -97,8 +104,7 @@ def test_two_schedulers_racing_dispatch_each_item_once(
         assert wait_until(lambda: _dispatched(rt) >= 1000, 30)
     finally:
         # Stopped (and exited) before the counts are read: nothing can move after.
-        stop_process(a)
-        stop_process(b)
+        stop_processes((a, b))
     attempts = {rt.ledger.fields(r, "attempt")["attempt"] for r in refs}
     assert attempts == {"2"}
     assert _dispatches_per_ref(rt, refs) == {1}
@@ -149,8 +155,7 @@ def test_not_before_in_the_past_runs_at_once_and_absurd_one_escalates(
         assert env.next_action == "escalate"
         assert rt.get(absurd).state is State.ESCALATED  # type: ignore[union-attr]
     finally:
-        for p in procs:
-            stop_process(p)
+        stop_processes(procs)
 
 
 def test_a_sleeping_scheduler_wakes_for_an_earlier_item(rt: ToolQueue) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, start_toolq, stop_process, wait_until
+from tests.helpers import free_port, start_toolq, stop_processes, wait_until
 from tests.integration.apps import outbox_app, runtime_app
 from toolq import ToolQueue
 from toolq.adapters.embedded import EmbeddedServer, url_for_db
@@ -97,8 +97,7 @@ def test_a_worker_outlives_the_server_down_and_says_it_once(
         assert worker.poll() is None and scheduler.poll() is None
     finally:
         tq.close()
-        for p in (worker, scheduler):
-            stop_process(p, timeout=5)
+        stop_processes((worker, scheduler), timeout=5)
     said = _said(worker_log)
     assert said.count("the broker (the ledger's server) unavailable") == 1, said[-3000:]
     assert said.count("the broker (the ledger's server) back after") == 1, said[-3000:]
@@ -155,8 +154,7 @@ def test_every_process_started_while_the_server_is_down_waits_for_it(
         assert not dead, (dead, {r: _said(logs[r])[-1500:] for r in dead})
     finally:
         tq.close()
-        for p in procs.values():
-            stop_process(p, timeout=5)
+        stop_processes(procs.values(), timeout=5)
     for role in ("worker", "scheduler", "relay"):
         said = _said(logs[role])
         assert said.count("unavailable (") == 1, (role, said[-3000:])

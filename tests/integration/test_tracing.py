@@ -22,6 +22,7 @@ from tests.helpers import (
     start_toolq,
     start_worker,
     stop_process,
+    stop_processes,
     toolq_env,
     wait_until,
 )
@@ -66,8 +67,7 @@ def background(tq: ToolQueue, module_redis_url: str, spans_file: Path) -> Iterat
         start_scheduler(APP, module_redis_url, env=env),
     ]
     yield
-    for p in procs:
-        stop_process(p)
+    stop_processes(procs)
 
 
 @pytest.fixture

@@ -19,7 +19,13 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import free_port, start_scheduler, start_worker, stop_process, wait_until
+from tests.helpers import (
+    free_port,
+    start_scheduler,
+    start_worker,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.conftest import APP
 from toolq import State, ToolQueue
 from toolq.core.stats import INF, RECOVERY_BUCKETS_MS, RECOVERY_STATES, cumulative
@@ -46,8 +52,7 @@ def processes(rt: ToolQueue, module_redis_url: str, metrics_port: int) -> Iterat
         start_scheduler(APP, module_redis_url, extra_args=["--metrics-port", str(metrics_port)]),
     ]
     yield
-    for p in procs:
-        stop_process(p)
+    stop_processes(procs)
 
 
 def scrape(port: int) -> str:

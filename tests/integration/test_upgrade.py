@@ -16,7 +16,14 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process, wait_until
+from tests.helpers import (
+    start_scheduler,
+    start_toolq,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import legacy_app
 from tests.integration.apps.legacy_app import APP, calls
 from toolq import State, ToolQueue
@@ -205,8 +212,7 @@ def test_a_ledger_of_an_earlier_format_migrates_whole_and_its_work_finishes(
         # every message the earlier version queued has been taken
         assert wait_until(lambda: client.llen("toolq.calls") == 0, 30)
     finally:
-        for p in procs:
-            stop_process(p, timeout=10)
+        stop_processes(procs, timeout=10)
 
     # Then each queued operation ran once, the uncertain write was verified (not run
     # again), and what had settled stayed as it was

@@ -16,7 +16,13 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from tests.helpers import start_scheduler, start_worker, stop_process, toolq_env, wait_until
+from tests.helpers import (
+    start_scheduler,
+    start_worker,
+    stop_processes,
+    toolq_env,
+    wait_until,
+)
 from tests.integration.conftest import APP, effects, seen
 from toolq import State, ToolQueue
 from toolq.core import why
@@ -33,8 +39,7 @@ def processes(rt: ToolQueue, module_redis_url: str) -> Iterator[None]:
         start_scheduler(APP, module_redis_url),
     ]
     yield
-    for p in procs:
-        stop_process(p)
+    stop_processes(procs)
 
 
 def test_commit_then_lost_reply_is_verified_as_succeeded(

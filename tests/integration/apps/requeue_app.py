@@ -15,7 +15,13 @@ from pydantic import BaseModel
 
 from tests.integration.apps.store import ProcessClient
 from toolq import CallContext, ToolQueue
-from toolq.core.settings import QueueSettings, RecoverySettings, RelaySettings, ToolqSettings
+from toolq.core.settings import (
+    QueueSettings,
+    RecoverySettings,
+    RelaySettings,
+    ToolqSettings,
+    WorkerSettings,
+)
 
 APP = "tests.integration.apps.requeue_app:tq"
 
@@ -25,6 +31,9 @@ settings = ToolqSettings(
     queues=QueueSettings(calls="requeue.calls", verify="requeue.verify"),
     recovery=RecoverySettings(unclaimed_after=3600.0),
     relay=RelaySettings(block=0.5, claim_after=1.0),
+    # A claim gives up 3 s after its first failure (10 s by default): the test keeps
+    # the ledger's server down past it, and waits that out.
+    worker=WorkerSettings(claim_patience_s=3.0),
 )
 tq = ToolQueue(settings=settings)
 provider = ProcessClient(tq)

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from tests.cluster import HOST, Cluster
 from tests.conftest import DatabasePool, _database_url
-from tests.helpers import start_scheduler, start_toolq, start_worker, stop_process
+from tests.helpers import start_scheduler, start_toolq, start_worker, stop_processes
 from tests.integration.apps import cells_app
 from toolq import ToolQueue
 
@@ -94,8 +94,7 @@ def deployment(
         start_relay(env),
     ]
     yield client
-    for p in procs:
-        stop_process(p, timeout=5)
+    stop_processes(procs, timeout=5)
     client.close()
 
 

@@ -13,14 +13,24 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from redis.cluster import key_slot
 
 from tests.cluster import HOST, Cluster, Node
-from tests.helpers import run_aio, start_scheduler, start_toolq, start_worker, stop_process
+from tests.helpers import (
+    run_aio,
+    start_scheduler,
+    start_toolq,
+    start_worker,
+    stop_process,
+    stop_processes,
+    wait_until,
+)
 from tests.integration.apps import cells_app
 from tests.integration.cluster.conftest import (
     CELLS,
@@ -34,6 +44,7 @@ from toolq.core import errors
 from toolq.core.cells import cell_of
 from toolq.core.envelope import ToolSuccess
 from toolq.core.keys import Keys
+from toolq.process.waiting import CAP_S, FIRST_S
 
 APP = cells_app.APP
 
@@ -106,8 +117,7 @@ def test_a_dead_first_seed_stops_no_client_status_or_worker(
         assert "Traceback" not in status.stderr
         assert all(p.poll() is None for p in procs)
     finally:
-        for p in procs:
-            stop_process(p, timeout=5)
+        stop_processes(procs, timeout=5)
 
 
 def _shard_away_from(cluster: Cluster, seed: Node) -> tuple[Node, str]:
@@ -121,7 +131,7 @@ def _shard_away_from(cluster: Cluster, seed: Node) -> tuple[Node, str]:
 
 
 def test_a_node_away_is_server_unavailable_naming_it(
-    cluster: Cluster, tq: ToolQueue, url: str, broker_url: str
+    cluster: Cluster, tq: ToolQueue, url: str, broker_url: str, tmp_path: Path
 ) -> None:
     env = cells_env(url, broker_url)
     seed = cluster.nodes[0]
@@ -160,15 +170,23 @@ def test_a_node_away_is_server_unavailable_naming_it(
     # Then it says that no seed answered, naming them
     assert "cannot reach any seed node of the Cluster" in str(none.value)
     assert f"{HOST}:{seed.port}" in str(none.value)
-    # and a worker started meanwhile prints no traceback (it waits, or exits in one line)
-    worker_err = start_toolq(
-        ["worker", "--app", APP, "--redis-url", url, "--loglevel", "WARNING"],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
+    # and a worker started meanwhile prints no traceback (it waits, or exits in one line):
+    # watched until it says it waits, then through its tries as the backoff climbs to
+    # its cap (0.5, 1, 2, 2 s: waiting.FIRST_S, CAP_S), not a fixed 20 s
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker_err = start_toolq(
+            ["worker", "--app", APP, "--redis-url", url, "--loglevel", "WARNING"],
+            env=env,
+            stderr=out.fileno(),
+        )
     try:
-        _, err = worker_err.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
+        assert wait_until(
+            lambda: worker_err.poll() is not None or b"unavailable" in log.read_bytes(), 60
+        ), log.read_text(errors="replace")
+        if worker_err.poll() is None:
+            time.sleep(FIRST_S + 1 + 2 * CAP_S + 1)
+    finally:
         stop_process(worker_err, timeout=5)
-        _, err = worker_err.communicate()
+    err = log.read_bytes()
     assert b"Traceback" not in err, err.decode()

@@ -31,6 +31,7 @@ from tests.helpers import (
     start_scheduler,
     start_worker,
     stop_process,
+    stop_processes,
     toolq_env,
     wait_until,
 )
@@ -95,8 +96,7 @@ def deployment(tq: ToolQueue, env: dict[str, str]) -> Iterator[dict[str, subproc
     # schedulers hold every cell
     assert wait_until(lambda: _groups_made(tq) and len(_holders(tq)) == CELLS, 30)
     yield procs
-    for p in procs.values():
-        stop_process(p, timeout=5)
+    stop_processes(procs.values(), timeout=5)
 
 
 def _agree(tq: ToolQueue, provider: redis.Redis, refs: list[str]) -> None:

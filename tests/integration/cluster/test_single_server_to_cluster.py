@@ -22,7 +22,7 @@ from redis.cluster import key_slot
 
 from tests.cluster import HOST, Cluster, free_port
 from tests.contract.ops import single_tag_ledger
-from tests.helpers import start_scheduler, start_worker, stop_process
+from tests.helpers import start_scheduler, start_worker, stop_processes
 from tests.integration.apps import cells_app
 from tests.integration.cluster.conftest import CELLS, cells_client, cells_env, start_relay
 from toolq.adapters.embedded import EmbeddedServer
@@ -131,8 +131,7 @@ def test_a_single_server_becomes_a_balanced_cluster_and_every_operation_carries_
                 effects = Counter(x.decode() for x in provider.lrange("provider:effects", 0, -1))
             assert {ref: effects[ref] for ref in fresh + queued} == dict.fromkeys(fresh + queued, 1)
         finally:
-            for p in procs:
-                stop_process(p, timeout=5)
+            stop_processes(procs, timeout=5)
             tq.close()
 
 
