@@ -50,11 +50,15 @@ def test_peers_quick_completes_every_task_of_every_system(tmp_path: Path) -> Non
     # When the no-op load and the 100 ms load run through each
     res, report = _bench(tmp_path, "peers", "--calls", "60", timeout=280)
     # Then every system completed every task, and each run has a rate and a CPU cost
-    for load in (*res["modes"].values(), res["io"]):
+    # (the I/O round's 20 sleeping tasks can cost a worker less than the one 10-ms tick
+    # the kernel counts CPU in: measured, and maybe 0 there)
+    for load, some_cpu in (*((m, True) for m in res["modes"].values()), (res["io"], False)):
         assert sorted(load) == sorted(SYSTEMS.split(",")), report
         for runs in load.values():
             assert [r["failed"] for r in runs] == [0] * len(runs), report
-            assert all(r["rate"] > 0 and r["cpu_ms"]["workers"] > 0 for r in runs), report
+            assert all(r["rate"] > 0 for r in runs), report
+            cpu = [r["cpu_ms"]["workers"] for r in runs]
+            assert all(c > 0 if some_cpu else c >= 0 for c in cpu), report
     assert "| **toolq** |" in (tmp_path / "RESULTS.md").read_text(), report
 
 
