@@ -15,7 +15,8 @@ Two runs, each on servers of its own (an embedded Valkey; RabbitMQ from Debian's
 The figure: seconds from the dependency answering again (a prober thread connecting
 every 20 ms: PING, an AMQP connection) to the call's success being recorded (its
 envelope's ``verification.checked_at``), and whether every process is still the one
-started. Raw numbers go to ``bench/results/outage-resume.json``.
+started. Raw numbers go to ``bench/results/outage-resume.json`` (``BENCH_OUT``
+elsewhere, as every bench's: a trial run must not overwrite the measured file).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from typing import Any
 
 from bench.apps import tq
 from bench.procs import Child, python_child, toolq_scheduler, toolq_worker
+from bench.report import RAW
 from toolq.adapters.embedded import EmbeddedServer
 
 APP = "bench.apps:tq"
-OUT = Path(__file__).resolve().parent / "results" / "outage-resume.json"
+OUT = RAW / "outage-resume.json"
 
 
 class Prober:
@@ -170,7 +172,7 @@ def main() -> None:
         results.append(ledger_run(a.ledger_down))
     if a.only in (None, "broker"):
         results.append(broker_run(a.broker_down))
-    OUT.parent.mkdir(exist_ok=True)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=1))
 
 
