@@ -32,15 +32,18 @@ from toolq.adapters.embedded import EmbeddedServer, RedactedUrl, url_for_db
 from toolq.core.redact import redact_url
 
 TEST_REDIS_URL_ENV = "TOOLQ_TEST_REDIS_URL"
-#: The longest modules (seconds in a quiet 2-process run, 2026-12), started first.
+#: The longest modules (seconds in a quiet 2-process run, 2026-12; ~: measured alone),
+#: started first.
 SLOWEST = (
     "tests/e2e/test_outage_chaos.py",  # 71 s
+    "tests/e2e/test_readme_benches.py",  # ~61 s
     "tests/integration/test_deps.py",  # 53 s
     "tests/integration/test_broker_outage.py",  # 46 s
     "tests/e2e/test_chaos.py",  # 45 s
     "tests/e2e/test_peers_bench.py",  # 45 s
     "tests/e2e/test_limits_bench.py",  # 44 s
     "tests/integration/cluster/test_faults_on_cluster.py",  # 37 s
+    "tests/e2e/test_cluster_benches.py",  # ~22 s, a Cluster of its own
     "tests/e2e/test_noop_cost_benches.py",  # 36 s
     "tests/integration/test_server_outage.py",  # 32 s
     "tests/e2e/test_deploy_recipes.py",  # 30 s
