@@ -43,10 +43,10 @@ SLOWEST = (
     "tests/e2e/test_peers_bench.py",  # 45 s
     "tests/e2e/test_limits_bench.py",  # 44 s
     "tests/integration/cluster/test_faults_on_cluster.py",  # 37 s
-    "tests/e2e/test_cluster_benches.py",  # ~22 s, a Cluster of its own
     "tests/e2e/test_noop_cost_benches.py",  # 36 s
     "tests/integration/test_server_outage.py",  # 32 s
     "tests/e2e/test_deploy_recipes.py",  # 30 s
+    "tests/e2e/test_cluster_benches.py",  # ~22 s, a Cluster of its own
 )
 SESSION_DATABASES = 4096
 # Database 0 is left alone: on a shared external server it may hold anything.
