@@ -24,6 +24,7 @@ import anyio
 import pytest
 import redis
 
+import toolq.client.aio
 from tests.helpers import run_aio, start_worker, stop_process, until_async
 from tests.integration.apps import aio_app
 from toolq import ToolQueue
@@ -283,7 +284,14 @@ def test_connections_of_a_loop_that_ended_without_aclose_are_closed(tq: ToolQueu
 # ----------------------------------------------------------------------------- a restart
 
 
-def test_waits_survive_a_restart_of_the_server(tmp_path: Path) -> None:
+def test_waits_survive_a_restart_of_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No fallback read: only notices and the read again when the subscription comes back
+    # can end these waits (a wait that missed both sleeps past pytest's timeout). Calls
+    # settled while the server restarted were found only by the fallback read, 12 s on:
+    # the read again failed on a connection of the loop's pool the server had closed.
+    monkeypatch.setattr(toolq.client.aio, "FALLBACK_READ_S", 3600.0)
     # A server of this test's own, durable, so that the restart keeps the ledger.
     with EmbeddedServer(tmp_path / "data", extra_config={"appendfsync": "always"}) as server:
         q = aio_app.make()
@@ -298,7 +306,7 @@ def test_waits_survive_a_restart_of_the_server(tmp_path: Path) -> None:
                     (await q.aio.submit("gated", {"gate": str(gate)})).operation_ref
                     for _ in range(8)
                 ]
-                waits = [asyncio.create_task(q.aio.wait(r, timeout=120)) for r in refs]
+                waits = [asyncio.create_task(q.aio.wait(r, timeout=3600)) for r in refs]
                 await until_async(lambda: q.aio.watching() == len(refs))
                 running = lambda: sum(q.get(r).state is State.RUNNING for r in refs)  # type: ignore[union-attr] # noqa: E731
                 await until_async(lambda: running() == 4)
