@@ -328,6 +328,30 @@ def test_waits_survive_a_restart_of_the_server(
     assert [e.ok for e in envs] == [True] * 8
 
 
+def test_reads_after_a_restart_of_the_server_answer_at_once(tmp_path: Path) -> None:
+    # Given a loop whose pool holds connections to the server, which then restarts
+    with EmbeddedServer(tmp_path / "data", extra_config={"appendfsync": "always"}) as server:
+        q = aio_app.make()
+        q.configure(redis_url=server.url)
+
+        async def body() -> list[State]:
+            refs = [(await q.aio.submit("sleepy", {})).operation_ref for _ in range(4)]
+            # several reads at once: several connections in the loop's pool
+            await asyncio.gather(*(q.aio.get(r) for r in refs))
+            await asyncio.to_thread(server.restart)
+            # When the program reads again, the server up: every read answers (the
+            # first on each connection the restart closed was QUEUE_UNAVAILABLE)
+            got = await asyncio.gather(*(q.aio.get(r) for r in refs))
+            return [g.state for g in got]
+
+        try:
+            states = run_aio(q, body)
+        finally:
+            q.close()
+    # Then from the ledger the restart kept
+    assert states == [State.QUEUED] * 4
+
+
 def test_an_unreachable_server_is_server_unavailable_not_a_hang() -> None:
     q = aio_app.make()
     with EmbeddedServer(appendonly=False) as server:

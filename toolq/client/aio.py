@@ -17,9 +17,10 @@ The sync client's names and semantics (:class:`toolq.client.queue.ToolQueue`), o
   tasks, as ``asyncio.run``, ``anyio.run`` and servers do). Several loops in
   several threads can share one ``tq.aio``.
 - A Redis restart mid-wait: the subscription comes back and wakes every
-  waiter to read its record again (twice if the first read met a connection the
-  restart closed). A server that cannot be reached when a
-  call starts is :class:`toolq.core.errors.ServerUnavailable`, as in the sync client.
+  waiter to read its record again (a read that meets a connection the restart
+  closed is sent again at once, :meth:`toolq.adapters.ledger.aio.AsyncLedger._read`).
+  A server that cannot be reached when a call starts is
+  :class:`toolq.core.errors.ServerUnavailable`, as in the sync client.
 - Cancelling the task that awaits a wait (or a call) ends the wait only; the
   operation goes on, and can be waited for again by its ref.
 - Fair to the rest of the loop: at most :data:`CALLS_PER_PASS` calls begin in
@@ -40,10 +41,11 @@ Runs on asyncio (and anyio's asyncio backend); redis.asyncio has no trio support
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
@@ -72,7 +74,6 @@ OnProgress = Callable[[Progress], Awaitable[None] | None]
 
 #: What a read that fails while the server is away raises: a wait keeps waiting.
 _AWAY: tuple[type[Exception], ...] = (*UNREACHABLE, OSError)
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,8 +310,10 @@ class AsyncToolQueue:
     async def _reread(self, b: _Bound, ref: str, seen: Seen) -> Seen:
         """Read the record; while the server is away, keep what was known (the
         subscription wakes everyone to read again once it is back)."""
-        fields = await _read_twice(lambda: b.ledger.fields(ref, *WAIT_FIELDS))
-        return seen if fields is None else Seen.read(ref, fields)
+        try:
+            return Seen.read(ref, await b.ledger.fields(ref, *WAIT_FIELDS))
+        except _AWAY:
+            return seen
 
     async def watch(self, ref: str) -> AsyncIterator[WatchEvent]:
         """Every notice for ``ref``: first the state it is in now, then each state it
@@ -340,10 +343,11 @@ class AsyncToolQueue:
                         last = ev
                         yield WatchEvent.of(ev)
                 if (reread or not heard) and last.state not in SETTLED:
-                    now = await _read_twice(lambda: self._now(b, ref))
-                    if now is not None and now.rev > last.rev:
-                        last = now
-                        yield WatchEvent.of(now)
+                    with contextlib.suppress(*_AWAY):
+                        now = await self._now(b, ref)
+                        if now.rev > last.rev:
+                            last = now
+                            yield WatchEvent.of(now)
         finally:
             b.notifier.unwatch(ref, w)
 
@@ -483,18 +487,3 @@ async def _called(fn: OnProgress, progress: Progress) -> None:
     result = fn(progress)
     if inspect.isawaitable(result):
         await result
-
-
-async def _read_twice(read: Callable[[], Awaitable[T]]) -> T | None:
-    """``read()``, once more at once if the server was away for the first; None if it
-    was for both. A wait reads again when the subscription comes back after a restart
-    of the server, and the loop's pool may still hold connections the server closed:
-    the read fails on one (which is dropped) and the second takes a new one. Read once,
-    the waits of calls settled during the restart slept until their fallback read
-    (:data:`toolq.decisions.operations.FALLBACK_READ_S`, 12 s)."""
-    for _ in range(2):
-        try:
-            return await read()
-        except _AWAY:
-            continue
-    return None
