@@ -18,25 +18,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT, toolq_env
+from tests.helpers import run_bench
 
 HARNESS_TIMEOUT_S = 240
 
 
 def _run(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", *argv],
-        cwd=REPO_ROOT,
-        env=toolq_env({"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs")}),
-        capture_output=True,
-        text=True,
-        timeout=HARNESS_TIMEOUT_S,
-    )
+    return run_bench(tmp_path, *argv, timeout=HARNESS_TIMEOUT_S)
 
 
 @pytest.mark.slow

@@ -16,29 +16,20 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.server_ablation import VARIANTS
-from tests.helpers import REPO_ROOT, toolq_env
+from tests.helpers import run_bench
 
 HARNESS_TIMEOUT_S = 180
 
 
 def _run(tmp_path: Path, *argv: str, ok: bool = True) -> str:
     """``python -m ARGV`` with its output in tmp_path; its stdout (and stderr) tail."""
-    proc = subprocess.run(
-        [sys.executable, "-m", *argv],
-        cwd=REPO_ROOT,
-        env=toolq_env({"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs")}),
-        capture_output=True,
-        text=True,
-        timeout=HARNESS_TIMEOUT_S,
-    )
+    proc = run_bench(tmp_path, *argv, timeout=HARNESS_TIMEOUT_S)
     report = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert (proc.returncode == 0) == ok, report
     return report if not ok else proc.stdout
