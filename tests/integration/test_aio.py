@@ -328,7 +328,7 @@ def test_waits_survive_a_restart_of_the_server(
     assert [e.ok for e in envs] == [True] * 8
 
 
-def test_reads_after_a_restart_of_the_server_answer_at_once(tmp_path: Path) -> None:
+def test_reads_and_submits_after_a_restart_of_the_server_answer_at_once(tmp_path: Path) -> None:
     # Given a loop whose pool holds connections to the server, which then restarts
     with EmbeddedServer(tmp_path / "data", extra_config={"appendfsync": "always"}) as server:
         q = aio_app.make()
@@ -342,6 +342,11 @@ def test_reads_after_a_restart_of_the_server_answer_at_once(tmp_path: Path) -> N
             # When the program reads again, the server up: every read answers (the
             # first on each connection the restart closed was QUEUE_UNAVAILABLE)
             got = await asyncio.gather(*(q.aio.get(r) for r in refs))
+            # And after another restart, every submit is taken (scripts are not sent
+            # again: the connections the restart closed are opened again first)
+            await asyncio.to_thread(server.restart)
+            more = await asyncio.gather(*(q.aio.submit("sleepy", {}) for _ in refs))
+            assert len({m.operation_ref for m in more}) == len(refs)
             return [g.state for g in got]
 
         try:

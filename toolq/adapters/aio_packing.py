@@ -16,6 +16,7 @@ redis-py's ``DataError``), so a script call goes out as the sync ledger sends it
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import hiredis
@@ -43,10 +44,24 @@ def packed(*args: Any) -> list[bytes]:
 
 class HiredisPacking:
     """Mixed into an asyncio connection class: :func:`packed` packs its commands (its
-    pipelines' too: ``pack_commands`` packs each command with this)."""
+    pipelines' too: ``pack_commands`` packs each command with this); and a connection
+    the server closed while it sat in the pool is opened again before a command goes
+    out on it, as the sync pool does when it hands one out (redis.asyncio's pool asks
+    ``can_read``, which does not see the close): after a restart of the server, the
+    first command on each pooled connection failed with "Connection closed by server",
+    and a ``tq.aio`` call answered ``QUEUE_UNAVAILABLE`` with the server up again.
+    Nothing was sent on the closed connection, so nothing is sent twice."""
+
+    _reader: asyncio.StreamReader | None
 
     def pack_command(self, *args: Any) -> list[bytes]:
         return packed(*args)
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        reader = self._reader
+        if reader is not None and reader.at_eof():
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+        await super().send_packed_command(command, check_health)  # type: ignore[misc]
 
 
 def hiredis_packed(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:

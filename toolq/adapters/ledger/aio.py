@@ -123,12 +123,12 @@ class AsyncLedger(Routes):
     async def _read(self, command: Callable[[], Awaitable[T]]) -> T:
         """A read (``command()``, around :meth:`_command`), sent once more at once if its
         connection was closed under it. After a restart of the server the pool still
-        holds connections the old one closed; redis.asyncio does not test a connection
-        it hands out (the sync pool does) and retries nothing by default, so the first
-        read on each failed: a ``tq.aio.get`` (and the HTTP API's reads) answered
-        ``QUEUE_UNAVAILABLE`` with the server up again. The failed connection is
-        dropped; the second read takes a new one. Reads only: a script sent again after
-        its reply was lost could run twice."""
+        holds connections the old one closed: a command opens such a connection again
+        before it goes out (:class:`toolq.adapters.aio_packing.HiredisPacking`), and this
+        covers a close that lands after that check (redis.asyncio retries nothing by
+        default: a ``tq.aio.get``, and the HTTP API's reads, answered
+        ``QUEUE_UNAVAILABLE`` with the server up again). Reads only: a script sent
+        again after its reply was lost could run twice."""
         try:
             async with self._command():
                 return await command()
