@@ -17,9 +17,9 @@ The sync client's names and semantics (:class:`toolq.client.queue.ToolQueue`), o
   tasks, as ``asyncio.run``, ``anyio.run`` and servers do). Several loops in
   several threads can share one ``tq.aio``.
 - A Redis restart mid-wait: the subscription comes back and wakes every
-  waiter to read its record again (a read that meets a connection the restart
-  closed is sent again at once, :meth:`toolq.adapters.ledger.aio.AsyncLedger._read`).
-  A server that cannot be reached when a call starts is
+  waiter to read its record again (on connections opened again where the restart
+  closed them: :class:`toolq.adapters.aio_packing.HiredisPacking`). A server that
+  cannot be reached when a call starts is
   :class:`toolq.core.errors.ServerUnavailable`, as in the sync client.
 - Cancelling the task that awaits a wait (or a call) ends the wait only; the
   operation goes on, and can be waited for again by its ref.

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
-import redis
 import redis.asyncio as aioredis
 
 from toolq.adapters.ledger.ack import UNACKED_KEYS
@@ -51,9 +50,6 @@ from toolq.core.record import HistoryEntry, OperationRecord
 from toolq.decisions.recovery.transition import Transition
 
 __all__ = ["AsyncLedger", "AsyncScripts"]
-
-
-T = TypeVar("T")
 
 
 class AsyncLedger(Routes):
@@ -119,22 +115,6 @@ class AsyncLedger(Routes):
             # as the send completes: the cancellation is swallowed (fixed in 3.12),
             # and a cancelled wait would go on waiting. Raise it again.
             raise asyncio.CancelledError
-
-    async def _read(self, command: Callable[[], Awaitable[T]]) -> T:
-        """A read (``command()``, around :meth:`_command`), sent once more at once if its
-        connection was closed under it. After a restart of the server the pool still
-        holds connections the old one closed: a command opens such a connection again
-        before it goes out (:class:`toolq.adapters.aio_packing.HiredisPacking`), and this
-        covers a close that lands after that check (redis.asyncio retries nothing by
-        default: a ``tq.aio.get``, and the HTTP API's reads, answered
-        ``QUEUE_UNAVAILABLE`` with the server up again). Reads only: a script sent
-        again after its reply was lost could run twice."""
-        try:
-            async with self._command():
-                return await command()
-        except redis.ConnectionError:
-            async with self._command():
-                return await command()
 
     async def submit(self, **operation: Any) -> SubmitResult:
         """Create an operation (the fields of :class:`toolq.calls.NewOperation`)."""
@@ -210,29 +190,30 @@ class AsyncLedger(Routes):
             await pipe.execute()
 
     async def get(self, ref: str, *, with_history: bool = True) -> OperationRecord | None:
-        key = self.calls_of(ref).keys.op(ref)
-        raw = await self._read(lambda: self.redis.hgetall(key))
+        async with self._command():
+            raw = await self.redis.hgetall(self.calls_of(ref).keys.op(ref))
         return record_of(raw, with_history)
 
     async def fields(self, ref: str, *names: str) -> dict[str, str]:
-        key = self.calls_of(ref).keys.op(ref)
-        values = await self._read(lambda: self.redis.hmget(key, list(names)))
+        async with self._command():
+            values = await self.redis.hmget(self.calls_of(ref).keys.op(ref), list(names))
         return fields_of(names, values)
 
     async def history(self, ref: str, after: int = 0) -> list[HistoryEntry]:
         """The history entries after the first ``after``; OperationNotFound for no operation."""
         start = history_start(after)
-        key = self.calls_of(ref).keys.op(ref)
-        raw = await self._read(lambda: self.redis.hgetall(key))
+        async with self._command():
+            raw = await self.redis.hgetall(self.calls_of(ref).keys.op(ref))
         return history_of(ref, raw, start)
 
     async def state_of(self, ref: str) -> tuple[dict[str, str], int]:
         """The record's state, rev and envelope, and how many history entries it has."""
         names = ("state", "rev", "envelope", "hn")
-        key = self.calls_of(ref).keys.op(ref)
-        values = await self._read(lambda: self.redis.hmget(key, list(names)))
+        async with self._command():
+            values = await self.redis.hmget(self.calls_of(ref).keys.op(ref), list(names))
         fields = fields_of(names, values)
         return fields, int(fields.pop("hn", None) or 0)
 
     async def ping(self) -> None:
-        await self._read(self.redis.ping)
+        async with self._command():
+            await self.redis.ping()
