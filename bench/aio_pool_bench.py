@@ -233,21 +233,19 @@ def run(
             "threads-http": (f"http, threads -c {calls}", "threads", "await_http", get),
         }
         for i in range(repeats):  # interleaved: A B C A B C
-            for scenario in ours + peers:
+            for scenario in [s for s in ours if s in every] + peers:
                 if scenario in every:
                     label, pool, tool, args = every[scenario]
                     print(f"aio-pool: {label}, round {i + 1}", flush=True)
                     res = one_run(url, pool, calls, tool, args, calls, scenario)
                     out["runs"].setdefault(label, []).append(res)
-                elif scenario in peers:
+                else:
                     label = aio_pool_peers.label(scenario, calls)
                     print(f"aio-pool: {label}, round {i + 1}", flush=True)
                     res = aio_pool_peers.one_run(
                         url, scenario, calls, seconds, url_http if _is_http(scenario) else ""
                     )
                     peer_out["runs"].setdefault(label, []).append(res)
-                else:
-                    continue
                 print(f"  {res}", flush=True)
     out["sync"] = []
     for i in range(repeats if "sync" in ours else 0):

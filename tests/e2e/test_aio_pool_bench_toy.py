@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.peers.arq_peer import arq_python
-from tests.helpers import REPO_ROOT, toolq_env
+from tests.helpers import run_bench
 
 JOBS = 20
 SECONDS = 0.2
@@ -57,14 +55,9 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
         scenarios += ["saq-nosweep", "saq-http"]
     if arq_python() is not None:
         scenarios += ["arq", "arq-http"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.aio_pool_bench", "--scenarios", ",".join(scenarios),
-         "--calls", str(JOBS), "--seconds", str(SECONDS), "--repeats", "1"],
-        cwd=REPO_ROOT,
-        env=toolq_env({"BENCH_OUT": str(out), "BENCH_LOG_DIR": str(out / "logs")}),
-        capture_output=True,
-        text=True,
-        timeout=280,
+    proc = run_bench(
+        out, "bench.aio_pool_bench", "--scenarios", ",".join(scenarios),
+        "--calls", str(JOBS), "--seconds", str(SECONDS), "--repeats", "1", timeout=280,
     )  # fmt: skip
     report = proc.stdout[-4000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, report
