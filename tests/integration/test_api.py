@@ -7,6 +7,7 @@ The last test fuzzes the generated OpenAPI document with schemathesis.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -279,15 +280,28 @@ def test_unexpected_errors_are_a_bare_500(
     assert r.json() == {"code": "INTERNAL", "message": "internal error"}
 
 
-def test_an_unreachable_redis_is_a_503() -> None:
+def test_an_unreachable_redis_is_a_503_said_once_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     down = ToolQueue(redis_url="redis://127.0.0.1:1/0")
+    caplog.set_level(logging.DEBUG, logger="toolq.api")
     try:
-        client = TestClient(create_app(down), base_url="http://127.0.0.1:8000")
-        r = client.get("/v1/operations/x")
+        with TestClient(
+            create_app(down), base_url="http://127.0.0.1:8000", client=("127.0.0.1", 5000)
+        ) as client:
+            answers = [client.get(path) for path in ("/v1/operations/x", "/v1/health") * 10]
+            answers.append(client.get("/ui/", follow_redirects=False))  # the console's too
     finally:
         down.close()
+    r = answers[0]
     assert r.status_code == 503 and r.json()["code"] == "QUEUE_UNAVAILABLE"
     assert "retry-after" in r.headers
+    assert {a.status_code for a in answers} == {503}
+    # 21 requests failed: one warning for the operator, naming the server
+    warned = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("queue server unavailable (ServerUnavailable); answering 503")
+    assert "127.0.0.1:1" in warned[0]
 
 
 def test_token_settings_and_the_loopback_rule(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ Tools run in a ``toolq worker`` subprocess and delayed retries come from a
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import sys
 import threading
@@ -35,6 +36,7 @@ from tests.helpers import (
 from tests.integration.apps import aio_app, interfaces_app
 from tests.integration.apps.interfaces_app import APP, SECRET, open_gate
 from toolq import ToolQueue
+from toolq.core import errors
 from toolq.core.envelope import ToolError, ToolSuccess, json_schema, parse_envelope
 from toolq.core.record import OperationRecord
 from toolq.core.states import SETTLED, State
@@ -362,6 +364,41 @@ def test_an_exception_in_the_adapter_never_reaches_the_client(
     env = envelope(result)
     assert isinstance(env, ToolError) and env.code == "OUTCOME_UNKNOWN"
     assert env.commit_state == "unknown" and env.next_action == "verify_operation"
+
+
+def test_the_queue_server_away_is_queue_unavailable_and_said_once(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a server whose queue server does not answer (tq.aio's own error for it)
+    async def away(*_: Any, **__: Any) -> None:
+        raise errors.ServerUnavailable("cannot reach the server at redis://127.0.0.1:1/0")
+
+    for name in ("submit", "wait", "get"):
+        monkeypatch.setattr(tq.aio, name, away)
+    caplog.set_level(logging.INFO, logger="toolq.mcp")
+
+    # When an agent calls a write, a read and get_operation, three times each
+    async def body(c: Client) -> list[CallToolResult]:
+        calls = [("create_note", {"body": "x"}), ("echo", {"text": "x"})]
+        calls.append(("get_operation", {"operation_ref": "run_away/1"}))
+        return [await c.call_tool(t, a) for _ in range(3) for t, a in calls]
+
+    results = run(create_server(tq, wait_seconds=1), body)
+
+    # Then each is QUEUE_UNAVAILABLE: the write may have been queued (follow it first),
+    # the others were not (wait and call again); not a refusal for an operator
+    for i, result in enumerate(results):
+        env = error_of(result)
+        assert (env.code, env.category) == ("QUEUE_UNAVAILABLE", "dependency"), env
+        if i % 3 == 0:
+            assert env.commit_state == "unknown" and env.next_action == "verify_operation"
+        else:
+            assert env.commit_state == "not_committed" and env.next_action == "wait_and_retry"
+            assert env.retry.directive == "after_delay" and env.retry.not_before is not None
+    # and the operator's log says it once, not once a call
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("queue server unavailable (ServerUnavailable)"), warned
 
 
 def test_over_stdio(module_redis_url: str, tq: ToolQueue) -> None:

@@ -41,6 +41,7 @@ from tests.integration.apps import interfaces_app
 from tests.integration.apps.interfaces_app import APP, open_gate
 from tests.integration.test_mcp import queued_without_message, record_in
 from toolq import ToolQueue
+from toolq.core import errors
 from toolq.core.envelope import ToolError, parse_envelope
 from toolq.core.errors import RateLimited as RateLimitedFailure
 from toolq.core.errors import error_envelope
@@ -63,11 +64,12 @@ from toolq.edges.mcp_server.taskview import (
 
 T = TypeVar("T")
 RAW = TypeAdapter(dict[str, Any])
-INVALID_PARAMS, INVALID_REQUEST, MISSING_CAPABILITY, HEADER_MISMATCH = (
+INVALID_PARAMS, INVALID_REQUEST, MISSING_CAPABILITY, HEADER_MISMATCH, INTERNAL_ERROR = (
     -32602,
     -32600,
     -32021,
     -32020,
+    -32603,
 )
 
 
@@ -601,6 +603,43 @@ def test_bad_task_requests_are_the_protocols_errors_and_write_nothing(
     )
     assert tq.get(unknown) is None and not list(tq.redis.scan_iter(match="*run_tasks/none*"))
     assert tq.get(open_ref).state is State.AWAITING_APPROVAL  # type: ignore[union-attr]
+
+
+def test_the_queue_server_away_is_a_retryable_error_of_every_task_request(
+    tq: ToolQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a server whose queue server does not answer (tq.aio's own error for it)
+    async def away(*_: Any, **__: Any) -> None:
+        raise errors.ServerUnavailable("cannot reach the server at redis://127.0.0.1:1/0")
+
+    for name in ("get", "approve", "cancel"):
+        monkeypatch.setattr(tq.aio, name, away)
+    caplog.set_level(logging.INFO, logger="toolq.mcp")
+    ref = "run_tasks/away"
+
+    # When a client asks for a task, answers it and cancels it, twice each
+    async def scenario(c: Client) -> list[tuple[int, str, Any]]:
+        seen = []
+        for _ in range(2):
+            for attempt in (
+                lambda: task_get(c, ref),
+                lambda: task_update(c, ref, {"approval-0": {"action": "accept"}}),
+                lambda: task_cancel(c, ref),
+            ):
+                with pytest.raises(MCPError) as exc:
+                    await attempt()
+                seen.append((*refusal(exc), exc.value.error.data))
+        return seen
+
+    seen = run(create_server(tq, wait_seconds=1, task_after=0.2), scenario)
+
+    # Then each is an internal error that says the server is away and names the code
+    # (not a traceback in the log for each, and not "Internal error"), said once
+    for code, message, data in seen:
+        assert code == INTERNAL_ERROR and "unavailable" in message, (code, message)
+        assert data == {"code": "QUEUE_UNAVAILABLE"}
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and said[0][1].startswith("queue server unavailable ("), said
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])

@@ -21,7 +21,10 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from tests.helpers import free_port, start_toolq, stop_processes, wait_until
 from tests.integration.apps import outbox_app, runtime_app
@@ -140,6 +143,10 @@ def test_every_process_started_while_the_server_is_down_waits_for_it(
                 _said(logs[role])[-2000:],
             )
         assert wait_until(lambda: _health(api_port) == 503, timeout=30)  # QUEUE_UNAVAILABLE
+        # and many requests meanwhile (each answered at once, the outage said once)
+        assert [_health(api_port) for _ in range(20)] == [503] * 20
+        codes = anyio.run(_mcp_calls, f"http://127.0.0.1:{mcp_port}/mcp", 5)
+        assert codes == ["QUEUE_UNAVAILABLE"] * 5, codes
         dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
         assert not dead, (dead, {r: _said(logs[r])[-1500:] for r in dead})
 
@@ -150,6 +157,11 @@ def test_every_process_started_while_the_server_is_down_waits_for_it(
         assert wait_until(lambda: _health(api_port) == 200, timeout=30)
         ref = tq.submit("pay", {}, operation_ref="start-down/1").operation_ref
         assert tq.wait(ref, timeout=60).ok
+        for role in ("api", "mcp"):  # their probe saw it back (within 2 s)
+            assert wait_until(lambda r=role: "back after" in _said(logs[r]), timeout=30), (
+                role,
+                _said(logs[role])[-2000:],
+            )
         dead = {r: p.returncode for r, p in procs.items() if p.poll() is not None}
         assert not dead, (dead, {r: _said(logs[r])[-1500:] for r in dead})
     finally:
@@ -159,3 +171,17 @@ def test_every_process_started_while_the_server_is_down_waits_for_it(
         said = _said(logs[role])
         assert said.count("unavailable (") == 1, (role, said[-3000:])
         assert "back after" in said, (role, said[-3000:])
+    # the API and the MCP server: the start's line, then one for the requests that
+    # failed (25 and 5 of them), one when it came back
+    for role in ("api", "mcp"):
+        said = _said(logs[role])
+        assert said.count("serving anyway") == 1, (role, said[-3000:])
+        assert said.count("queue server unavailable (") == 1, (role, said[-3000:])
+        assert said.count("queue server back after") == 1, (role, said[-3000:])
+
+
+async def _mcp_calls(url: str, n: int) -> list[str]:
+    """``n`` calls of ``pay`` through the MCP SDK's client: each envelope's code."""
+    async with Client(streamable_http_client(url)) as c:
+        results = [await c.call_tool("pay", {}) for _ in range(n)]
+    return [str((r.structured_content or {}).get("code")) for r in results]

@@ -69,3 +69,22 @@ def test_a_server_out_of_reach_is_one_line_naming_what_to_check(args: list[str])
     assert result.exit_code != 0
     assert "cannot reach Redis/Valkey (ConnectionError): check --redis-url" in result.output
     assert "Traceback" not in result.output and "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler", "relay", "up", "api", "mcp"])
+def test_a_misspelt_loglevel_is_a_usage_error_before_anything_starts(command: str) -> None:
+    # port 1: had the command started, it would wait for or refuse the server
+    result = CliRunner().invoke(
+        main, [command, "-l", "verbose", "--redis-url", "redis://u:s3cret@127.0.0.1:1/0"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--loglevel'" in result.output and "'verbose'" in result.output
+    assert "Traceback" not in result.output and "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("level", ["warning", "WARNING", "Warning"])
+def test_a_loglevel_is_taken_in_any_case(level: str) -> None:
+    # `up` parses it, then stops at the server it cannot reach (port 1): not at -l
+    result = CliRunner().invoke(main, ["up", "-l", level, "--redis-url", "redis://127.0.0.1:1/0"])
+    assert result.exit_code != 0, result.output
+    assert "cannot reach Redis" in result.output and "--loglevel" not in result.output

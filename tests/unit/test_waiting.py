@@ -1,14 +1,16 @@
 """The wait for a dependency that is away (toolq.process.waiting): the docstring's table, row
-by row, then the shell's logging (one line when the wait starts, one when it ends)."""
+by row, then the shells' logging (one line when the wait starts, one when it ends): the
+loop's (Waiter) and the request server's (Watch)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 
 import pytest
 
-from toolq.process.waiting import Outage, Waiter
+from toolq.process.waiting import Outage, Waiter, Watch
 
 # (event, at, expected delay, expected line or None)
 WALK: list[tuple[str, float, float | None, str | None]] = [
@@ -97,3 +99,95 @@ def test_an_unexpected_error_is_logged_once_with_its_traceback(
             w.failed(exc, traceback=True)
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(errors) == 1 and errors[0].exc_info is not None
+
+
+def _watch(probe_fails: int, now: list[float]) -> tuple[Watch, list[float]]:
+    """A Watch whose probe fails ``probe_fails`` times, then answers; ``now`` its clock."""
+    probed: list[float] = []
+
+    async def probe() -> None:
+        probed.append(now[0])
+        if len(probed) <= probe_fails:
+            raise ConnectionError("refused")
+
+    outage = Outage("queue server", "ledger", first_s=0.001, cap_s=0.004, meanwhile="503s")
+    return Watch(outage, probe, logging.getLogger("t"), clock=lambda: now[0]), probed
+
+
+def test_requests_failing_in_an_outage_say_it_once_and_the_probe_says_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="t")
+    now = [100.0]
+    watch, probed = _watch(probe_fails=3, now=now)
+
+    async def scenario() -> None:
+        for _ in range(200):  # requests failing, faster than the probe's delays
+            watch.failed(ConnectionError("refused"), "cannot reach the server at 127.0.0.1:1")
+        assert watch.waiting
+        now[0] = 130.0
+        while watch.waiting:
+            await asyncio.sleep(0.001)
+
+    asyncio.run(scenario())
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        (
+            "WARNING",
+            "queue server unavailable (ConnectionError); 503s: cannot reach the server at "
+            "127.0.0.1:1",
+        ),
+        ("WARNING", "queue server back after 30 s"),
+    ]
+    assert len(probed) == 4  # 3 failed, the 4th answered; then the probe stopped
+
+
+def test_a_new_outage_after_the_end_is_said_again_and_close_stops_the_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="t")
+    now = [0.0]
+    watch, probed = _watch(probe_fails=1, now=now)
+
+    async def scenario() -> None:
+        watch.failed(ConnectionError())
+        now[0] = 5.0
+        while watch.waiting:
+            await asyncio.sleep(0.001)
+        now[0] = 60.0  # long past the end: a new outage, not a flap of the last
+        watch.probe = asyncio.Event().wait  # a probe that never answers
+        watch.failed(TimeoutError())
+        await asyncio.sleep(0.01)
+        await watch.close()
+        assert watch._task is None
+
+    asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "queue server unavailable (ConnectionError); 503s",
+        "queue server back after 5 s",
+        "queue server unavailable (TimeoutError); 503s",
+    ]
+    assert len(probed) == 2
+
+
+def test_a_probe_cancelled_with_its_loop_is_started_again_by_the_next_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a server's loop may end with the probe pending (a test client's portal per
+    # request): the next loop's failure probes again, and the outage, not over, is
+    # not said twice
+    caplog.set_level(logging.INFO, logger="t")
+    now = [0.0]
+    watch, probed = _watch(probe_fails=10**6, now=now)
+
+    async def fail_once() -> None:
+        watch.failed(ConnectionError())
+        await asyncio.sleep(0.01)
+
+    asyncio.run(fail_once())
+    before = len(probed)
+    now[0] = 100.0
+    asyncio.run(fail_once())
+    assert len(probed) > before
+    assert [r.levelname for r in caplog.records] == ["WARNING"]

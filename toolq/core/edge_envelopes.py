@@ -155,6 +155,41 @@ def may_be_queued(
     )
 
 
+def unavailable_envelope(
+    ref: str,
+    tool: str | None,
+    call_id: str | None,
+    *,
+    writes: bool,
+    follow_tool: str,
+    now: datetime,
+    retry_after: float,
+) -> ToolError:
+    """toolq's server did not answer (:class:`errors.ServerUnavailable`). A write may
+    have been queued before the answer was lost: follow the ref with ``follow_tool``
+    before anything else. Anything else was not: try again after ``retry_after`` s."""
+    if writes:
+        return may_be_queued(
+            "QUEUE_UNAVAILABLE", Category.DEPENDENCY, ref, tool, call_id, follow_tool
+        )
+    return edge_error(
+        "QUEUE_UNAVAILABLE",
+        Category.DEPENDENCY,
+        ref,
+        tool,
+        call_id,
+        "The tool queue is unavailable; try again after retry_after seconds.",
+        "This is unavailable right now; I will try again shortly.",
+        retry=Retry(
+            directive=Directive.AFTER_DELAY,
+            not_before=now + timedelta(seconds=retry_after),
+            max_attempts_remaining=1,
+        ),
+        next_action=NextAction.WAIT_AND_RETRY,
+        safe_details={"retry_after": retry_after},
+    )
+
+
 def unexpected_envelope(
     ref: str,
     tool: str | None,

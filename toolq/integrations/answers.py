@@ -5,17 +5,14 @@ with it), its text, the follow tool, and the envelopes an adapter writes itself
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from toolq.core import edge_envelopes, errors
 from toolq.core.envelope import (
     AnyEnvelope,
-    Category,
-    Directive,
     NextAction,
-    Retry,
     ToolError,
     ToolSuccess,
 )
@@ -174,24 +171,12 @@ def unavailable_envelope(
 ) -> ToolError:
     """toolq's server did not answer. A write may have been queued: follow the ref
     before anything else (kind PENDING); a read was not: try later (PENDING too)."""
-    if writes:
-        return edge_envelopes.may_be_queued(
-            "QUEUE_UNAVAILABLE", Category.DEPENDENCY, ref, tool, call_id, FOLLOW_TOOL
-        )
-    now = datetime.now(UTC)
-    return edge_envelopes.edge_error(
-        "QUEUE_UNAVAILABLE",
-        Category.DEPENDENCY,
+    return edge_envelopes.unavailable_envelope(
         ref,
         tool,
         call_id,
-        "The tool queue is unavailable; try again after retry_after seconds.",
-        "This is unavailable right now; I will try again shortly.",
-        retry=Retry(
-            directive=Directive.AFTER_DELAY,
-            not_before=now + timedelta(seconds=5 * POLL_S),
-            max_attempts_remaining=1,
-        ),
-        next_action=NextAction.WAIT_AND_RETRY,
-        safe_details={"retry_after": 5 * POLL_S},
+        writes=writes,
+        follow_tool=FOLLOW_TOOL,
+        now=datetime.now(UTC),
+        retry_after=5 * POLL_S,
     )

@@ -9,7 +9,13 @@ one when it ends, never one per try, and its heartbeat says what it waits for
 (:meth:`Outage.beat`, shown by ``toolq status``).
 
 :class:`Outage` is the pure bookkeeping (time passed in); :class:`Waiter` is the
-thin shell a process loop uses: it logs and sleeps.
+thin shell a process loop uses: it logs and sleeps. :class:`Watch` is the shell for
+a server that answers requests (the HTTP API, the console, the MCP server): a request
+that finds the dependency away fails at once (503, a retryable envelope), the first
+such failure starts a probe that tries the dependency on the same delays, and the
+probe's answer ends the outage: the same two lines, however many requests failed,
+both warnings (the MCP server logs at warning by default: its operator sees the end
+of what it saw start).
 
 ==============================  ==========  ====================================
 event                           next delay  line
@@ -30,10 +36,12 @@ it answered, after a flap       reset       none (unless its line was said)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +67,9 @@ class Outage:
     cap_s: float = CAP_S
     #: How the wait's first line says it: "<what> unavailable (...)".
     down: str = "unavailable"
+    #: What the process does meanwhile, the first line's end (default: "retrying
+    #: every ≤ <cap_s> s").
+    meanwhile: str = ""
     #: When the first failure of the current outage happened (None: no outage).
     since: float | None = None
     #: Why it failed first (an exception's class name).
@@ -94,7 +105,8 @@ class Outage:
         return None if flap else f"{self.what} back after {took:.0f} s"
 
     def _line(self) -> str:
-        return f"{self.what} {self.down} ({self.why}); retrying every ≤ {self.cap_s:g} s"
+        meanwhile = self.meanwhile or f"retrying every ≤ {self.cap_s:g} s"
+        return f"{self.what} {self.down} ({self.why}); {meanwhile}"
 
     def beat(self) -> dict[str, Any] | None:
         """What a heartbeat carries while waiting: ``{"for": key, "since": ms}``."""
@@ -142,3 +154,72 @@ class Waiter:
         line = self.outage.answered(self.clock())
         if line is not None:
             self.log.info("%s", line)
+
+
+class Watch:
+    """:class:`Outage` for a server answering requests on an event loop.
+
+    Requests call :meth:`failed` when the dependency did not answer (and answer their
+    caller at once); the first failure logs the outage's line and starts a probe on
+    this loop that calls ``probe`` after the outage's delays until it returns, then
+    logs the end. Every other failure meanwhile is a debug line. :meth:`close` stops
+    the probe (the server shutting down).
+    """
+
+    def __init__(
+        self,
+        outage: Outage,
+        probe: Callable[[], Awaitable[object]],
+        log: logging.Logger,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.outage = outage
+        self.probe = probe
+        self.log = log
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.outage.waiting
+
+    def failed(self, exc: BaseException, detail: str = "") -> None:
+        """A request found the dependency away. ``detail``: what the first line adds
+        (a message of toolq's own naming the server; never upstream text)."""
+        if self._task is not None and not self._task.done():
+            self.log.debug("%s still unavailable (%s)", self.outage.what, type(exc).__name__)
+            return
+        _, line = self.outage.failed(self.clock(), type(exc).__name__)
+        self._said(line, detail)
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.outage.delay_s)
+            try:
+                await self.probe()
+            except Exception as exc:  # any failure: still away, by the probe's word
+                _, line = self.outage.failed(self.clock(), type(exc).__name__)
+                self._said(line, "")
+                continue
+            line = self.outage.answered(self.clock())
+            if line is not None:  # at the start's level: a server run at -l warning shows both
+                self.log.warning("%s", line)
+            return
+
+    def _said(self, line: str | None, detail: str) -> None:
+        if line is None:
+            self.log.debug("%s still unavailable (%s)", self.outage.what, self.outage.why)
+        elif detail:
+            self.log.warning("%s: %s", line, detail)
+        else:
+            self.log.warning("%s", line)
+
+    async def close(self) -> None:
+        """Stop the probe, if one runs."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

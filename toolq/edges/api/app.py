@@ -7,6 +7,7 @@ per app.
 
 import contextlib
 import sys
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
@@ -21,7 +22,7 @@ from toolq.edges.api.auth import ApiSettings, Tokens, actor_of, check_bind
 from toolq.edges.api.console import install_console
 from toolq.edges.api.docs import install_docs
 from toolq.edges.api.events import EventStream, open_stream
-from toolq.edges.api.guard import ERROR_RESPONSES, ApiError, install
+from toolq.edges.api.guard import ERROR_RESPONSES, ApiError, install, server_watch
 from toolq.edges.api.hosts import HostGuard, allowed_hosts, wildcard_note
 from toolq.edges.api.sizes import SizeGuard
 from toolq.edges.api.views import (
@@ -86,14 +87,27 @@ def create_app(
 
     settings = settings or ApiSettings()
     poll = settings.poll_interval
+    watch = server_watch(lambda: tq.aio.ping())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await watch.close()
+
     app = FastAPI(
-        title="toolq", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None
+        title="toolq",
+        version=__version__,
+        description=DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
     )
     app.state.tokens = settings.token_table()
+    app.state.server_watch = watch
     max_body = settings.max_body_bytes or tq.settings.limits.max_args_bytes
-    install(app, max_body=max_body, retry_after=poll)
+    install(app, max_body=max_body, retry_after=poll, watch=watch)
     install_docs(app)
-    install_console(app, tq, settings)
+    install_console(app, tq, settings, watch)
     # Added last, so outermost: an oversized request, then a refused Host or Origin,
     # reaches nothing else.
     app.add_middleware(HostGuard, allowed=allowed_hosts(bind_host, settings.allowed_hosts))

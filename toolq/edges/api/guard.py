@@ -11,6 +11,7 @@ from __future__ import annotations
 import http
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -25,6 +26,7 @@ from toolq.core import errors
 from toolq.core.envelope import ToolError, is_valid_code, to_dict
 from toolq.core.redact import scrub
 from toolq.edges.api.asgi import send_json
+from toolq.process.waiting import Outage, Watch
 
 log = logging.getLogger("toolq.api")
 
@@ -134,15 +136,23 @@ def _api(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.code, exc.message, headers=exc.headers)
 
 
-def install(app: FastAPI, *, max_body: int, retry_after: float) -> None:
+def server_watch(probe: Callable[[], Awaitable[object]]) -> Watch:
+    """The queue server's outages as the API and the console log them: one line when
+    requests start failing, one when ``probe`` (``tq.aio.ping``) answers again."""
+    outage = Outage("queue server", "ledger", meanwhile="answering 503 until it is back")
+    return Watch(outage, probe, log)
+
+
+def install(app: FastAPI, *, max_body: int, retry_after: float, watch: Watch) -> None:
     """Error handlers for every exception the routes may raise, and the guard."""
 
-    def unavailable(_: Request, exc: Exception) -> JSONResponse:
+    async def unavailable(_: Request, exc: Exception) -> JSONResponse:
         # tq.aio raises ServerUnavailable (its message names the server, for the
         # operator's logs: the caller gets only the code); a bare RedisError may
-        # come from elsewhere (the status snapshot).
+        # come from elsewhere (the status snapshot). Said once an outage (watch);
+        # async: on the loop the watch's probe runs on.
         known = isinstance(exc, errors.ServerUnavailable)
-        log.warning("queue server unavailable: %s", exc if known else type(exc).__name__)
+        watch.failed(exc, str(exc) if known else "")
         return error_response(
             503,
             exc.code if isinstance(exc, errors.ServerUnavailable) else "QUEUE_UNAVAILABLE",

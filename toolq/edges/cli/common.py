@@ -77,6 +77,10 @@ def app_option(f: F) -> F:
     )(f)
 
 
+#: What ``--loglevel`` takes, in any case: a typo is a usage error, not a traceback.
+LOGLEVEL = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False)
+
+
 def redis_option(f: F) -> F:
     return click.option(
         "--redis-url",

@@ -11,6 +11,7 @@ import click
 from pydantic import ValidationError
 
 from toolq.edges.cli.common import (
+    LOGLEVEL,
     CliError,
     app_option,
     handle_errors,
@@ -69,7 +70,7 @@ def _bind(host: str, settings: Any, what: str) -> None:
 @state_dir_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
-@click.option("--loglevel", "-l", default="info", show_default=True)
+@click.option("--loglevel", "-l", type=LOGLEVEL, default="INFO", show_default=True)
 @handle_errors
 def api(
     app_path: str | None,
@@ -82,6 +83,7 @@ def api(
     """Serve the HTTP API (OpenAPI at /openapi.json, docs at /docs) and the operator's
     console at /ui/ (log in with a token; TOOLQ_CONSOLE_* settings)."""
     install_redaction()
+    _log_to_stderr(loglevel)
     settings = _settings()
     _check_console_settings()
     _bind(host, settings, "api")
@@ -114,7 +116,7 @@ def api(
     show_default=True,
     help="How long a call waits for its operation before answering pending.",
 )
-@click.option("--loglevel", "-l", default="warning", show_default=True)
+@click.option("--loglevel", "-l", type=LOGLEVEL, default="WARNING", show_default=True)
 @handle_errors
 def mcp_command(
     app_path: str | None,
@@ -132,12 +134,7 @@ def mcp_command(
     with its operation_ref, which the get_operation tool follows.
     """
     install_redaction()
-    # stdout is the protocol on stdio: every log line goes to stderr.
-    logging.basicConfig(
-        level=loglevel.upper(),
-        stream=sys.stderr,
-        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s",
-    )
+    _log_to_stderr(loglevel)  # stdout is the protocol on stdio
     from toolq.edges.mcp_server import CANCEL_OPERATION, GET_OPERATION, run_stdio, serve_http
 
     if transport == "http":
@@ -153,6 +150,17 @@ def mcp_command(
             serve_http(tq, host, port, log_level=loglevel, wait_seconds=wait_seconds)
     finally:
         tq.close()
+
+
+def _log_to_stderr(loglevel: str) -> None:
+    """toolq's own lines (an outage of the queue server and its end, an unexpected
+    error) on stderr at ``loglevel``, timestamped as the worker's; uvicorn's own
+    loggers keep their handlers."""
+    logging.basicConfig(
+        level=loglevel.upper(),
+        stream=sys.stderr,
+        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s",
+    )
 
 
 COMMANDS = [api, mcp_command]

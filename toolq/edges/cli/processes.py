@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from toolq.edges.cli.common import (
+    LOGLEVEL,
     app_option,
     handle_errors,
     open_app,
@@ -77,6 +78,7 @@ def _metrics(port: int | None, tq: Any, role: str) -> None:
 @click.option(
     "--loglevel",
     "-l",
+    type=LOGLEVEL,
     default="WARNING",
     show_default=True,
     help="As Celery's worker: WARNING says what goes wrong; INFO adds the banner and a "
@@ -139,7 +141,7 @@ def worker(
     default=None,
     help="Serve Prometheus metrics on this port.",
 )
-@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--loglevel", "-l", type=LOGLEVEL, default="INFO", show_default=True)
 @handle_errors
 def scheduler(
     app_path: str | None,
@@ -197,7 +199,7 @@ def scheduler(
     default=None,
     help="Serve Prometheus metrics on this port (the outbox's depth and age, relay lag).",
 )
-@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--loglevel", "-l", type=LOGLEVEL, default="INFO", show_default=True)
 @handle_errors
 def relay(
     app_path: str | None,

@@ -17,6 +17,7 @@ from toolq.adapters.stack_state import clear_state, mode_of, owner, read_state, 
 from toolq.core.redact import redact_url
 from toolq.edges.cli.common import (
     DEFAULT_APP,
+    LOGLEVEL,
     CliError,
     app_option,
     load_app,
@@ -157,7 +158,7 @@ POOLS = ["prefork", "threads", "solo"]
     is_flag=True,
     help="Workers send Celery task events, for Flower (off by default, as in Celery).",
 )
-@click.option("--loglevel", "-l", default="WARNING", show_default=True)
+@click.option("--loglevel", "-l", type=LOGLEVEL, default="WARNING", show_default=True)
 def up(
     app_path: str | None,
     redis_url: str | None,

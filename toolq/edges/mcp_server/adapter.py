@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from toolq.core import errors
-from toolq.core.envelope import AnyEnvelope, FieldError, json_schema
+from toolq.core.envelope import AnyEnvelope, FieldError, ToolError, json_schema
 from toolq.core.render import to_mcp_result
 from toolq.core.states import SETTLED, TERMINAL
 from toolq.core.tools import field_errors_of
@@ -34,9 +34,11 @@ from toolq.edges.mcp_server.envelopes import (
     forbidden_envelope,
     pending_envelope,
     refused_envelope,
+    unavailable_envelope,
     unexpected_envelope,
 )
 from toolq.edges.mcp_server.follow import Reporter, settle
+from toolq.process.waiting import Outage, Watch
 
 if TYPE_CHECKING:
     from toolq.client.aio import AsyncToolQueue
@@ -69,9 +71,30 @@ class Adapter:
         limits = tq.settings.limits
         self.is_ref = limits.is_ref
         self.follow_args, self.cancel_args = builtin_args(limits)
+        #: The queue server's outages, said once however many calls answer
+        #: QUEUE_UNAVAILABLE meanwhile.
+        outage = Outage("queue server", "ledger", meanwhile="calls answer QUEUE_UNAVAILABLE")
+        self.watch = Watch(outage, lambda: self.aio.ping(), log)
         for name in (GET_OPERATION, CANCEL_OPERATION):
             if name in tq.registry:
                 raise ValueError(f"tool {name!r} clashes with the MCP server's own tool")
+
+    def _unavailable(
+        self,
+        exc: errors.ServerUnavailable,
+        ref: str,
+        tool: str | None,
+        call_id: str | None,
+        *,
+        writes: bool,
+    ) -> ToolError:
+        """QUEUE_UNAVAILABLE for the agent (a write that may have been queued: follow
+        the ref first), said once an outage in the log."""
+        self.watch.failed(exc, str(exc))
+        shown = tool[:64] if tool is not None and tool in self.tq.registry else None
+        return unavailable_envelope(
+            ref, shown, call_id, writes=writes, now=self.clock(), poll=self.poll
+        )
 
     # ------------------------------------------------------------------ tools/list
 
@@ -169,6 +192,10 @@ class Adapter:
             if tasks:
                 return await self._task(ctx, sub.operation_ref)
             return await self.follow(ctx, sub.operation_ref, self.wait_seconds)
+        except errors.ServerUnavailable as exc:
+            return self._unavailable(
+                exc, ref, tool, call_id, writes=submitted and self._writes(tool)
+            )
         except errors.RequestRefused as exc:
             return refused_envelope(exc, ref, tool, call_id, self._max_attempts(tool))
         except Exception as exc:
@@ -211,6 +238,8 @@ class Adapter:
                 return await self.follow(ctx, ref, wait)
             await self.aio.cancel(ref, by="mcp:cancel_operation")
             return await self.aio.wait(ref, 0.0)
+        except errors.ServerUnavailable as exc:
+            return self._unavailable(exc, ref, None, call_id, writes=False)
         except errors.RequestRefused as exc:
             return refused_envelope(exc, ref, None, call_id)
         except Exception as exc:  # a read of an existing operation: nothing was submitted

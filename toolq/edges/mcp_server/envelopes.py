@@ -55,6 +55,22 @@ def refused_envelope(
     )
 
 
+def unavailable_envelope(
+    ref: str, tool: str | None, call_id: str | None, *, writes: bool, now: datetime, poll: float
+) -> ToolError:
+    """The queue's server did not answer: a write may have been queued (follow the ref
+    with get_operation first); anything else: try again after 5 polls."""
+    return edge_envelopes.unavailable_envelope(
+        ref,
+        tool,
+        call_id,
+        writes=writes,
+        follow_tool=GET_OPERATION,
+        now=now,
+        retry_after=max(1.0, 5 * poll),
+    )
+
+
 def forbidden_envelope(ref: str, call_id: str | None, scope: str) -> ToolError:
     return edge_envelopes.edge_error(
         "FORBIDDEN_SCOPE",

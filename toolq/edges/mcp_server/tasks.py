@@ -164,6 +164,8 @@ class TasksExtension(Extension):
             ) from None
         except errors.InvalidState:
             pass  # answered meanwhile: no longer outstanding, and the extension says ignore it
+        except errors.ServerUnavailable:
+            raise  # said as every handler's (_guarded)
         except errors.RequestRefused as exc:  # gone meanwhile, or its tool is not served here
             raise MCPError(
                 code=INVALID_PARAMS, message=f"Failed to update task: {exc.code}"
@@ -195,6 +197,13 @@ class TasksExtension(Extension):
                 return await handler(ctx, params)
             except MCPError:
                 raise
+            except errors.ServerUnavailable as exc:
+                self.adapter.watch.failed(exc, str(exc))
+                raise MCPError(
+                    code=INTERNAL_ERROR,
+                    message="The queue's server is unavailable; the same request again is safe",
+                    data={"code": exc.code},
+                ) from None
             except Exception:
                 log.exception("MCP %s failed for %s", ctx.method, params.task_id[:80])
                 raise MCPError(code=INTERNAL_ERROR, message="Internal error") from None

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
     from toolq.client.queue import ToolQueue
     from toolq.edges.api.auth import ApiSettings
+    from toolq.process.waiting import Watch
 
 #: Where the console is mounted on the API's app.
 PREFIX = "/ui"
@@ -66,7 +67,9 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("jinja2", "multipart"))
 
 
-def install_console(app: FastAPI, tq: ToolQueue, settings: ApiSettings) -> None:
+def install_console(
+    app: FastAPI, tq: ToolQueue, settings: ApiSettings, watch: Watch | None = None
+) -> None:
     """Mount the console at :data:`PREFIX` on the API's ``app`` (same tokens, same guards)."""
     from starlette.responses import RedirectResponse
     from starlette.routing import Route
@@ -80,7 +83,7 @@ def install_console(app: FastAPI, tq: ToolQueue, settings: ApiSettings) -> None:
         return
     from toolq.edges.api.console.routes import Console
 
-    app.mount(PREFIX, Console(tq, settings, app.state.tokens).app(), name="console")
+    app.mount(PREFIX, Console(tq, settings, app.state.tokens, watch=watch).app(), name="console")
 
 
 async def _not_installed(scope: Scope, receive: Receive, send: Send) -> None:

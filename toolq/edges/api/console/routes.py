@@ -47,10 +47,11 @@ from toolq.edges.api.console.web import (
     with_query,
 )
 from toolq.edges.api.events import open_stream
-from toolq.edges.api.guard import ApiError
+from toolq.edges.api.guard import ApiError, server_watch
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
+    from toolq.process.waiting import Watch
 
 log = logging.getLogger("toolq.console")
 
@@ -64,8 +65,11 @@ class Console:
         api: ApiSettings,
         tokens: Tokens,
         settings: ConsoleSettings | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self.tq = tq
+        #: The queue server's outages, said once (shared with the API's routes).
+        self.watch = watch or server_watch(lambda: tq.aio.ping())
         self.api = api
         self.settings = settings or ConsoleSettings()
         secret = self.settings.session_secret
@@ -148,7 +152,8 @@ class Console:
                     return json_answer(False, "the request could not be read", exc.status_code)
                 return await self._http_error(request, exc)
             except (errors.ServerUnavailable, redis.RedisError) as exc:
-                log.warning("console: queue server unavailable: %s", type(exc).__name__)
+                known = isinstance(exc, errors.ServerUnavailable)
+                self.watch.failed(exc, str(exc) if known else "")
                 message = "The queue's server did not answer. The page tries again by itself."
                 if quiet:
                     return json_answer(False, message, 503)
