@@ -431,11 +431,15 @@ def outage(url: str, a: argparse.Namespace) -> dict[str, Any]:
     # The breaker can hold back only what is claimed after it opened: when its K-th
     # failure was recorded (the ledger's stamp, epoch ms; the provider's clock is the
     # machine's monotonic one). Calls already on their way then reach the provider
-    # anyway: with more slots than K, more than K can (at most K + slots - 1).
+    # anyway: with more slots than K, more than K can (at most K + slots - 1). A call
+    # is on its way if its attempt was claimed before the breaker opened, whenever it
+    # reached the provider (a loaded machine can take tens of ms from claim to call).
+    offset = time.time() - time.monotonic()
     opened_at = kth_failure_s(records, k)
     if opened_at is not None:
-        opened_at -= time.time() - time.monotonic()
-    before = [q for q in while_down if opened_at is None or q[0] < opened_at]
+        opened_at -= offset
+    claims = claim_times(records, offset)
+    before = [q for q in while_down if claimed_before(claims.get(q[2], ()), q[0], opened_at)]
     commits = s["committed"]
     after = [q[0] for q in reqs if q[0] >= end and q[1] == 200]
     res.update(
@@ -459,6 +463,31 @@ def outage(url: str, a: argparse.Namespace) -> dict[str, Any]:
     )
     print(render_outage(res), flush=True)
     return res
+
+
+def claim_times(records: dict[str, Any], offset: float) -> dict[str, list[float]]:
+    """Each operation's claims (its attempts going ``running``), on the provider's
+    clock: epoch s minus ``offset``."""
+    return {
+        ref: sorted(h.at / 1000 - offset for h in rec.history if str(h.to) == "running")
+        for ref, rec in records.items()
+        if rec is not None
+    }
+
+
+#: A claim stamped up to this much after the call it made reached the provider is
+#: still that call's (the two clocks are converted, not shared); an attempt's next
+#: claim comes a retry's delay later, seconds.
+CLAIM_SLACK_S = 0.05
+
+
+def claimed_before(claims: Sequence[float], at: float, opened_at: float | None) -> bool:
+    """Whether the call that reached the provider at ``at`` was claimed before the
+    breaker opened (or it never did): the claim is the latest one at or before it."""
+    if opened_at is None:
+        return True
+    made = [c for c in claims if c <= at + CLAIM_SLACK_S]
+    return (max(made) if made else at) < opened_at
 
 
 def kth_failure_s(records: dict[str, Any], k: int) -> float | None:

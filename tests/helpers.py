@@ -39,13 +39,17 @@ def toolq_env(env: Mapping[str, str] | None = None, *, unset: Iterable[str] = ()
     return merged
 
 
-def run_bench(tmp_path: Path, *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def run_bench(
+    tmp_path: Path, *argv: str, timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m ARGV`` from the repo root, a bench's output (``BENCH_OUT``) and its
-    processes' logs (``BENCH_LOG_DIR``) in ``tmp_path``; its output captured."""
+    processes' logs (``BENCH_LOG_DIR``) in ``tmp_path``, ``env`` besides; its output
+    captured."""
+    paths = {"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs")}
     return subprocess.run(
         [sys.executable, "-m", *argv],
         cwd=REPO_ROOT,
-        env=toolq_env({"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs")}),
+        env=toolq_env({**paths, **(env or {})}),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -14,30 +14,20 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT, toolq_env
+from tests.helpers import run_bench
 
 HARNESS_TIMEOUT_S = 240
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[dict[str, Any], str]:
     out = tmp_path / "limits.json"
-    argv = [sys.executable, "-m", "bench", "limits", *args, "--quick", "--no-report",
-            "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(
-        argv,
-        cwd=REPO_ROOT,
-        env=toolq_env(),
-        capture_output=True,
-        text=True,
-        timeout=HARNESS_TIMEOUT_S,
-    )
+    argv = ("bench", "limits", *args, "--quick", "--no-report", "--json", str(out))
+    proc = run_bench(tmp_path, *argv, timeout=HARNESS_TIMEOUT_S)
     report = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0 and out.exists(), report
     return json.loads(out.read_text()), report

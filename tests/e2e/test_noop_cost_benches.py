@@ -8,27 +8,19 @@ are the benches' business (no timed assertion here)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT, toolq_env
+from tests.helpers import run_bench
 
 CALLS = 50
 
 
 def _bench(module: str, tmp_path: Path, *args: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--rounds", "1", "--calls", str(CALLS), *args],
-        cwd=REPO_ROOT,
-        env=toolq_env({"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs")}),
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
+    argv = (module, "--rounds", "1", "--calls", str(CALLS), *args)
+    proc = run_bench(tmp_path, *argv, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     name = {"bench.noop_cost": "noop-cost", "bench.lean_ceiling": "lean-ceiling"}[module]
     if "--backlog" in args:

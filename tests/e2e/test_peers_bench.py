@@ -11,14 +11,12 @@ acks) may lose writes; huey (no acknowledgement) too: reported, not asserted.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT, toolq_env
+from tests.helpers import run_bench
 
 SYSTEMS = "toolq,celery,huey"
 
@@ -26,16 +24,8 @@ SYSTEMS = "toolq,celery,huey"
 def _bench(
     tmp_path: Path, *args: str, timeout: float, env: dict[str, str] | None = None
 ) -> tuple[dict[str, Any], str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", *args, "--systems", SYSTEMS, "--quick"],
-        cwd=REPO_ROOT,
-        env=toolq_env(
-            {"BENCH_OUT": str(tmp_path), "BENCH_LOG_DIR": str(tmp_path / "logs"), **(env or {})}
-        ),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    argv = ("bench", *args, "--systems", SYSTEMS, "--quick")
+    proc = run_bench(tmp_path, *argv, timeout=timeout, env=env)
     report = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, report
     raw = tmp_path / "results" / f"{args[0]}.json"

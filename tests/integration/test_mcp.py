@@ -396,7 +396,11 @@ def test_the_queue_server_away_is_queue_unavailable_and_said_once(
             assert env.commit_state == "not_committed" and env.next_action == "wait_and_retry"
             assert env.retry.directive == "after_delay" and env.retry.not_before is not None
     # and the operator's log says it once, not once a call
-    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name == "toolq.mcp"
+    ]
     assert len(warned) == 1, warned
     assert warned[0].startswith("queue server unavailable (ServerUnavailable)"), warned
 

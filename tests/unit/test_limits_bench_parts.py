@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.limits import claimed_before
 from bench.limits_provider import SlidingWindow, max_in_window, rejection_bursts, serve
 
 
@@ -29,6 +30,25 @@ from bench.limits_provider import SlidingWindow, max_in_window, rejection_bursts
 )
 def test_max_in_window(times: list[float], window: float, most: int) -> None:
     assert max_in_window(times, window) == most
+
+
+@pytest.mark.parametrize(
+    ("claims", "at", "opened_at", "before"),
+    [
+        ([], 5.0, None, True),  # the breaker never opened: everything was on its way
+        ([1.00], 1.01, 1.00 + 0.005, True),  # claimed before, reached it after the open
+        ([1.00], 1.20, 1.10, True),  # a loaded machine: 200 ms from claim to call
+        ([1.20], 1.21, 1.10, False),  # claimed after the open: a probe
+        ([1.00, 3.20], 3.21, 1.10, False),  # the retry's claim is the call's, not the first
+        ([1.00, 3.20], 1.02, 1.10, True),  # the first attempt's call
+        ([1.13], 1.12, 1.10, False),  # a claim stamped just after its call (clocks)
+        ([], 1.20, 1.10, False),  # no claim seen: judged by the call's own time
+    ],
+)
+def test_a_call_is_on_its_way_if_its_attempt_was_claimed_before_the_breaker_opened(
+    claims: list[float], at: float, opened_at: float | None, before: bool
+) -> None:
+    assert claimed_before(claims, at, opened_at) is before
 
 
 @pytest.mark.parametrize(
