@@ -51,6 +51,52 @@ class Clock:
         return self.t
 
 
+def test_beats_missed_during_an_outage_of_the_server_are_not_a_dead_worker() -> None:
+    # Given a worker and a scheduler beating until the server went away at NOW
+    clock = Clock()
+    lv = Liveness(KEYS.workers, KEYS.schedulers, clock=clock)
+    beats = ({Q: str(NOW - 2_000)}, [str(NOW - 1_000)])
+    # When this process's calls fail for two minutes (the outage), then the server is
+    # back and the first read finds the beats as they were when it went away
+    for t in range(0, 120, 5):
+        clock.t = NOW / 1000 + t
+        lv.away()
+    clock.t = NOW / 1000 + 121
+    lv.update(*beats)
+    # Then nothing is said: they were live when the server went away
+    assert lv.warnings(Q) == ()
+    # And once ALIVE_MS has passed since the last failure without a beat, it is said
+    clock.t += ALIVE_MS / 1000
+    lv.update(*beats)
+    said = lv.warnings(Q)
+    assert [w.split(" (")[0].split(":")[0] for w in said] == [NO_WORKER, NO_SCHEDULER]
+
+
+def test_an_outage_judges_only_beats_live_when_it_began() -> None:
+    # a worker dead a minute before the server went away is still no live worker
+    clock = Clock()
+    lv = Liveness(KEYS.workers, KEYS.schedulers, clock=clock)
+    for _ in range(7):  # failing every 5 s for 30 s: one outage, from NOW
+        lv.away()
+        clock.t += 5
+    lv.update({Q: str(NOW - 60_000)}, [str(NOW - 1_000)])
+    assert [w[: len(NO_WORKER)] for w in lv.warnings(Q)] == [NO_WORKER]
+
+
+def test_a_failed_read_of_the_beats_is_an_outage_too() -> None:
+    clock = Clock()
+    lv = Liveness(KEYS.workers, KEYS.schedulers, clock=clock)
+    down = redis.Redis(port=1, socket_connect_timeout=0.5)  # nothing listens on port 1
+    assert lv.check(down, Q) == ()  # the read failed at NOW: nothing read, nothing said
+    clock.t += 12
+    # read 12 s later: beats from 5 s before the failure are 17 s old now, but were
+    # live when the server went away
+    lv.update({Q: str(NOW - 5_000)}, [str(NOW - 5_000)])
+    assert lv.warnings(Q) == ()
+    clock.t += ALIVE_MS / 1000  # long past the failure: judged now
+    assert len(lv.warnings(Q)) == 2
+
+
 class Counting(fakeredis.FakeRedis):
     """Counts pipelines sent: each is one round trip."""
 
@@ -186,3 +232,30 @@ def test_staleness_is_at_least_two_beats(beat_s: float, alive_s: float, ok: bool
     else:
         with pytest.raises(ValidationError, match="at least two beats"):
             WorkerSettings(beat_s=beat_s, alive_s=alive_s)
+
+
+def test_a_client_call_that_finds_the_server_away_tells_the_liveness_cache() -> None:
+    # the sync and the async client's submits, against a port where nothing listens
+    import asyncio
+
+    from toolq import ToolQueue
+    from toolq.core.errors import ServerUnavailable
+
+    tq = ToolQueue(redis_url="redis://127.0.0.1:1/0", name="liveness-away")
+
+    @tq.tool(writes=False)
+    def noop() -> dict[str, Any]:
+        return {}
+
+    try:
+        clock = Clock()
+        tq.app.liveness.clock = clock
+        with pytest.raises(ServerUnavailable):
+            tq.submit("noop", {})
+        assert tq.app.liveness._away_since == clock()
+        clock.t += 60
+        with pytest.raises(ServerUnavailable):
+            asyncio.run(tq.aio.submit("noop", {}))
+        assert tq.app.liveness._away_since == clock()  # a new outage: 60 s apart
+    finally:
+        tq.close()

@@ -164,6 +164,10 @@ class Liveness:
         self._workers: dict[str, int] = {}
         self._schedulers: list[int] = []
         self._said: set[str] = set()
+        #: The last outage of the server this process saw (:meth:`away`): its first
+        #: and its last failure (s).
+        self._away_since: float | None = None
+        self._away_last: float | None = None
 
     def due(self) -> bool:
         with self._lock:
@@ -175,14 +179,30 @@ class Liveness:
             self._schedulers = [int(float(v)) for v in schedulers]
             self._read_at = self.clock()
 
+    def away(self) -> None:
+        """The server did not answer this process. No process's beat reaches it
+        meanwhile, so for :data:`ALIVE_MS` after the last such failure the beats are
+        judged as of the outage's start: a worker live when the server went away is
+        not "no live worker" in the seconds before its first beat after it came back."""
+        with self._lock:
+            now = self.clock()
+            if self._away_last is None or now - self._away_last > ALIVE_MS / 1000:
+                self._away_since = now
+            self._away_last = now
+
+    def _as_of_ms(self) -> int:
+        now = self.clock()
+        last, since = self._away_last, self._away_since
+        if last is not None and since is not None and now - last < ALIVE_MS / 1000:
+            return int(min(now, since) * 1000)
+        return int(now * 1000)
+
     def warnings(self, queue: str) -> tuple[str, ...]:
         """From what was last read (nothing read yet: none)."""
         with self._lock:
             if self._read_at is None:
                 return ()
-            found = assess(
-                queue, self._workers.get(queue), self._schedulers, int(self.clock() * 1000)
-            )
+            found = assess(queue, self._workers.get(queue), self._schedulers, self._as_of_ms())
             fresh = [w for w in found if w not in self._said]
             self._said = set(found)  # said again once it was fixed and came back
         for w in fresh:
@@ -200,6 +220,7 @@ class Liveness:
                 workers, schedulers = pipe.execute()
             except redis.RedisError as exc:
                 log.debug("worker beats not read: %s", type(exc).__name__)
+                self.away()
             else:
                 self.update(workers, schedulers)
         return self.warnings(queue)
@@ -214,6 +235,7 @@ class Liveness:
                 workers, schedulers = await pipe.execute()
             except redis.RedisError as exc:
                 log.debug("worker beats not read: %s", type(exc).__name__)
+                self.away()
             else:
                 self.update(workers, schedulers)
         return self.warnings(queue)

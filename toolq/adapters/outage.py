@@ -20,6 +20,7 @@ slot has no primary yet (a failover): translated too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -182,18 +183,36 @@ OnCluster = bool | Callable[[], bool]
 
 
 @contextmanager
-def translated(url: Callable[[], str], cluster: OnCluster = False) -> Iterator[None]:
+def translated(
+    url: Callable[[], str],
+    cluster: OnCluster = False,
+    away: Callable[[], None] | None = None,
+) -> Iterator[None]:
     """Turn an unreachable server into :class:`errors.ServerUnavailable`.
 
     ``url`` is called only on failure (it may itself refuse: no URL configured);
-    ``cluster`` (or what it returns, called only then): it names a Cluster's seeds.
+    ``cluster`` (or what it returns, called only then): it names a Cluster's seeds;
+    ``away``, if given, is told (:func:`note_away`).
     """
     try:
         yield
     except UNREACHABLE as exc:
         if isinstance(exc, MISUSE):
             raise
+        if away is not None:
+            away()
         raise unavailable(url, exc, cluster) from exc
+
+
+def note_away(client: Any) -> None:
+    """Tell a client's app that its server did not answer (``app.server_away``: what
+    it last read of the workers' beats is judged as of the outage's start). Advisory:
+    never raises."""
+    note = getattr(getattr(client, "app", None), "server_away", None)
+    if callable(note):
+        # advisory bookkeeping: the caller's own error is what matters
+        with contextlib.suppress(Exception):
+            note()
 
 
 def unavailable(
@@ -221,14 +240,14 @@ def server_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
         @functools.wraps(fn)
         async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            with translated(url_of(args), cluster_of(args)):
+            with translated(url_of(args), cluster_of(args), lambda: note_away(args[0])):
                 return await fn(*args, **kwargs)
 
         return awrapper  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        with translated(url_of(args), cluster_of(args)):
+        with translated(url_of(args), cluster_of(args), lambda: note_away(args[0])):
             return fn(*args, **kwargs)
 
     return wrapper

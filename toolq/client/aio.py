@@ -51,7 +51,14 @@ import redis.asyncio as aioredis
 
 from toolq.adapters.ledger import lists
 from toolq.adapters.notify import Event, Progress, Waiter
-from toolq.adapters.outage import MISUSE, UNREACHABLE, server_errors, translated, unavailable
+from toolq.adapters.outage import (
+    MISUSE,
+    UNREACHABLE,
+    note_away,
+    server_errors,
+    translated,
+    unavailable,
+)
 from toolq.client.app import App
 from toolq.client.deps import AsyncDeps
 from toolq.client.loops import CALLS_PER_PASS as CALLS_PER_PASS
@@ -274,6 +281,7 @@ class AsyncToolQueue:
         pending: a try block costs a pending wait nothing, the decorator ~1 KiB."""
         if isinstance(exc, MISUSE):
             raise exc
+        note_away(self)
         return unavailable(lambda: self.app.redis_url, exc, self._on_cluster)
 
     async def _wait(

@@ -408,6 +408,11 @@ class App:
                 self._liveness = liveness.Liveness(keys.workers, keys.schedulers)
             return self._liveness
 
+    def server_away(self) -> None:
+        """A call found the server away (:func:`toolq.adapters.outage.note_away`):
+        the beats read right after it comes back are judged as of the outage's start."""
+        self.liveness.away()
+
     def queue_of(self, op: operations.NewOperation) -> str:
         """The queue a submit's message goes to: its tool's own, else the calls queue."""
         return op.queue or self.settings.queues.calls
