@@ -470,3 +470,46 @@ def test_importing_toolq_loads_no_framework(module: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_calls_made_while_the_server_is_away_answer_queue_unavailable_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given an app whose server does not answer (nothing listens on port 1)
+    import asyncio
+    import logging
+
+    from toolq.integrations import calling
+
+    tq = ToolQueue(redis_url="redis://127.0.0.1:1/0", name="adapters-away")
+
+    class Pay(BaseModel):
+        amount: int
+
+    @tq.tool(writes=True)
+    def pay(args: Pay) -> dict[str, Any]:
+        return {}
+
+    caplog.set_level(logging.DEBUG, logger="toolq.integrations")
+
+    async def agent() -> list[AnyEnvelope]:
+        out = []
+        for i in range(5):  # an agent calling, then following, again and again
+            out.append(await calling.run(tq, "pay", {"amount": 1}, ref=f"away/{i}", call_id=None))
+            out.append(await calling.follow(tq, f"away/{i}", wait=0.1))
+        return out
+
+    try:
+        answers = asyncio.run(agent())
+    finally:
+        tq.close()
+    # Then each is QUEUE_UNAVAILABLE (the write's: follow it first), and the log says it
+    # once, naming the server, without a traceback
+    assert {(a.code, a.ok) for a in answers} == {("QUEUE_UNAVAILABLE", False)}
+    assert all(a.commit_state == CommitState.UNKNOWN for a in answers[::2])
+    mine = [r for r in caplog.records if r.name == "toolq.integrations"]
+    warned = [r for r in mine if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and warned[0].exc_info is None, [r.getMessage() for r in warned]
+    assert warned[0].getMessage().startswith("toolq's server unavailable (ServerUnavailable)")
+    assert "127.0.0.1:1" in warned[0].getMessage()
+    assert len(mine) == 10  # the other nine at debug

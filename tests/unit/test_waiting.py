@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from toolq.process.waiting import Outage, Waiter, Watch
+from toolq.process.waiting import Outage, OutageLog, Waiter, Watch
 
 # (event, at, expected delay, expected line or None)
 WALK: list[tuple[str, float, float | None, str | None]] = [
@@ -191,3 +191,28 @@ def test_a_probe_cancelled_with_its_loop_is_started_again_by_the_next_failure(
     asyncio.run(fail_once())
     assert len(probed) > before
     assert [r.levelname for r in caplog.records if r.name == "t"] == ["WARNING"]
+
+
+def test_calls_failing_from_many_threads_say_it_once_and_the_next_success_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="t")
+    now = [0.0]
+    said = OutageLog(Outage("toolq's server", meanwhile="503s"), logging.getLogger("t"),
+                     clock=lambda: now[0])  # fmt: skip
+    said.answered()  # no outage: nothing
+    threads = [
+        threading.Thread(target=lambda: [said.failed(ConnectionError()) for _ in range(100)])
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    now[0] = 42.0
+    said.answered()
+    said.answered()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "t"] == [
+        ("WARNING", "toolq's server unavailable (ConnectionError); 503s"),
+        ("WARNING", "toolq's server back after 42 s"),
+    ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+import weakref
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from toolq.integrations.answers import (
     unexpected_envelope,
 )
 from toolq.integrations.refs import call_id_of, stable_ref
+from toolq.process.waiting import Outage, OutageLog
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
@@ -98,9 +101,10 @@ async def run(
         env = await _settled_or_pending(tq, ref, env, deadline)
         if kind_of(env) is Kind.FIX_INPUT:
             await abandon(tq, ref)
+        outage_of(tq).answered()
         return env
-    except errors.ServerUnavailable:
-        log.warning("toolq server unavailable for %s", ref, exc_info=True)
+    except errors.ServerUnavailable as exc:
+        outage_of(tq).failed(exc, str(exc))
         return unavailable_envelope(ref, tool, call_id, writes=writes(tq, tool) and submitted)
     except errors.RequestRefused as exc:
         return refused_envelope(exc, ref, tool, call_id, _max_attempts(tq, tool))
@@ -135,9 +139,11 @@ async def follow(
             env: AnyEnvelope | None = await tq.aio.wait(ref, timeout=wait)
         except TimeoutError:
             env = None
-        return await _settled_or_pending(tq, ref, env, deadline)
-    except errors.ServerUnavailable:
-        log.warning("toolq server unavailable following %s", ref, exc_info=True)
+        answer = await _settled_or_pending(tq, ref, env, deadline)
+        outage_of(tq).answered()
+        return answer
+    except errors.ServerUnavailable as exc:
+        outage_of(tq).failed(exc, str(exc))
         return unavailable_envelope(ref, None, call_id, writes=False)
     except errors.RequestRefused as exc:
         return refused_envelope(exc, ref, None, call_id)
@@ -172,10 +178,26 @@ async def resolve_approval(
         pass
     except errors.OperationNotFound as exc:
         return refused_envelope(exc, ref, None, call_id)
-    except errors.ServerUnavailable:
-        log.warning("toolq server unavailable deciding %s", ref, exc_info=True)
+    except errors.ServerUnavailable as exc:
+        outage_of(tq).failed(exc, str(exc))
         return unavailable_envelope(ref, None, call_id, writes=False)
     return await follow(tq, ref, wait=wait, call_id=call_id)
+
+
+#: Each app's outages of its server as the adapters' calls see them: said once.
+_OUTAGES: weakref.WeakKeyDictionary[Any, OutageLog] = weakref.WeakKeyDictionary()
+_OUTAGES_LOCK = threading.Lock()
+
+
+def outage_of(tq: ToolQueue) -> OutageLog:
+    """The log of ``tq``'s server outages: one line when calls start failing, one
+    when one goes through again, however many calls an agent makes meanwhile."""
+    with _OUTAGES_LOCK:
+        said = _OUTAGES.get(tq.app)
+        if said is None:
+            outage = Outage("toolq's server", "ledger", meanwhile="calls answer QUEUE_UNAVAILABLE")
+            said = _OUTAGES[tq.app] = OutageLog(outage, log)
+        return said
 
 
 def _now(tq: ToolQueue) -> float:

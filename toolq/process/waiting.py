@@ -15,7 +15,9 @@ that finds the dependency away fails at once (503, a retryable envelope), the fi
 such failure starts a probe that tries the dependency on the same delays, and the
 probe's answer ends the outage: the same two lines, however many requests failed,
 both warnings (the MCP server logs at warning by default: its operator sees the end
-of what it saw start).
+of what it saw start). :class:`OutageLog` is the shell for a library whose callers
+fail at once and call again on their own (the framework adapters): the two lines,
+the end said by the next call that goes through; no probe, no sleeping.
 
 ==============================  ==========  ====================================
 event                           next delay  line
@@ -223,3 +225,36 @@ class Watch:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class OutageLog:
+    """:class:`Outage` for calls made from any thread that fail at once and are made
+    again by their callers: the first failure of an outage logs its line, the next
+    call that goes through logs its end (both warnings, as :class:`Watch`'s); every
+    failure in between is a debug line."""
+
+    def __init__(
+        self, outage: Outage, log: logging.Logger, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.outage = outage
+        self.log = log
+        self.clock = clock
+        self._lock = threading.Lock()
+
+    def failed(self, exc: BaseException, detail: str = "") -> None:
+        with self._lock:
+            _, line = self.outage.failed(self.clock(), type(exc).__name__)
+        if line is None:
+            self.log.debug("%s still unavailable (%s)", self.outage.what, type(exc).__name__)
+        elif detail:
+            self.log.warning("%s: %s", line, detail)
+        else:
+            self.log.warning("%s", line)
+
+    def answered(self) -> None:
+        if not self.outage.waiting:  # the usual case: no lock taken
+            return
+        with self._lock:
+            line = self.outage.answered(self.clock())
+        if line is not None:
+            self.log.warning("%s", line)
