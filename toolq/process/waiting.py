@@ -158,80 +158,12 @@ class Waiter:
             self.log.info("%s", line)
 
 
-class Watch:
-    """:class:`Outage` for a server answering requests on an event loop.
-
-    Requests call :meth:`failed` when the dependency did not answer (and answer their
-    caller at once); the first failure logs the outage's line and starts a probe on
-    this loop that calls ``probe`` after the outage's delays until it returns, then
-    logs the end. Every other failure meanwhile is a debug line. :meth:`close` stops
-    the probe (the server shutting down).
-    """
-
-    def __init__(
-        self,
-        outage: Outage,
-        probe: Callable[[], Awaitable[object]],
-        log: logging.Logger,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.outage = outage
-        self.probe = probe
-        self.log = log
-        self.clock = clock
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def waiting(self) -> bool:
-        return self.outage.waiting
-
-    def failed(self, exc: BaseException, detail: str = "") -> None:
-        """A request found the dependency away. ``detail``: what the first line adds
-        (a message of toolq's own naming the server; never upstream text)."""
-        if self._task is not None and not self._task.done():
-            self.log.debug("%s still unavailable (%s)", self.outage.what, type(exc).__name__)
-            return
-        _, line = self.outage.failed(self.clock(), type(exc).__name__)
-        self._said(line, detail)
-        self._task = asyncio.get_running_loop().create_task(self._watch())
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.outage.delay_s)
-            try:
-                await self.probe()
-            except Exception as exc:  # any failure: still away, by the probe's word
-                _, line = self.outage.failed(self.clock(), type(exc).__name__)
-                self._said(line, "")
-                continue
-            line = self.outage.answered(self.clock())
-            if line is not None:  # at the start's level: a server run at -l warning shows both
-                self.log.warning("%s", line)
-            return
-
-    def _said(self, line: str | None, detail: str) -> None:
-        if line is None:
-            self.log.debug("%s still unavailable (%s)", self.outage.what, self.outage.why)
-        elif detail:
-            self.log.warning("%s: %s", line, detail)
-        else:
-            self.log.warning("%s", line)
-
-    async def close(self) -> None:
-        """Stop the probe, if one runs."""
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
 class OutageLog:
     """:class:`Outage` for calls made from any thread that fail at once and are made
     again by their callers: the first failure of an outage logs its line, the next
-    call that goes through logs its end (both warnings, as :class:`Watch`'s); every
-    failure in between is a debug line."""
+    call that goes through logs its end (both warnings: a process run at -l warning,
+    the MCP server's default, shows the end of what it showed start); every failure in
+    between is a debug line."""
 
     def __init__(
         self, outage: Outage, log: logging.Logger, *, clock: Callable[[], float] = time.time
@@ -258,3 +190,60 @@ class OutageLog:
             line = self.outage.answered(self.clock())
         if line is not None:
             self.log.warning("%s", line)
+
+
+class Watch:
+    """:class:`OutageLog` with a probe, for a server answering requests on an event
+    loop.
+
+    Requests call :meth:`failed` when the dependency did not answer (and answer their
+    caller at once); the first failure logs the outage's line and starts a probe on
+    this loop that calls ``probe`` after the outage's delays until it returns, then
+    logs the end. Every other failure meanwhile is a debug line. :meth:`close` stops
+    the probe (the server shutting down).
+    """
+
+    def __init__(
+        self,
+        outage: Outage,
+        probe: Callable[[], Awaitable[object]],
+        log: logging.Logger,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.outage = outage
+        self.probe = probe
+        self.said = OutageLog(outage, log, clock=clock)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.outage.waiting
+
+    def failed(self, exc: BaseException, detail: str = "") -> None:
+        """A request found the dependency away. ``detail``: what the first line adds
+        (a message of toolq's own naming the server; never upstream text)."""
+        if self._task is not None and not self._task.done():
+            self.said.log.debug("%s still unavailable (%s)", self.outage.what, type(exc).__name__)
+            return
+        self.said.failed(exc, detail)
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.outage.delay_s)
+            try:
+                await self.probe()
+            except Exception as exc:  # any failure: still away, by the probe's word
+                self.said.failed(exc)
+                continue
+            self.said.answered()
+            return
+
+    async def close(self) -> None:
+        """Stop the probe, if one runs."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
