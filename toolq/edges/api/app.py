@@ -103,7 +103,6 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.tokens = settings.token_table()
-    app.state.server_watch = watch
     max_body = settings.max_body_bytes or tq.settings.limits.max_args_bytes
     install(app, max_body=max_body, retry_after=poll, watch=watch)
     install_docs(app)

@@ -143,6 +143,12 @@ def server_watch(probe: Callable[[], Awaitable[object]]) -> Watch:
     return Watch(outage, probe, log)
 
 
+def server_failed(watch: Watch, exc: Exception) -> None:
+    """A request found the queue server away: ``watch`` says it once an outage, naming
+    the server when ``exc`` is toolq's own error (never a bare RedisError's text)."""
+    watch.failed(exc, str(exc) if isinstance(exc, errors.ServerUnavailable) else "")
+
+
 def install(app: FastAPI, *, max_body: int, retry_after: float, watch: Watch) -> None:
     """Error handlers for every exception the routes may raise, and the guard."""
 
@@ -151,8 +157,7 @@ def install(app: FastAPI, *, max_body: int, retry_after: float, watch: Watch) ->
         # operator's logs: the caller gets only the code); a bare RedisError may
         # come from elsewhere (the status snapshot). Said once an outage (watch);
         # async: on the loop the watch's probe runs on.
-        known = isinstance(exc, errors.ServerUnavailable)
-        watch.failed(exc, str(exc) if known else "")
+        server_failed(watch, exc)
         return error_response(
             503,
             exc.code if isinstance(exc, errors.ServerUnavailable) else "QUEUE_UNAVAILABLE",

@@ -47,7 +47,7 @@ from toolq.edges.api.console.web import (
     with_query,
 )
 from toolq.edges.api.events import open_stream
-from toolq.edges.api.guard import ApiError, server_watch
+from toolq.edges.api.guard import ApiError, server_failed, server_watch
 
 if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
@@ -152,8 +152,7 @@ class Console:
                     return json_answer(False, "the request could not be read", exc.status_code)
                 return await self._http_error(request, exc)
             except (errors.ServerUnavailable, redis.RedisError) as exc:
-                known = isinstance(exc, errors.ServerUnavailable)
-                self.watch.failed(exc, str(exc) if known else "")
+                server_failed(self.watch, exc)
                 message = "The queue's server did not answer. The page tries again by itself."
                 if quiet:
                     return json_answer(False, message, 503)
