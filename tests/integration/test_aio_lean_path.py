@@ -3,7 +3,9 @@ worker (``-P asyncio -c 16``): plain calls end without Celery's tracer and leave
 unacknowledged; a message that asks for its result goes through the tracer; a revoked
 one is discarded by Celery's strategy before the pool sees it; with task events on
 (``-E``), a lean success still sends ``task-succeeded``. The pool's counts are
-read with Celery's ``inspect stats`` (the pool's info). The decisions as a table:
+read with Celery's ``inspect stats`` (the pool's info), once they reached what the test
+expects (:func:`_counted`): the ledger's record of a call also acknowledges its delivery,
+and only then does the pool's loop go on to count it. The decisions as a table:
 tests/unit/test_aio_lean_success.py."""
 
 from __future__ import annotations
@@ -55,6 +57,22 @@ def _pool(tq: ToolQueue) -> dict[str, Any]:
     return dict(next(iter(stats.values()))["pool"])
 
 
+def _counted(tq: ToolQueue, count: str, least: int) -> dict[str, Any]:
+    """The worker's pool info once its ``count`` reached ``least`` (or as it stands
+    after 30 s: the caller's assertion then says what it found). A call is done and
+    its delivery acknowledged in the ledger (one script) before the pool's loop reads
+    that script's reply and counts the call: a count read as soon as the ledger says
+    done may not hold it yet, nor, after a batch of records, any call of that batch."""
+    pool: dict[str, Any] = {}
+
+    def reached() -> bool:
+        pool.update(_pool(tq))
+        return int(pool[count]) >= least
+
+    wait_until(reached, 30)
+    return pool
+
+
 def _settled(tq: ToolQueue) -> bool:
     """Nothing of the calls queue waits or is unacknowledged (``inspect``'s own replies,
     in kombu's unacked hash too, are not the worker's)."""
@@ -68,18 +86,17 @@ def test_plain_calls_end_on_the_lean_path_and_are_acknowledged(
 ) -> None:
     before = _pool(aq)
     assert before["lean"] is True
-    # Given async and def tool calls, nothing watching Celery's tracer, one at a time (a
-    # loop holding more calls than the pool has threads traces them on a thread: by
-    # design, traced_inline; ten at once on a loaded machine could be)
-    refs, envs = [], []
-    for tool in ["await_slowly"] * 5 + ["sync_read"] * 5:
-        refs.append(aq.submit(tool, {"seconds": 0}).operation_ref)
-        envs.append(aq.wait(refs[-1], timeout=60))
+    # Given async and def tool calls, nothing watching Celery's tracer (ten at once: their
+    # records go in batches; never more in flight than -c, which is the pool's threads,
+    # so every tracer would run inline: traced_inline)
+    refs = [aq.submit("await_slowly", {"seconds": 0}).operation_ref for _ in range(5)]
+    refs += [aq.submit("sync_read", {"seconds": 0}).operation_ref for _ in range(5)]
+    envs = [aq.wait(ref, timeout=60) for ref in refs]
 
     # Then every one succeeded, through the lean path, and its delivery was acknowledged
     assert all(env.ok for env in envs), [env for env in envs if not env.ok][:2]
     assert wait_until(lambda: _settled(aq), 20)
-    after = _pool(aq)
+    after = _counted(aq, "lean-successes", before["lean-successes"] + len(refs))
     # (on failure: which workers beat on this database; one was expected)
     beating = sorted(as_text(k) for k in aq.redis.hkeys(aq.app.ledger.keys.worker_nodes))
     assert after["lean-successes"] - before["lean-successes"] == len(refs), (before, after, beating)
@@ -89,10 +106,11 @@ def test_plain_calls_end_on_the_lean_path_and_are_acknowledged(
 def test_a_message_asking_for_its_result_goes_through_celerys_tracer(
     aq: ToolQueue, worker: subprocess.Popen[bytes]
 ) -> None:
+    first = _pool(aq)
     ref = aq.submit("await_slowly", {"seconds": 0}).operation_ref
     assert aq.wait(ref, timeout=60).ok
     assert wait_until(lambda: _settled(aq), 20)
-    before = _pool(aq)
+    before = _counted(aq, "lean-successes", first["lean-successes"] + 1)
 
     # When a second delivery of the call comes as a message that asks for its result
     aq.celery.send_task(
@@ -110,10 +128,11 @@ def test_a_message_asking_for_its_result_goes_through_celerys_tracer(
 def test_a_revoked_message_is_discarded_before_the_pool(
     aq: ToolQueue, worker: subprocess.Popen[bytes]
 ) -> None:
+    first = _pool(aq)
     ref = aq.submit("await_slowly", {"seconds": 0}).operation_ref
     assert aq.wait(ref, timeout=60).ok
     assert wait_until(lambda: _settled(aq), 20)
-    before = _pool(aq)
+    before = _counted(aq, "lean-successes", first["lean-successes"] + 1)
 
     # Given a task id the worker was told to revoke
     task_id = f"lean-revoked-{uuid.uuid4()}"
@@ -167,8 +186,8 @@ def test_with_task_events_on_a_lean_success_still_sends_task_succeeded(
 
         assert wait_until(succeeded, 30), [e.get("type") for e in events]
         assert wait_until(lambda: _settled(aq), 20)
-        pool = _pool(aq)
-        assert pool["lean-successes"] >= 1 and pool["traced"] == 0
+        pool = _counted(aq, "lean-successes", 1)
+        assert pool["lean-successes"] >= 1 and pool["traced"] == 0, pool
     finally:
         receivers[0].should_stop = True
         listener.join(10)

@@ -225,7 +225,9 @@ class AsyncioPool(BasePool):
         #: and the thresholds before it.
         self.gc_threshold = int((self.app.conf.get(GC_KEY) if self.app is not None else 0) or 0)
         self._gc_before: tuple[int, int, int] | None = None
-        #: Successes the lean path reported, and calls Celery's tracer ran (``stats``).
+        #: Successes the lean path reported, and calls Celery's tracer ran (``stats``):
+        #: counted once the loop has the record's reply, after the ledger marked the
+        #: call done and acknowledged its delivery (a reader may see that first).
         self.lean_count = 0
         self.traced_count = 0
         #: Deliveries handed over by the consumer's thread, not yet started on the loop.
