@@ -10,11 +10,14 @@ each resumes once the server answers again on the same port.
    server is down do not exit (they used to, in under a second: "cannot reach
    Redis"): each waits or serves 503, says so once, and the deployment runs a call
    once the server is up.
+3. The API's event streams open when the server goes away end cleanly (their
+   clients resume from Last-Event-ID), the outage said once, not a traceback each.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -185,3 +189,64 @@ async def _mcp_calls(url: str, n: int) -> list[str]:
     async with Client(streamable_http_client(url)) as c:
         results = [await c.call_tool("pay", {}) for _ in range(n)]
     return [str((r.structured_content or {}).get("code")) for r in results]
+
+
+def test_event_streams_open_when_the_server_goes_away_end_cleanly_said_once(
+    server: EmbeddedServer, tmp_path: Path
+) -> None:
+    # Given the API with three event streams following operations nobody runs yet
+    server.start()
+    url = url_for_db(server.url, 0)
+    port = free_port()
+    api_log, fd = _log(tmp_path, "api")
+    api = start_toolq(
+        ["api", "--app", "tests.integration.apps.runtime_app:tq", "--port", str(port)],
+        # a keep-alive a second: a stream reads its history again that often
+        env={"TOOLQ_REDIS_URL": url, "TOOLQ_API_KEEPALIVE": "1"},
+        stderr=fd,
+    )
+    os.close(fd)
+    tq: ToolQueue = runtime_app.tq
+    tq.configure(redis_url=url)
+    refs = [tq.submit("pay", {}, operation_ref=f"streams/{i}").operation_ref for i in range(3)]
+    base = f"http://127.0.0.1:{port}"
+    seen: dict[str, list[str]] = {ref: [] for ref in refs}
+    ended: dict[str, str] = {}
+
+    def follow(ref: str) -> None:
+        try:
+            with httpx.stream("GET", f"{base}/v1/operations/{ref}/events", timeout=60) as r:
+                seen[ref].append(str(r.status_code))
+                for line in r.iter_lines():
+                    seen[ref].append(line)
+            ended[ref] = "\n".join(seen[ref])
+        except httpx.HTTPError as exc:  # a body broken off: RemoteProtocolError
+            ended[ref] = f"broken: {exc!r}"
+
+    try:
+        assert wait_until(lambda: _health(port) == 200, timeout=30)
+        streams = [threading.Thread(target=follow, args=(ref,)) for ref in refs]
+        for t in streams:
+            t.start()
+        assert wait_until(lambda: all("event: state" in seen[r] for r in refs), timeout=30)
+
+        # When the server goes away
+        server.kill()
+        for t in streams:
+            t.join(timeout=60)
+
+        # Then every stream ended cleanly after what it had sent (its client resumes
+        # from Last-Event-ID), and the API said the outage once, without a traceback
+        for ref in refs:
+            assert ended.get(ref, "").startswith("200\n"), ended
+            assert "event: state" in ended[ref], ended[ref]
+        server.start()
+        assert wait_until(lambda: _health(port) == 200, timeout=30)
+        assert wait_until(lambda: "queue server back after" in _said(api_log), timeout=30)
+        assert api.poll() is None
+    finally:
+        tq.close()
+        stop_processes((api,), timeout=5)
+    said = _said(api_log)
+    assert said.count("queue server unavailable (") == 1, said[-3000:]
+    assert "Traceback" not in said and "unhandled error" not in said, said[-3000:]

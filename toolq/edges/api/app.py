@@ -22,7 +22,13 @@ from toolq.edges.api.auth import ApiSettings, Tokens, actor_of, check_bind
 from toolq.edges.api.console import install_console
 from toolq.edges.api.docs import install_docs
 from toolq.edges.api.events import EventStream, open_stream
-from toolq.edges.api.guard import ERROR_RESPONSES, ApiError, install, server_watch
+from toolq.edges.api.guard import (
+    ERROR_RESPONSES,
+    ApiError,
+    install,
+    server_failed,
+    server_watch,
+)
 from toolq.edges.api.hosts import HostGuard, allowed_hosts, wildcard_note
 from toolq.edges.api.sizes import SizeGuard
 from toolq.edges.api.views import (
@@ -196,6 +202,7 @@ def create_app(
             keepalive=settings.keepalive,
             poll=poll,
             max_ref=max_ref,
+            away=lambda exc: server_failed(watch, exc),
         )
 
     @app.get("/v1/operations/{ref:path}", **route, dependencies=[_require("read")])

@@ -34,6 +34,11 @@ Notices only wake the stream: what it sends is read from the ledger's history,
 so a notice missed (or dropped for a slow client) costs at most one keep-alive
 period, never an event. One task per stream follows the notices; it and its
 watch end with the stream, however the client leaves.
+
+The queue's server going away mid-stream ends the stream cleanly (the body is
+closed, not broken off); ``away`` is told (the API's outage watch: one line an
+outage, not a traceback a stream), and the client's reconnect resumes from its
+``Last-Event-ID`` once the server answers again (503 meanwhile).
 """
 
 from __future__ import annotations
@@ -42,10 +47,11 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import anyio
+import redis
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -115,6 +121,7 @@ async def open_stream(
     keepalive: float,
     poll: float,
     max_ref: int,
+    away: Callable[[Exception], None],
 ) -> EventStream:
     """The stream of ``ref`` after ``last_event_id``, or the request's typed error."""
     after = parse_last_event_id(last_event_id)
@@ -128,7 +135,7 @@ async def open_stream(
             f"Last-Event-ID {after} is past the operation's last event ({len(rec.history)})",
         )
     last = rec.history[after - 1].to if after else None
-    body = _events(aio, ref, after, last, keepalive=keepalive, poll=poll)
+    body = _events(aio, ref, after, last, keepalive=keepalive, poll=poll, away=away)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return EventStream(body, headers=headers)
 
@@ -184,6 +191,7 @@ async def _events(
     *,
     keepalive: float,
     poll: float,
+    away: Callable[[Exception], None] | None = None,
 ) -> AsyncIterator[bytes]:
     inbox: asyncio.Queue[Any] = asyncio.Queue(BACKLOG)
     pump: asyncio.Task[None] | None = None
@@ -229,6 +237,13 @@ async def _events(
             while not inbox.empty():
                 notices.append(inbox.get_nowait())
             progress = [n for n in notices if getattr(n, "kind", None) == "progress"]
+    except (errors.ServerUnavailable, redis.RedisError) as exc:
+        # The server went away: end the body cleanly (a chunked body broken off is
+        # an error in the client, and a traceback here); the reconnect resumes.
+        if away is not None:
+            away(exc)
+        else:
+            log.warning("event stream: queue server unavailable: %s", type(exc).__name__)
     finally:
         if pump is not None:
             pump.cancel()
@@ -267,5 +282,4 @@ def _raise_failure(pump: asyncio.Task[None] | None) -> None:
     if isinstance(exc, errors.OperationNotFound):
         return  # expired meanwhile: the history read that follows ends the stream
     if exc is not None:
-        log.warning("event stream: watch failed: %s", type(exc).__name__)
         raise exc

@@ -255,6 +255,7 @@ class Console:
                 keepalive=self.api.keepalive,
                 poll=self.api.poll_interval,
                 max_ref=self.max_ref,
+                away=lambda exc: server_failed(self.watch, exc),
             )
         except errors.OperationNotFound:
             return PlainTextResponse("no such operation", status_code=404)
