@@ -174,11 +174,17 @@ def install(app: FastAPI, *, max_body: int, retry_after: float, watch: Watch) ->
     app.add_middleware(BodyLimitGuard, max_body=max_body)
 
 
+#: What :meth:`BodyLimitGuard._read` returns for a client gone before its body ended.
+_GONE = object()
+
+
 class BodyLimitGuard:
     """Bounds request bodies (413) and turns any escaped exception into a bare 500.
 
     It sits inside Starlette's ServerErrorMiddleware, which would answer but
-    then re-raise; nothing escapes this one.
+    then re-raise; nothing escapes this one. A body cut short (the client left
+    before sending all of it) reaches no route: a write's arguments must not be
+    what a connection happened to carry when it dropped.
     """
 
     def __init__(self, app: ASGIApp, max_body: int) -> None:
@@ -199,7 +205,9 @@ class BodyLimitGuard:
         try:
             if scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
                 body = await self._read(scope, receive)
-                if body is None:
+                if body is _GONE:
+                    return  # no one to answer, nothing to act on
+                if not isinstance(body, bytes):
                     message = f"the body is larger than {self.max_body} bytes"
                     await send_json(send, 413, {"code": "BODY_TOO_LARGE", "message": message})
                     return
@@ -210,7 +218,8 @@ class BodyLimitGuard:
             if not started:
                 await send_json(send, 500, INTERNAL)
 
-    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | object | None:
+        """The whole body; None if it is over the limit, :data:`_GONE` if the client left."""
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body:
                 return None
@@ -219,7 +228,7 @@ class BodyLimitGuard:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return b"".join(chunks)
+                return _GONE  # http.disconnect
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
