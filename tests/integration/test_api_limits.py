@@ -1,10 +1,13 @@
-"""Long request lines and headers against a real ``toolq api`` process.
+"""Long request lines and headers, and requests that never end, against a real
+``toolq api`` process.
 
-Each is refused with a 4xx before any work (414 and 431 from the size guard; 400
-from uvicorn's parser once a head outgrows its buffer), and ``/v1/health`` keeps
-answering meanwhile. Before the guard an 8,000-character URL was answered 200
-after its access-log line held the event loop for seconds; 64 KB for minutes.
-The latency under this load is measured in bench/api_abuse.py, not asserted here.
+Each long one is refused with a 4xx before any work (414 and 431 from the size
+guard; 400 from uvicorn's parser once a head outgrows its buffer), and
+``/v1/health`` keeps answering meanwhile. Before the guard an 8,000-character URL
+was answered 200 after its access-log line held the event loop for seconds; 64 KB
+for minutes. The latency under this load is measured in bench/api_abuse.py, not
+asserted here. A request that stops half way is answered 408 and its connection
+closed once ``TOOLQ_API_REQUEST_TIMEOUT`` (here :data:`REQUEST_TIMEOUT`) has passed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from tests.helpers import free_port, start_toolq, stop_process, wait_until
 from tests.integration.apps.interfaces_app import APP
 
 SIZES = {"8 KB": 8 << 10, "64 KB": 64 << 10, "1 MB": 1 << 20}
+#: Seconds the API waits for a request to arrive whole (the default is 10).
+REQUEST_TIMEOUT = 3
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +37,7 @@ def api(module_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     with log.open("ab") as out:
         proc = start_toolq(
             ["api", "--app", APP, "--redis-url", module_redis_url, "--port", str(port)],
+            env={"TOOLQ_API_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT)},
             unset=("TOOLQ_API_TOKENS",),
             stdout=out.fileno(),
             stderr=subprocess.STDOUT,
@@ -116,3 +122,38 @@ def test_a_long_request_is_refused_and_health_keeps_answering(
 def test_requests_within_the_limits_are_served(api: int) -> None:
     assert _exchange(api, _long_line(2000)) == 200
     assert _exchange(api, _long_header(4000)) == 200
+
+
+_POST_HEAD = (
+    b"POST /v1/tools/create_note:invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Idempotency-Key: slow_body\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 100\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        b"",  # a connection opened and never used
+        b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a",  # half a head
+        _POST_HEAD + b'{"body":',  # a head and part of its body
+    ],
+    ids=["nothing", "half a head", "part of a body"],
+)
+def test_a_request_that_stops_half_way_is_not_waited_for(api: int, part: bytes) -> None:
+    # Given a client that sends part of a request, then nothing more (slowloris)
+    with socket.create_connection(("127.0.0.1", api), timeout=REQUEST_TIMEOUT * 10) as s:
+        s.sendall(part)
+
+        # When it waits: the server answers (408 once it had something) and closes;
+        # before, it held the connection (and its file descriptor) forever
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    if part:
+        assert data.startswith(b"HTTP/1.1 408 "), data
+        assert data.endswith(
+            b'"code": "REQUEST_TIMEOUT", "message": "the request did not arrive within 3 s"}'
+        ), data
+    else:
+        assert data == b""

@@ -54,6 +54,7 @@ Settings (:class:`ApiSettings`, env prefix ``TOOLQ_API_``)::
     TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal   Host names answered besides loopback
     TOOLQ_API_MAX_URL_BYTES=4096   414 for a longer path and query, before any work
     TOOLQ_API_MAX_HEADER_BYTES=8192   431 for larger headers (:mod:`toolq.edges.api.sizes`)
+    TOOLQ_API_REQUEST_TIMEOUT=10   408 for a request not in whole by then (slow clients)
 
 Scopes: ``read``, ``invoke``, ``approve``, ``input``, ``cancel``, ``resolve``;
 ``*`` is all of them. Tokens are at least 16 characters and compared in constant time.
