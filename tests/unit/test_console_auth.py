@@ -293,3 +293,36 @@ def test_a_form_that_cannot_be_parsed_is_a_400_not_an_internal_error(client: Tes
         "/ui/actions/cancel", content=b"--x\r\n", headers={**broken, "X-Requested-With": "fetch"}
     )
     assert r.status_code == 400 and r.json()["ok"] is False
+
+
+@pytest.mark.parametrize("limit", ["\u00b2", "\u00b9\u00b2", "9" * 3000])
+def test_a_page_size_that_is_not_ascii_digits_is_a_422_not_an_internal_error(
+    client: TestClient, limit: str
+) -> None:
+    # "²".isdigit() is True but int("²") raises: the list page was a 500
+    _login(client, OPERATOR)
+    r = client.get("/ui/operations", params={"state": "queued", "limit": limit})
+    assert r.status_code == 422 and "a whole number from 1 to 500" in r.text
+    live = client.get("/ui/operations/live", params={"state": "queued", "limit": limit})
+    assert live.status_code == 200 and "Something went wrong" not in live.text
+
+
+@pytest.mark.parametrize(
+    "result",
+    ["[" * 5000 + "]" * 5000, "9" * 5000],
+    ids=["nested too deep", "a number over 4,300 digits"],
+)
+def test_a_resolve_result_json_cannot_read_is_refused_not_an_internal_error(
+    client: TestClient, result: str
+) -> None:
+    # Given an operator's resolve form whose result json.loads raises on (not as a
+    # JSONDecodeError): RecursionError, ValueError
+    csrf = _login(client, OPERATOR)
+    form = {"csrf": csrf, "ref": "r1", "outcome": "committed", "reason": "seen", "result": result}
+
+    # Then the form is refused, by a page and by JSON for the page's script (both were 500s)
+    r = client.post("/ui/actions/resolve", data=form)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/operation?ref=r1"
+    r = client.post("/ui/actions/resolve", data=form, headers={"X-Requested-With": "fetch"})
+    assert r.status_code == 422 and r.json()["ok"] is False
+    assert "BAD_RESULT" in r.json()["message"]
