@@ -235,6 +235,19 @@ def test_request_errors_have_a_stable_code(agent: TestClient) -> None:
             400,
             "MALFORMED_BODY",
         ),
+        # json.loads raises other than JSONDecodeError on these: they were BAD_REQUEST
+        *(
+            (
+                agent.post(
+                    "/v1/tools/echo:invoke",
+                    content=body,
+                    headers={"Idempotency-Key": key(), "Content-Type": "application/json"},
+                ),
+                400,
+                "MALFORMED_BODY",
+            )
+            for body in (b'{"text": "\xff"}', b"[" * 5000 + b"]" * 5000, b"9" * 5000)
+        ),
         (invoke(agent, "echo", {"text": "x" * 300_000}), 413, "BODY_TOO_LARGE"),
         (agent.get("/v1/operations/run_0/missing"), 404, "OPERATION_NOT_FOUND"),
         (agent.get("/v1/nothing"), 404, "NOT_FOUND"),

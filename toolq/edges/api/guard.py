@@ -120,8 +120,16 @@ def _invalid(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+#: FastAPI's detail for a JSON body ``json.loads`` raised on with something other than
+#: a JSONDecodeError: invalid UTF-8, nesting deeper than the parser goes, an integer
+#: over Python's 4,300 digits. Malformed as much as ``{nope`` is, and said the same way.
+_UNPARSED_BODY = "There was an error parsing the body"
+
+
 def _http(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == _UNPARSED_BODY:
+        return error_response(400, "MALFORMED_BODY", "the body is not JSON this API reads")
     try:
         phrase = http.HTTPStatus(exc.status_code).phrase
     except ValueError:
