@@ -13,6 +13,7 @@ closed once ``TOOLQ_API_REQUEST_TIMEOUT`` (here :data:`REQUEST_TIMEOUT`) has pas
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import threading
@@ -157,3 +158,29 @@ def test_a_request_that_stops_half_way_is_not_waited_for(api: int, part: bytes) 
         ), data
     else:
         assert data == b""
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v1/operations/caf\xc3\xa9 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET /v1/health HTTP/1.1\r\n\r\n",
+        b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n",
+    ],
+    ids=["raw UTF-8 in the target", "no Host", "two Hosts"],
+)
+def test_a_request_that_is_not_http_is_refused_with_a_typed_error(api: int, head: bytes) -> None:
+    # Given bytes h11 refuses to parse as a request
+    with socket.create_connection(("127.0.0.1", api), timeout=30) as s:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+
+    # Then the 400 has a JSON body with a code, as every refusal of ours (it was text)
+    status, _, body = data.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in status
+    assert json.loads(body) == {
+        "code": "MALFORMED_REQUEST",
+        "message": "the request is not valid HTTP/1.1",
+    }

@@ -89,8 +89,15 @@ def timeout_answer(seconds: float) -> bytes:
     return head.encode() + body
 
 
+#: The body of the 400 for bytes that are not an HTTP/1.1 request (h11 refused them).
+MALFORMED = json.dumps(
+    {"code": "MALFORMED_REQUEST", "message": "the request is not valid HTTP/1.1"}
+).encode()
+
+
 def protocol(settings: ApiSettings) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol, with a deadline for each request to arrive whole.
+    """uvicorn's h11 protocol, with a deadline for each request to arrive whole, and
+    JSON (:data:`MALFORMED`) for a request h11 cannot parse, where uvicorn's is text.
 
     The deadline starts when the connection opens and again when a response on it
     ends; it is lifted once the request's head and body are in (a long-poll or an
@@ -128,6 +135,23 @@ def protocol(settings: ApiSettings) -> type[asyncio.Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._lift()
             super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            # A target with raw non-ASCII bytes, no Host, two Hosts, a head over the
+            # parser's buffer: every refusal of ours has a JSON body with a code.
+            self._lift()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(MALFORMED)).encode()),
+                (b"connection", b"close"),
+            ]
+            for event in (
+                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                h11.Data(data=MALFORMED),
+                h11.EndOfMessage(),
+            ):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
 
         def _arm(self) -> None:
             self._lift()
