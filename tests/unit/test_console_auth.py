@@ -256,6 +256,9 @@ def test_unknown_pages_are_html_404s_and_static_assets_are_served(client: TestCl
     assert client.get("/ui/static/console.js").status_code == 200
     assert client.get("/ui/static/console.css").headers["content-type"].startswith("text/css")
     assert client.get("/ui").status_code == 308
+    r = client.delete("/ui/operations")
+    assert r.status_code == 405 and "not allowed" in r.text
+    assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}  # it had none
 
 
 def test_without_tokens_only_loopback_clients_are_served() -> None:
