@@ -122,6 +122,21 @@ def test_flash_messages_are_signed_and_short_lived() -> None:
     s = signer()
     cookie = s.flash([("ok", "done"), ("error", "nope")], NOW)
     assert s.read_flash(cookie, NOW + 30) == [("ok", "done"), ("error", "nope")]
+    # A bulk action's refusals, one per ref: they took the cookie past what was read
+    # back (1,024) from five on, and the next page showed none of them
+    refused = [
+        ("error", f"Cancel refused for run_{i:04}/{'x' * 150}: no such ref") for i in range(8)
+    ]
+    assert s.read_flash(s.flash([("ok", "Cancel: 2 of 10 cancelled."), *refused], NOW), NOW) == [
+        ("ok", "Cancel: 2 of 10 cancelled."),
+        *refused,
+    ]
+    # More than a browser keeps: the first ones, then how many more there were
+    many = s.flash([("ok", "y" * 400), *[("error", "\u00e9" * 300)] * 30], NOW)
+    assert len(many) <= 4000
+    shown = s.read_flash(many, NOW)
+    assert shown[0] == ("ok", "y" * 400) and 1 < len(shown) < 20
+    assert shown[-1] == ("error", f"… and {31 - len(shown) + 1} more not shown.")
     assert s.read_flash(cookie, NOW + 61) == []
     assert s.read_flash(_flip(cookie, 6), NOW) == []
     # a session cookie is not a flash cookie, nor the other way round
