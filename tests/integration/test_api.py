@@ -269,6 +269,8 @@ def test_tokens_are_required_and_checked(app: FastAPI) -> None:
     wrong = TestClient(app, headers={"Authorization": f"Bearer {AGENT}x"})
     assert wrong.get("/v1/tools").status_code == 401
     assert anonymous.get("/v1/health").json() == {"ok": True}
+    head = anonymous.head("/v1/health")  # as uptime checkers ask: it was a 405
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_tools_and_status(agent: TestClient) -> None:

@@ -21,7 +21,7 @@ Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
     POST /v1/deps/{key}:close             close its breaker (body: reason)       scope resolve
     GET  /v1/tools                        each tool's input schema, writes       scope read
     GET  /v1/status                       ``toolq status --json``, plus overview scope read
-    GET  /v1/health                       Redis answers; no token needed
+    GET  /v1/health                       Redis answers; no token needed (HEAD too)
     GET  /openapi.json, /docs, /redoc     the OpenAPI document; the docs pages load
                                           nothing from the network
     GET  /ui/                             the operator's console (:mod:`toolq.edges.api.console`):

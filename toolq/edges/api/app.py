@@ -375,6 +375,10 @@ def create_app(
         await tq.aio.ping()  # a RedisError is the 503
         return {"ok": True}
 
+    # Uptime checkers often ask with HEAD (FastAPI adds it to no GET route): a 405 read
+    # as "down". Left out of the OpenAPI document, as GET says the same.
+    app.add_api_route("/v1/health", health, methods=["HEAD"], include_in_schema=False)
+
     return app
 
 
