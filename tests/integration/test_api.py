@@ -249,6 +249,15 @@ def test_request_errors_have_a_stable_code(agent: TestClient) -> None:
             for body in (b'{"text": "\xff"}', b"[" * 5000 + b"]" * 5000, b"9" * 5000)
         ),
         (invoke(agent, "echo", {"text": "x" * 300_000}), 413, "BODY_TOO_LARGE"),
+        (  # two keys: which operation was meant? (the first was taken)
+            agent.post(
+                "/v1/tools/echo:invoke",
+                json={"text": "x"},
+                headers=[("Idempotency-Key", key()), ("Idempotency-Key", key())],
+            ),
+            422,
+            "INVALID_REQUEST",
+        ),
         (agent.get("/v1/operations/run_0/missing"), 404, "OPERATION_NOT_FOUND"),
         (agent.get("/v1/nothing"), 404, "NOT_FOUND"),
         (agent.delete("/v1/tools"), 405, "METHOD_NOT_ALLOWED"),
@@ -259,6 +268,9 @@ def test_request_errors_have_a_stable_code(agent: TestClient) -> None:
         assert body["code"] == code and isinstance(body["message"], str)
         assert set(body) <= {"code", "message", "field_errors", "envelope"}
     assert cases[1][0].json()["field_errors"] == [{"field": "text", "rule": "string_type"}]
+    assert cases[-4][0].json()["field_errors"] == [
+        {"field": "header.Idempotency-Key", "rule": "single_header"}
+    ]
 
 
 def test_tokens_are_required_and_checked(app: FastAPI) -> None:
