@@ -196,7 +196,7 @@ def applied(t: Transition, answer: str) -> State:
     """An operator action's answer: the state it moved to, or why not.
 
     A cancel that lost a race to another is done all the same: cancelling what is
-    cancelled already answers ``cancelled`` (:func:`toolq.decisions.recovery.operator.cancel`), and two
+    cancelled already answers ``cancelled`` (``recovery.operator.cancel``), and two
     operators (or one double click) cancelling at once got a 409 for one of them.
     """
     if answer == State.CANCELLED and t.to is State.CANCELLED:
