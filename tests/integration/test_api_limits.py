@@ -18,6 +18,7 @@ import socket
 import subprocess
 import threading
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,7 +39,10 @@ def api(module_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     with log.open("ab") as out:
         proc = start_toolq(
             ["api", "--app", APP, "--redis-url", module_redis_url, "--port", str(port)],
-            env={"TOOLQ_API_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT)},
+            env={
+                "TOOLQ_API_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT),
+                "TOOLQ_API_KEEPALIVE": str(REQUEST_TIMEOUT * 2),
+            },
             unset=("TOOLQ_API_TOKENS",),
             stdout=out.fileno(),
             stderr=subprocess.STDOUT,
@@ -158,6 +162,32 @@ def test_a_request_that_stops_half_way_is_not_waited_for(api: int, part: bytes) 
         ), data
     else:
         assert data == b""
+
+
+@pytest.mark.parametrize(
+    "upgrade", ["", "Connection: Upgrade\r\nUpgrade: h2c\r\n"], ids=["plain", "Upgrade: h2c"]
+)
+def test_a_request_in_whole_is_held_past_the_deadline(api: int, upgrade: str) -> None:
+    # Given an operation no worker runs (none serves this module), and its event stream
+    ref = f"held_{uuid.uuid4().hex[:8]}"
+    invoke = urllib.request.Request(
+        f"http://127.0.0.1:{api}/v1/tools/echo:invoke",
+        data=b'{"text": "x"}',
+        headers={"Idempotency-Key": ref, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(invoke, timeout=30) as r:
+        assert r.status == 202
+    with socket.create_connection(("127.0.0.1", api), timeout=REQUEST_TIMEOUT * 10) as s:
+        s.sendall(
+            f"GET /v1/operations/{ref}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n{upgrade}\r\n".encode()
+        )
+
+        # When it waits: its first keep-alive comes (2 x the deadline after it opened),
+        # with an Upgrade header too (curl --http2 sends one: such a stream was cut)
+        data = b""
+        while b": keep-alive" not in data and (chunk := s.recv(4096)):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 ") and b": keep-alive" in data, data
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,17 @@ def protocol(settings: ApiSettings) -> type[asyncio.Protocol]:
 
     timeout = settings.request_timeout
     answer = timeout_answer(timeout)
-    arrived = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
+    # A request with an Upgrade header (curl --http2 sends "Upgrade: h2c") is in whole
+    # at MIGHT_SWITCH_PROTOCOL, not DONE: without it here, its long-poll or event stream
+    # would be cut at the deadline.
+    arrived = (
+        h11.DONE,
+        h11.MIGHT_SWITCH_PROTOCOL,
+        h11.SWITCHED_PROTOCOL,
+        h11.MUST_CLOSE,
+        h11.CLOSED,
+        h11.ERROR,
+    )
 
     class Bounded(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
