@@ -115,7 +115,7 @@ def protocol(settings: ApiSettings) -> type[asyncio.Protocol]:
     # would be cut at the deadline.
     arrived = (
         h11.DONE,
-        h11.MIGHT_SWITCH_PROTOCOL,
+        h11.MIGHT_SWITCH_PROTOCOL,  # type: ignore[attr-defined]  # public, not in __all__
         h11.SWITCHED_PROTOCOL,
         h11.MUST_CLOSE,
         h11.CLOSED,
