@@ -235,7 +235,29 @@ def test_request_errors_have_a_stable_code(agent: TestClient) -> None:
             400,
             "MALFORMED_BODY",
         ),
+        # json.loads raises other than JSONDecodeError on these: they were BAD_REQUEST
+        *(
+            (
+                agent.post(
+                    "/v1/tools/echo:invoke",
+                    content=body,
+                    headers={"Idempotency-Key": key(), "Content-Type": "application/json"},
+                ),
+                400,
+                "MALFORMED_BODY",
+            )
+            for body in (b'{"text": "\xff"}', b"[" * 5000 + b"]" * 5000, b"9" * 5000)
+        ),
         (invoke(agent, "echo", {"text": "x" * 300_000}), 413, "BODY_TOO_LARGE"),
+        (  # two keys: which operation was meant? (the first was taken)
+            agent.post(
+                "/v1/tools/echo:invoke",
+                json={"text": "x"},
+                headers=[("Idempotency-Key", key()), ("Idempotency-Key", key())],
+            ),
+            422,
+            "INVALID_REQUEST",
+        ),
         (agent.get("/v1/operations/run_0/missing"), 404, "OPERATION_NOT_FOUND"),
         (agent.get("/v1/nothing"), 404, "NOT_FOUND"),
         (agent.delete("/v1/tools"), 405, "METHOD_NOT_ALLOWED"),
@@ -246,6 +268,9 @@ def test_request_errors_have_a_stable_code(agent: TestClient) -> None:
         assert body["code"] == code and isinstance(body["message"], str)
         assert set(body) <= {"code", "message", "field_errors", "envelope"}
     assert cases[1][0].json()["field_errors"] == [{"field": "text", "rule": "string_type"}]
+    assert cases[-4][0].json()["field_errors"] == [
+        {"field": "header.Idempotency-Key", "rule": "single_header"}
+    ]
 
 
 def test_tokens_are_required_and_checked(app: FastAPI) -> None:
@@ -256,6 +281,8 @@ def test_tokens_are_required_and_checked(app: FastAPI) -> None:
     wrong = TestClient(app, headers={"Authorization": f"Bearer {AGENT}x"})
     assert wrong.get("/v1/tools").status_code == 401
     assert anonymous.get("/v1/health").json() == {"ok": True}
+    head = anonymous.head("/v1/health")  # as uptime checkers ask: it was a 405
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_tools_and_status(agent: TestClient) -> None:

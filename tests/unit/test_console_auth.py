@@ -122,6 +122,21 @@ def test_flash_messages_are_signed_and_short_lived() -> None:
     s = signer()
     cookie = s.flash([("ok", "done"), ("error", "nope")], NOW)
     assert s.read_flash(cookie, NOW + 30) == [("ok", "done"), ("error", "nope")]
+    # A bulk action's refusals, one per ref: they took the cookie past what was read
+    # back (1,024) from five on, and the next page showed none of them
+    refused = [
+        ("error", f"Cancel refused for run_{i:04}/{'x' * 150}: no such ref") for i in range(8)
+    ]
+    assert s.read_flash(s.flash([("ok", "Cancel: 2 of 10 cancelled."), *refused], NOW), NOW) == [
+        ("ok", "Cancel: 2 of 10 cancelled."),
+        *refused,
+    ]
+    # More than a browser keeps: the first ones, then how many more there were
+    many = s.flash([("ok", "y" * 400), *[("error", "\u00e9" * 300)] * 30], NOW)
+    assert len(many) <= 4000
+    shown = s.read_flash(many, NOW)
+    assert shown[0] == ("ok", "y" * 400) and 1 < len(shown) < 20
+    assert shown[-1] == ("error", f"… and {31 - len(shown) + 1} more not shown.")
     assert s.read_flash(cookie, NOW + 61) == []
     assert s.read_flash(_flip(cookie, 6), NOW) == []
     # a session cookie is not a flash cookie, nor the other way round
@@ -256,6 +271,9 @@ def test_unknown_pages_are_html_404s_and_static_assets_are_served(client: TestCl
     assert client.get("/ui/static/console.js").status_code == 200
     assert client.get("/ui/static/console.css").headers["content-type"].startswith("text/css")
     assert client.get("/ui").status_code == 308
+    r = client.delete("/ui/operations")
+    assert r.status_code == 405 and "not allowed" in r.text
+    assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}  # it had none
 
 
 def test_without_tokens_only_loopback_clients_are_served() -> None:
@@ -293,3 +311,36 @@ def test_a_form_that_cannot_be_parsed_is_a_400_not_an_internal_error(client: Tes
         "/ui/actions/cancel", content=b"--x\r\n", headers={**broken, "X-Requested-With": "fetch"}
     )
     assert r.status_code == 400 and r.json()["ok"] is False
+
+
+@pytest.mark.parametrize("limit", ["\u00b2", "\u00b9\u00b2", "9" * 3000])
+def test_a_page_size_that_is_not_ascii_digits_is_a_422_not_an_internal_error(
+    client: TestClient, limit: str
+) -> None:
+    # "²".isdigit() is True but int("²") raises: the list page was a 500
+    _login(client, OPERATOR)
+    r = client.get("/ui/operations", params={"state": "queued", "limit": limit})
+    assert r.status_code == 422 and "a whole number from 1 to 500" in r.text
+    live = client.get("/ui/operations/live", params={"state": "queued", "limit": limit})
+    assert live.status_code == 200 and "Something went wrong" not in live.text
+
+
+@pytest.mark.parametrize(
+    "result",
+    ["[" * 5000 + "]" * 5000, "9" * 5000],
+    ids=["nested too deep", "a number over 4,300 digits"],
+)
+def test_a_resolve_result_json_cannot_read_is_refused_not_an_internal_error(
+    client: TestClient, result: str
+) -> None:
+    # Given an operator's resolve form whose result json.loads raises on (not as a
+    # JSONDecodeError): RecursionError, ValueError
+    csrf = _login(client, OPERATOR)
+    form = {"csrf": csrf, "ref": "r1", "outcome": "committed", "reason": "seen", "result": result}
+
+    # Then the form is refused, by a page and by JSON for the page's script (both were 500s)
+    r = client.post("/ui/actions/resolve", data=form)
+    assert r.status_code == 303 and r.headers["location"] == "/ui/operation?ref=r1"
+    r = client.post("/ui/actions/resolve", data=form, headers={"X-Requested-With": "fetch"})
+    assert r.status_code == 422 and r.json()["ok"] is False
+    assert "BAD_RESULT" in r.json()["message"]

@@ -157,6 +157,7 @@ def test_the_form_posted_back_unchanged_is_the_current_arguments() -> None:
         ({"password": "hunter2-new"}, {"password": "hunter2-new"}, {}),
         ({"tags": '["x"]'}, {"tags": ["x"]}, {}),
         ({"tags": "[x"}, {}, {"tags": "is not valid JSON"}),
+        ({"tags": "[" * 5000 + "]" * 5000}, {}, {"tags": "is nested too deep"}),  # was a 500
         ({"address": ""}, {"address": None}, {}),
         ({"note": ""}, {"note": ""}, {}),
         ({"memo": ""}, {"memo": CURRENT["memo"]}, {}),  # withheld: empty keeps it

@@ -15,6 +15,7 @@ import pytest
 from toolq.core import errors
 from toolq.core.envelope import ToolError
 from toolq.core.states import State
+from toolq.decisions import operations
 from toolq.decisions.recovery import operator, outcome
 from toolq.decisions.recovery.transition import Transition
 
@@ -163,3 +164,21 @@ def test_approve_and_input_keep_their_guards() -> None:
         view(State.NEEDS_INPUT, blocked_fp="f0"), "{}", "f2", NOW, POLICY, MESSAGES
     )
     assert fix.expect == {"*": {"rev": "7", "blocked_fp": "f0"}}
+
+
+def test_a_cancel_that_lost_a_race_to_another_cancel_is_done_too() -> None:
+    # Given two cancels (and an approve) made from one read of an operation
+    v = view(State.AWAITING_APPROVAL)
+    cancel = operator.cancel(v, POLICY, "operator:alice")
+    approve = operator.approve(v, NOW, POLICY, MESSAGES)
+    assert cancel is not None
+
+    # When the ledger answers that it moved on meanwhile: a cancel that finds it
+    # cancelled is done (as one made after it is), one that finds it queued is not
+    assert operations.applied(cancel, "ok") is State.CANCELLED
+    assert operations.applied(cancel, "cancelled") is State.CANCELLED
+    with pytest.raises(errors.InvalidState, match="changed meanwhile"):
+        operations.applied(cancel, "queued")
+    # an approve that lost is refused even where the winner made it queued
+    with pytest.raises(errors.InvalidState, match="changed meanwhile"):
+        operations.applied(approve, "queued")

@@ -193,7 +193,14 @@ def submitted(op: NewOperation, outcome: str, state: State) -> Submission:
 
 
 def applied(t: Transition, answer: str) -> State:
-    """An operator action's answer: the state it moved to, or why not."""
+    """An operator action's answer: the state it moved to, or why not.
+
+    A cancel that lost a race to another is done all the same: cancelling what is
+    cancelled already answers ``cancelled`` (``recovery.operator.cancel``), and two
+    operators (or one double click) cancelling at once got a 409 for one of them.
+    """
+    if answer == State.CANCELLED and t.to is State.CANCELLED:
+        return t.to
     if answer != "ok":
         raise errors.InvalidState(
             f"operation changed meanwhile (now {answer}); read it again", state=answer

@@ -21,7 +21,7 @@ Endpoints, all JSON; an operation ref may contain ``/`` (``run_81/step_4``)::
     POST /v1/deps/{key}:close             close its breaker (body: reason)       scope resolve
     GET  /v1/tools                        each tool's input schema, writes       scope read
     GET  /v1/status                       ``toolq status --json``, plus overview scope read
-    GET  /v1/health                       Redis answers; no token needed
+    GET  /v1/health                       Redis answers; no token needed (HEAD too)
     GET  /openapi.json, /docs, /redoc     the OpenAPI document; the docs pages load
                                           nothing from the network
     GET  /ui/                             the operator's console (:mod:`toolq.edges.api.console`):
@@ -54,6 +54,7 @@ Settings (:class:`ApiSettings`, env prefix ``TOOLQ_API_``)::
     TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal   Host names answered besides loopback
     TOOLQ_API_MAX_URL_BYTES=4096   414 for a longer path and query, before any work
     TOOLQ_API_MAX_HEADER_BYTES=8192   431 for larger headers (:mod:`toolq.edges.api.sizes`)
+    TOOLQ_API_REQUEST_TIMEOUT=10   408 for a request not in whole by then (slow clients)
 
 Scopes: ``read``, ``invoke``, ``approve``, ``input``, ``cancel``, ``resolve``;
 ``*`` is all of them. Tokens are at least 16 characters and compared in constant time.

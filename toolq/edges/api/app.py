@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -153,6 +154,7 @@ def create_app(
         "/v1/tools/{name}:invoke", status_code=202, **route, dependencies=[_require("invoke")]
     )
     async def invoke(
+        request: Request,
         name: Annotated[str, Path(max_length=64)],
         args: Arguments,
         idempotency_key: IdempotencyKey,
@@ -162,6 +164,7 @@ def create_app(
         """Submit a tool call; follow it at ``Location``. With ``wait``, wait up to that
         long (bounded as ``GET``'s) for it to settle: 200 with its envelope if it did, else
         202 as without. A repeat (the same Idempotency-Key) waits the same way."""
+        _single(request, "Idempotency-Key", "X-Call-Id")
         sub = await tq.aio.submit(name, args, operation_ref=idempotency_key, call_id=call_id)
         if wait > 0:
             with contextlib.suppress(TimeoutError):
@@ -382,7 +385,21 @@ def create_app(
         await tq.aio.ping()  # a RedisError is the 503
         return {"ok": True}
 
+    # Uptime checkers often ask with HEAD (FastAPI adds it to no GET route): a 405 read
+    # as "down". Left out of the OpenAPI document, as GET says the same.
+    app.add_api_route("/v1/health", health, methods=["HEAD"], include_in_schema=False)
+
     return app
+
+
+def _single(request: Request, *names: str) -> None:
+    """A header that names the operation may be sent once: with two, FastAPI took the
+    first, and which operation was meant is a guess."""
+    sent = [n for n in names if len(request.headers.getlist(n)) > 1]
+    if sent:
+        raise RequestValidationError(
+            [{"type": "single_header", "loc": ("header", n)} for n in sent]
+        )
 
 
 def serve_api(

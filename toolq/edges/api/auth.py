@@ -49,6 +49,11 @@ class ApiSettings(BaseSettings):
     #: A browser sends every cookie it holds for the host (cookies ignore ports):
     #: raise it if other apps on localhost set large ones.
     max_header_bytes: int = Field(default=8192, ge=1024, le=65536)
+    #: Seconds a request (line, headers and body) may take to arrive, from its
+    #: connection opening or the previous response on it; else 408 and the connection
+    #: is closed. Without it a connection sending half a header was held forever, and
+    #: enough of them took every file descriptor: the API answered no one.
+    request_timeout: float = Field(default=10.0, gt=0, le=300)
     #: Host names (or addresses) the server answers for besides loopback and its own
     #: specific bind address, any port: ``TOOLQ_API_ALLOWED_HOSTS=api,toolq.internal``.
     #: Every other Host is refused (421), so a rebound DNS name cannot reach it.

@@ -120,8 +120,16 @@ def _invalid(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+#: FastAPI's detail for a JSON body ``json.loads`` raised on with something other than
+#: a JSONDecodeError: invalid UTF-8, nesting deeper than the parser goes, an integer
+#: over Python's 4,300 digits. Malformed as much as ``{nope`` is, and said the same way.
+_UNPARSED_BODY = "There was an error parsing the body"
+
+
 def _http(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == _UNPARSED_BODY:
+        return error_response(400, "MALFORMED_BODY", "the body is not JSON this API reads")
     try:
         phrase = http.HTTPStatus(exc.status_code).phrase
     except ValueError:
@@ -174,11 +182,17 @@ def install(app: FastAPI, *, max_body: int, retry_after: float, watch: Watch) ->
     app.add_middleware(BodyLimitGuard, max_body=max_body)
 
 
+#: What :meth:`BodyLimitGuard._read` returns for a client gone before its body ended.
+_GONE = object()
+
+
 class BodyLimitGuard:
     """Bounds request bodies (413) and turns any escaped exception into a bare 500.
 
     It sits inside Starlette's ServerErrorMiddleware, which would answer but
-    then re-raise; nothing escapes this one.
+    then re-raise; nothing escapes this one. A body cut short (the client left
+    before sending all of it) reaches no route: a write's arguments must not be
+    what a connection happened to carry when it dropped.
     """
 
     def __init__(self, app: ASGIApp, max_body: int) -> None:
@@ -199,7 +213,9 @@ class BodyLimitGuard:
         try:
             if scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
                 body = await self._read(scope, receive)
-                if body is None:
+                if body is _GONE:
+                    return  # no one to answer, nothing to act on
+                if not isinstance(body, bytes):
                     message = f"the body is larger than {self.max_body} bytes"
                     await send_json(send, 413, {"code": "BODY_TOO_LARGE", "message": message})
                     return
@@ -210,7 +226,8 @@ class BodyLimitGuard:
             if not started:
                 await send_json(send, 500, INTERNAL)
 
-    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | object | None:
+        """The whole body; None if it is over the limit, :data:`_GONE` if the client left."""
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body:
                 return None
@@ -219,7 +236,7 @@ class BodyLimitGuard:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return b"".join(chunks)
+                return _GONE  # http.disconnect
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:

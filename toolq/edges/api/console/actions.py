@@ -184,6 +184,14 @@ def _json_field(text: str) -> Any:
             f"the result is not valid JSON ({exc.msg} at position {exc.pos})",
             code_hint="BAD_RESULT",
         ) from None
+    except (ValueError, RecursionError):
+        # An integer over Python's 4,300 digits, or nesting deeper than the parser
+        # goes: both were a 500.
+        raise errors.InvalidArguments(
+            "the result is not JSON data this console reads (too long a number, or "
+            "nested too deep)",
+            code_hint="BAD_RESULT",
+        ) from None
 
 
 def _status(exc: errors.RequestRefused) -> int:

@@ -158,6 +158,8 @@ def _read(f: FormField, raw: str) -> Any:
         return json.loads(text)
     except ValueError:
         raise ValueError("is not valid JSON") from None
+    except RecursionError:  # was a 500
+        raise ValueError("is nested too deep") from None
 
 
 # --------------------------------------------------------------------------- the schema

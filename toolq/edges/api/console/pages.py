@@ -6,6 +6,7 @@ fetches again.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from toolq.client.queue import ToolQueue
 
 PAGE_SIZES = (25, 50, 100, 200)
+_LIMIT = re.compile(r"[0-9]{1,3}")
 #: The list's ``state`` for every state (what a search shows unless one is asked for).
 ALL = "all"
 #: Hours the overview's charts cover.
@@ -124,7 +126,9 @@ class Pages:
         except ValueError as exc:
             older = None
             problems["older_than"] = str(exc)
-        limit = int(limit_text) if limit_text.isdigit() and 0 < int(limit_text) <= 500 else 0
+        # ASCII digits: str.isdigit() also takes "²", which int() refuses (a 500 once).
+        limit = int(limit_text) if _LIMIT.fullmatch(limit_text) else 0
+        limit = limit if 0 < limit <= 500 else 0
         if not limit:
             problems["limit"] = "a whole number from 1 to 500"
         page = None

@@ -185,7 +185,9 @@ class Console:
         if exc.status_code == 404:
             return self._error(request, 404, "Not found", "There is no such page.")
         if exc.status_code == 405:
-            return self._error(request, 405, "Not allowed", "That method is not allowed here.")
+            page = self._error(request, 405, "Not allowed", "That method is not allowed here.")
+            page.headers.update(exc.headers or {})  # Allow: a 405 must say what is
+            return page
         return self._error(request, exc.status_code, "Error", "The request could not be served.")
 
     # ------------------------------------------------------------------ login

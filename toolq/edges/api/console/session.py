@@ -57,6 +57,10 @@ CSRF_FIELD = "csrf"
 _VERSION = "v1"
 #: The longest cookie value read at all: anything longer is not one of ours.
 _MAX_COOKIE = 1024
+#: The longest flash cookie, written or read: what a browser keeps (4,096 bytes with
+#: the name), with room. A bulk action's refusals took more than 1,024 from five on,
+#: and the next page showed none of its messages.
+_MAX_FLASH = 4000
 
 
 class ConsoleSettings(BaseSettings):
@@ -136,8 +140,10 @@ class Signer:
         body = _b64(json.dumps(payload, separators=(",", ":")).encode())
         return f"{_VERSION}.{body}.{self._mac(purpose, body.encode())}"
 
-    def _open(self, purpose: bytes, value: str | None) -> dict[str, Any] | None:
-        if not value or len(value) > _MAX_COOKIE:
+    def _open(
+        self, purpose: bytes, value: str | None, longest: int = _MAX_COOKIE
+    ) -> dict[str, Any] | None:
+        if not value or len(value) > longest:
             return None
         version, _, rest = value.partition(".")
         body, _, mac = rest.partition(".")
@@ -187,11 +193,19 @@ class Signer:
     # ------------------------------------------------------------------ flash messages
 
     def flash(self, messages: list[tuple[str, str]], now: float) -> str:
-        """A cookie carrying ``(level, text)`` messages to the next page (for a minute)."""
-        return self._seal(b"flash", {"m": [list(m) for m in messages[:20]], "e": int(now) + 60})
+        """A cookie carrying ``(level, text)`` messages to the next page (for a minute):
+        the first ones that fit in :data:`_MAX_FLASH`, then how many more there were."""
+        kept = [(level, text[:500]) for level, text in messages[:20]]
+        more = [level for level, _text in messages[20:]]
+        while True:
+            shown = [*kept, (more[-1], f"… and {len(more)} more not shown.")] if more else kept
+            value = self._seal(b"flash", {"m": [list(m) for m in shown], "e": int(now) + 60})
+            if len(value) <= _MAX_FLASH or not kept:
+                return value
+            more.insert(0, kept.pop()[0])
 
     def read_flash(self, cookie: str | None, now: float) -> list[tuple[str, str]]:
-        data = self._open(b"flash", cookie)
+        data = self._open(b"flash", cookie, _MAX_FLASH)
         if data is None or not isinstance(data.get("e"), int) or data["e"] < now:
             return []
         out: list[tuple[str, str]] = []
