@@ -82,10 +82,11 @@ def canonical_args(tool: Tool[Any], args: Any, limits: LimitSettings) -> str:
     model = tool.validate(args)
     try:
         canonical = canonical_json(model)
+        size = len(canonical.encode())  # UnicodeEncodeError (a ValueError): a lone surrogate
     except (TypeError, ValueError):
         raise errors.InvalidArguments("arguments are not JSON-serialisable") from None
     cap = limits.max_args_bytes
-    if len(canonical.encode()) > cap:
+    if size > cap:
         raise errors.InvalidArguments(f"arguments are larger than the {cap}-byte limit", limit=cap)
     return canonical
 
