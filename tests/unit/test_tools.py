@@ -479,3 +479,23 @@ def test_is_async_is_asked_once_per_function(monkeypatch: pytest.MonkeyPatch) ->
     t.fn = sfn
     assert not t.is_async and not t.is_async
     assert asked == [afn, sfn]
+
+
+def test_a_callable_without_a_name_is_refused_asking_for_one(tq: ToolQueue) -> None:
+    class Lookup:
+        def __call__(self, args: Args) -> int:
+            return args.n
+
+    # It had no __name__ (AttributeError); an int name reached re (TypeError)
+    with pytest.raises(ValueError, match=r"tool name None is not an identifier \(name= gives"):
+        tq.tool(Lookup())
+    with pytest.raises(ValueError, match="tool name 5 is not an identifier"):
+        tq.tool(name=5)(Lookup())  # type: ignore[arg-type]
+    assert invoke(tq.tool(name="lookup")(Lookup()), 4) == 4
+
+
+@pytest.mark.parametrize("name", [5, None, ["echo"], b"echo"])
+def test_a_tool_name_that_is_not_a_string_is_an_unknown_tool(tq: ToolQueue, name: Any) -> None:
+    # It was TypeError: 'int' object is not subscriptable (or unhashable type: 'list')
+    with pytest.raises(errors.UnknownTool):
+        tq.submit(name, {})

@@ -203,7 +203,11 @@ def args_model_for(fn: Callable[..., Any], name: str) -> type[BaseModel]:
     params = list(inspect.signature(fn).parameters.values())
     if not params:
         return create_model(f"{name}_args")
-    hints = typing.get_type_hints(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except TypeError:  # a callable object, a functools.partial: its signature's annotations
+        signed = inspect.signature(fn, eval_str=True).parameters.values()
+        hints = {p.name: p.annotation for p in signed}
     first = hints.get(params[0].name)
     if isinstance(first, type) and issubclass(first, BaseModel):
         return first
@@ -228,8 +232,8 @@ class Registry:
     def get(self, name: str) -> Tool[Any]:
         try:
             return self._tools[name]
-        except KeyError:
-            raise errors.UnknownTool(f"no tool named {name[:80]!r}") from None
+        except (KeyError, TypeError):  # TypeError: not even hashable, so not a name
+            raise errors.UnknownTool(f"no tool named {str(name)[:80]!r}") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
