@@ -13,7 +13,7 @@ import asyncio
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import fakeredis
@@ -499,3 +499,18 @@ def test_a_tool_name_that_is_not_a_string_is_an_unknown_tool(tq: ToolQueue, name
     # It was TypeError: 'int' object is not subscriptable (or unhashable type: 'list')
     with pytest.raises(errors.UnknownTool):
         tq.submit(name, {})
+
+
+class Hook(BaseModel):
+    on_done: Callable[[int], int] = abs
+
+
+def test_arguments_without_a_json_schema_are_refused_at_registration(tq: ToolQueue) -> None:
+    # Registered, such a tool made MCP's tools/list answer "internal error" for every tool
+    with pytest.raises(TypeError, match=r"tool hook: its arguments \(Hook\) have no JSON Schema"):
+
+        @tq.tool
+        def hook(args: Hook) -> int:
+            return args.on_done(1)
+
+    assert "hook" not in tq.registry

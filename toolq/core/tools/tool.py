@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import BaseModel, PydanticUserError, ValidationError, create_model
 
 from toolq.core import errors
 from toolq.core.deps import Limits
@@ -67,6 +67,13 @@ class Tool(Generic[R]):
                 f"tool {name}: an async generator cannot be a tool; return the result "
                 f"(async def {name}(args, ctx) -> Result)"
             )
+        try:  # what MCP's tools/list and every framework adapter show: one bad one failed all
+            args_model.model_json_schema()
+        except PydanticUserError as exc:  # a field JSON cannot carry (a Callable, ...)
+            raise TypeError(
+                f"tool {name}: its arguments ({args_model.__name__}) have no JSON Schema: "
+                f"{str(exc).splitlines()[0][:160]}; arguments arrive as JSON"
+            ) from None
         self.name = name
         self.fn = fn
         self.args_model = args_model
