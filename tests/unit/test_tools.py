@@ -20,7 +20,7 @@ import fakeredis
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from toolq import CallContext, Jitter, ToolOptions, ToolQueue
+from toolq import CallContext, Jitter, State, ToolOptions, ToolQueue
 from toolq.core import errors
 from toolq.core.settings import LeaseSettings, LimitSettings, ToolqSettings
 from toolq.core.tools import Tool, thread_loop
@@ -398,6 +398,26 @@ def test_a_call_id_one_over_the_limit_is_refused(limited: ToolQueue) -> None:
     with pytest.raises(errors.InvalidArguments, match="call_id must be a string of at most 40"):
         limited.submit("read", {}, operation_ref="c/2", call_id="c" * 41)
     assert limited.get("c/2") is None
+
+
+@pytest.mark.parametrize("call_id", ["x\ny", "tab\there", "a\u2028b", "\x00", "\ud800"])
+def test_a_call_id_no_envelope_can_carry_is_refused_and_nothing_written(
+    limited: ToolQueue, call_id: str
+) -> None:
+    # It was taken; every envelope of the operation then failed to build in the worker
+    # (a ValidationError past the task), and the read ran again at each lease expiry
+    with pytest.raises(errors.InvalidArguments, match="on one line, without control"):
+        limited.submit("read", {}, operation_ref="cid/1", call_id=call_id)
+    assert limited.get("cid/1") is None
+
+
+@pytest.mark.parametrize("call_id", ["", "a b", "toolu_01A/é", "c" * 40])
+def test_a_call_id_taken_settles_with_it(limited: ToolQueue, call_id: str) -> None:
+    ref = limited.submit("read", {}, operation_ref="cid/2", call_id=call_id).operation_ref
+    limited.runtime.run_attempt(ref, 1)
+    rec = limited.get(ref)
+    assert rec is not None and rec.state is State.SUCCEEDED
+    assert rec.envelope is not None and rec.envelope.call_id == (call_id or None)
 
 
 @pytest.mark.parametrize(
