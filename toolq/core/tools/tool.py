@@ -5,12 +5,14 @@ from __future__ import annotations
 import inspect
 import logging
 import typing
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, PydanticUserError, ValidationError, create_model
+from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from toolq.core import errors
 from toolq.core.deps import Limits
@@ -68,7 +70,9 @@ class Tool(Generic[R]):
                 f"(async def {name}(args, ctx) -> Result)"
             )
         try:  # what MCP's tools/list and every framework adapter show: one bad one failed all
-            args_model.model_json_schema()
+            with warnings.catch_warnings():  # said where the schema is shown, not at import
+                warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+                args_model.model_json_schema()
         except PydanticUserError as exc:  # a field JSON cannot carry (a Callable, ...)
             raise TypeError(
                 f"tool {name}: its arguments ({args_model.__name__}) have no JSON Schema: "
