@@ -15,7 +15,6 @@ import pytest
 from toolq.core import errors
 from toolq.core.envelope import ToolError
 from toolq.core.states import State
-from toolq.decisions import operations
 from toolq.decisions.recovery import operator, outcome
 from toolq.decisions.recovery.transition import Transition
 
@@ -164,21 +163,3 @@ def test_approve_and_input_keep_their_guards() -> None:
         view(State.NEEDS_INPUT, blocked_fp="f0"), "{}", "f2", NOW, POLICY, MESSAGES
     )
     assert fix.expect == {"*": {"rev": "7", "blocked_fp": "f0"}}
-
-
-# --------------------------------------------------------------------------- two at once
-
-
-def test_a_cancel_that_finds_it_cancelled_meanwhile_is_answered_cancelled() -> None:
-    # Two cancels read it queued; the ledger refuses the second, the first has cancelled it
-    t = operator.cancel(view(State.QUEUED), POLICY, "mcp:cancel_operation")
-    assert t is not None
-    assert operations.applied(t, str(State.CANCELLED)) is State.CANCELLED
-    # as a cancel that read it cancelled would be: no transition, cancelled
-    assert operator.cancel(view(State.CANCELLED), POLICY) is None
-    # any other action, or a cancel that lost to another state, is still refused
-    with pytest.raises(errors.InvalidState):
-        operations.applied(t, str(State.RUNNING))
-    approve = operator.approve(view(State.AWAITING_APPROVAL), NOW, POLICY, MESSAGES)
-    with pytest.raises(errors.InvalidState):
-        operations.applied(approve, str(State.CANCELLED))

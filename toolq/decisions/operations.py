@@ -215,13 +215,7 @@ def submitted(op: NewOperation, outcome: str, state: State) -> Submission:
 
 
 def applied(t: Transition, answer: str) -> State:
-    """An operator action's answer: the state it moved to, or why not.
-
-    A cancel that finds the operation cancelled meanwhile (two at once: an agent's
-    and an operator's, or a client's retry) is answered as one that came after it:
-    cancelled, as asked (:func:`toolq.decisions.recovery.operator.cancel`)."""
-    if answer == State.CANCELLED and t.to is State.CANCELLED:
-        return State.CANCELLED
+    """An operator action's answer: the state it moved to, or why not."""
     if answer != "ok":
         raise errors.InvalidState(
             f"operation changed meanwhile (now {answer}); read it again", state=answer
