@@ -24,6 +24,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.types import CallToolResult, RequestParamsMeta, TextContent
+from pydantic import BaseModel
 
 from tests.helpers import (
     REPO_ROOT,
@@ -337,6 +338,39 @@ def test_refusals_are_envelopes(server: Server[Any]) -> None:
     bad_ref = parse_envelope(cases[2][0].structured_content)
     assert isinstance(bad_ref, ToolError) and bad_ref.field_errors
     assert bad_ref.field_errors[0].field == "_meta.operation_ref"
+
+
+class Free(BaseModel):
+    text: str = ""  # no constraint: pydantic checks a constrained str's Unicode itself
+    amount: float = 0.0
+
+
+def test_arguments_json_cannot_hold_are_a_refusal_and_write_nothing(
+    module_redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A lone surrogate ("\ud800": json.loads and the in-memory client pass it, UTF-8
+    # does not) was INTERNAL_ERROR, "needs an operator", with a traceback in the log;
+    # "inf" for a float was written to the ledger as Infinity, which JSON has not
+    own = ToolQueue(redis_url=module_redis_url, name="mcp-unjsonable")
+
+    @own.tool(writes=True)
+    def free(args: Free) -> None:
+        """Never run: every call here is refused before it is submitted."""
+
+    caplog.set_level(logging.ERROR, logger="toolq.mcp")
+    try:
+        for ref, args in [
+            ("run_mcp/lone", {"text": "\ud800"}),
+            ("run_mcp/lone_low", {"text": "a\udc80b"}),
+            ("run_mcp/inf", {"amount": "inf"}),
+        ]:
+            env = error_of(call(create_server(own), "free", args, meta={"operation_ref": ref}))
+            assert (env.code, env.next_action) == ("INVALID_ARGUMENTS", "correct_input"), ref
+            assert env.commit_state == "not_committed"
+            assert own.get(ref) is None
+    finally:
+        own.close()
+    assert not [r for r in caplog.records if r.name == "toolq.mcp"]
 
 
 def test_cancel_operation(server: Server[Any]) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from toolq.client.app import App
 from toolq.core.layout import Cells, SingleTag
 from toolq.core.settings import ToolqSettings
@@ -21,6 +24,16 @@ def test_configure_stops_the_lease_thread() -> None:
     thread.join()
     assert not thread.is_alive()
     assert app.runtime is not None and app.runtime.leases is not leases
+    app.close()
+
+
+def test_a_refused_url_leaves_the_app_on_the_one_it_had() -> None:
+    app = App("redis://127.0.0.1:1/0")
+    for bad in ("http://:s3cret@elsewhere:1/0", "redis://127.0.0.1:99999/0"):
+        with pytest.raises(ValidationError) as refused:
+            app.configure(redis_url=bad)
+        assert "s3cret" not in str(refused.value)
+        assert app.redis_url == "redis://127.0.0.1:1/0"  # was the refused one
     app.close()
 
 

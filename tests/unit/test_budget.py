@@ -489,6 +489,28 @@ def test_the_scheduler_escalates_a_queued_operation_past_its_deadline(
     assert _deliver(tq) == "stale" and calls == []
 
 
+def test_a_record_the_scheduler_cannot_decide_does_not_hold_back_its_batch(
+    fake_redis: fakeredis.FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given two operations past their deadline, one with a call_id no envelope can carry
+    # (what tq.submit took before it checked: such records may be in a ledger already)
+    clock = Clock()
+    tq, _ = _app(fake_redis, clock)
+    bad, good = (tq.submit("pay", {"n": 1}).operation_ref for _ in range(2))
+    tq.redis.hset(tq.ledger.keys_of(bad).op(bad), "call_id", "line\nbreak")
+    clock.now += 5.0
+
+    # When the scheduler takes them in one batch
+    Scheduler(tq.app).tick()
+
+    # Then the other one is escalated, and the one it cannot decide is said by its ref
+    # (the batch raised: no item of it was handled, round after round)
+    assert _history(tq, good)[-1] == (State.QUEUED, State.ESCALATED, "DEADLINE_EXCEEDED")
+    assert tq.ledger.fields(bad, "state")["state"] == State.QUEUED
+    said = [r.getMessage() for r in caplog.records if r.name == "toolq.scheduler"]
+    assert said == [f"scheduler: {bad} (escalate) passed over: its transition failed"]
+
+
 # ---------------------------------------------------------------- escalated envelopes say so
 
 FAILURES: list[Callable[[], BaseException]] = [

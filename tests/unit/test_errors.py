@@ -224,6 +224,8 @@ def test_verification_tool_only_on_unknown_outcomes() -> None:
         (float("nan"), NOW + timedelta(seconds=DEFAULT_UNAVAILABLE_DELAY)),
         (float("inf"), NOW + timedelta(seconds=DEFAULT_UNAVAILABLE_DELAY)),
         (10**12, NOW + MAX_RETRY_DELAY),
+        (1e300, NOW + MAX_RETRY_DELAY),  # was OverflowError from timedelta()
+        (10**400, NOW + MAX_RETRY_DELAY),  # was OverflowError from float()
         (NOW + timedelta(minutes=1), NOW + timedelta(minutes=1)),
         (NOW - timedelta(minutes=1), NOW),  # already past: now
         (NOW + timedelta(days=400), NOW + MAX_RETRY_DELAY),

@@ -86,3 +86,24 @@ def test_the_async_client_gets_every_seed_in_order_with_the_first_urls_options()
         kwargs = node.connection_kwargs
         assert kwargs["username"] == "u" and kwargs["password"] == SECRET
         assert node.connection_class.__name__ == "SSLConnection"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://:{SECRET}@h/0",
+        f"redis://:{SECRET}@a:7000,b:7001/0",
+        f"redis://:{SECRET}@127.0.0.1:99999/0",  # a port out of range
+        f"redis://u:{SECRET}@[::1/0",  # an IPv6 host without its closing bracket
+    ],
+)
+def test_a_bad_url_is_refused_at_once_and_no_message_quotes_it(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pydantic's own text ends with ``input_value='<the url>'`` unless told not to; the
+    # environment (and a plain str) gives it the URL itself, not a SecretStr
+    monkeypatch.setenv("TOOLQ_REDIS_URL", url)
+    for make in (ToolqSettings, ToolQueue, lambda: ToolqSettings(redis_url=url)):
+        with pytest.raises(ValidationError) as caught:
+            make()
+        assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)

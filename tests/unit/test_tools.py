@@ -13,14 +13,14 @@ import asyncio
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import fakeredis
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from toolq import CallContext, Jitter, ToolOptions, ToolQueue
+from toolq import CallContext, Jitter, State, ToolOptions, ToolQueue
 from toolq.core import errors
 from toolq.core.settings import LeaseSettings, LimitSettings, ToolqSettings
 from toolq.core.tools import Tool, thread_loop
@@ -400,6 +400,26 @@ def test_a_call_id_one_over_the_limit_is_refused(limited: ToolQueue) -> None:
     assert limited.get("c/2") is None
 
 
+@pytest.mark.parametrize("call_id", ["x\ny", "tab\there", "a\u2028b", "\x00", "\ud800"])
+def test_a_call_id_no_envelope_can_carry_is_refused_and_nothing_written(
+    limited: ToolQueue, call_id: str
+) -> None:
+    # It was taken; every envelope of the operation then failed to build in the worker
+    # (a ValidationError past the task), and the read ran again at each lease expiry
+    with pytest.raises(errors.InvalidArguments, match="on one line, without control"):
+        limited.submit("read", {}, operation_ref="cid/1", call_id=call_id)
+    assert limited.get("cid/1") is None
+
+
+@pytest.mark.parametrize("call_id", ["", "a b", "toolu_01A/é", "c" * 40])
+def test_a_call_id_taken_settles_with_it(limited: ToolQueue, call_id: str) -> None:
+    ref = limited.submit("read", {}, operation_ref="cid/2", call_id=call_id).operation_ref
+    limited.runtime.run_attempt(ref, 1)
+    rec = limited.get(ref)
+    assert rec is not None and rec.state is State.SUCCEEDED
+    assert rec.envelope is not None and rec.envelope.call_id == (call_id or None)
+
+
 @pytest.mark.parametrize(
     ("ref", "ok"),
     [
@@ -479,3 +499,53 @@ def test_is_async_is_asked_once_per_function(monkeypatch: pytest.MonkeyPatch) ->
     t.fn = sfn
     assert not t.is_async and not t.is_async
     assert asked == [afn, sfn]
+
+
+def test_a_callable_without_a_name_is_refused_asking_for_one(tq: ToolQueue) -> None:
+    class Lookup:
+        def __call__(self, args: Args) -> int:
+            return args.n
+
+    # It had no __name__ (AttributeError); an int name reached re (TypeError)
+    with pytest.raises(ValueError, match=r"tool name None is not an identifier \(name= gives"):
+        tq.tool(Lookup())
+    with pytest.raises(ValueError, match="tool name 5 is not an identifier"):
+        tq.tool(name=5)(Lookup())  # type: ignore[arg-type]
+    assert invoke(tq.tool(name="lookup")(Lookup()), 4) == 4
+
+
+@pytest.mark.parametrize("name", [5, None, ["echo"], b"echo"])
+def test_a_tool_name_that_is_not_a_string_is_an_unknown_tool(tq: ToolQueue, name: Any) -> None:
+    # It was TypeError: 'int' object is not subscriptable (or unhashable type: 'list')
+    with pytest.raises(errors.UnknownTool):
+        tq.submit(name, {})
+
+
+class Hook(BaseModel):
+    on_done: Callable[[int], int] = abs
+
+
+def test_arguments_without_a_json_schema_are_refused_at_registration(tq: ToolQueue) -> None:
+    # Registered, such a tool made MCP's tools/list answer "internal error" for every tool
+    with pytest.raises(TypeError, match=r"tool hook: its arguments \(Hook\) have no JSON Schema"):
+
+        @tq.tool
+        def hook(args: Hook) -> int:
+            return args.on_done(1)
+
+    assert "hook" not in tq.registry
+
+
+class Marker(BaseModel):
+    model_config = {"arbitrary_types_allowed": True}
+    tag: Any = object()  # no JSON for the default: its schema leaves it out, with a warning
+
+
+def test_a_default_without_json_is_registered_without_a_warning(tq: ToolQueue) -> None:
+    # The check above must not turn pydantic's schema warning into an import-time one
+    # (an error under filterwarnings=error, as here)
+    @tq.tool
+    def mark(args: Marker) -> None:
+        return None
+
+    assert "mark" in tq.registry

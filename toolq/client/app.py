@@ -350,8 +350,11 @@ class App:
 
     def configure(self, *, redis_url: str) -> None:
         """Point this app (and its Celery app) at another server, before use."""
-        self.settings = self.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
-        ToolqSettings.model_validate(self.settings.model_dump())
+        # Checked before it is taken: a refused URL left the app on it (and on the old
+        # connections) before.
+        settings = self.settings.model_copy(update={"redis_url": SecretStr(redis_url)})
+        ToolqSettings.model_validate(settings.model_dump())
+        self.settings = settings
         with self._lock:
             if self._notifier is not None:
                 self._notifier.close()

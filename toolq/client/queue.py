@@ -152,9 +152,15 @@ class ToolQueue:
         opts = ToolOptions.parse(options, name)
 
         def register(f: Callable[..., R]) -> Tool[R]:
-            tool_name = name or f.__name__
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", tool_name):
-                raise ValueError(f"tool name {tool_name!r} is not an identifier")
+            # A callable object or a functools.partial has no __name__: name= names it.
+            tool_name = name or getattr(f, "__name__", None)
+            if not isinstance(tool_name, str) or not re.fullmatch(
+                r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", tool_name
+            ):
+                raise ValueError(
+                    f"tool name {tool_name!r} is not an identifier (name= gives one: "
+                    "a letter or _, then letters, digits, _ . -, at most 64)"
+                )
             t: Tool[R] = Tool(tool_name, f, args_model_for(f, tool_name), opts)
             self.registry.add(t)
             return t

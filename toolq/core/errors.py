@@ -510,10 +510,15 @@ def _delay_until(after: float | datetime | None, now: datetime) -> datetime:
     if isinstance(after, datetime):
         when = utc(after) if after.tzinfo is not None else after.replace(tzinfo=now.tzinfo)
         return min(max(when, now), now + MAX_RETRY_DELAY)
-    seconds = DEFAULT_UNAVAILABLE_DELAY if after is None else float(after)
+    try:
+        seconds = DEFAULT_UNAVAILABLE_DELAY if after is None else float(after)
+    except OverflowError:  # an int past any float: as long as a wait may be
+        seconds = MAX_RETRY_DELAY.total_seconds()
     if not math.isfinite(seconds) or seconds < 0:
         seconds = DEFAULT_UNAVAILABLE_DELAY
-    return now + min(timedelta(seconds=seconds), MAX_RETRY_DELAY)
+    # Capped before timedelta() takes it: past ~8.6e13 s it raises OverflowError (in the
+    # worker, after the tool ran: the attempt was never recorded).
+    return now + timedelta(seconds=min(seconds, MAX_RETRY_DELAY.total_seconds()))
 
 
 def error_envelope(

@@ -290,8 +290,10 @@ def seed_nodes(url: str) -> list[tuple[str, int]]:
 
 
 class ToolqSettings(BaseSettings):
+    #: ``hide_input_in_errors``: pydantic's message quotes the value refused
+    #: (``input_value='redis://:password@...'``) after toolq's redacted words.
     model_config = SettingsConfigDict(
-        env_prefix="TOOLQ_", env_nested_delimiter="__", extra="ignore"
+        env_prefix="TOOLQ_", env_nested_delimiter="__", extra="ignore", hide_input_in_errors=True
     )
 
     #: The ledger's server. On a Cluster (``cluster``), one URL may list several seed
@@ -367,6 +369,7 @@ class ToolqSettings(BaseSettings):
                 raise ValueError(
                     f"redis_url must start with redis://, rediss:// or unix://: {redact_url(url)}"
                 )
+            _check_address(url)
         return value
 
     @field_validator("broker_url", "broker_master_name", mode="before")
@@ -455,6 +458,21 @@ class ToolqSettings(BaseSettings):
     @property
     def safe_url(self) -> str:
         return redact_url(self.url) if self.redis_url else "(none)"
+
+
+def _check_address(url: str) -> None:
+    """Each seed's host and port readable (``ValueError``, redacted, if not): else the first
+    call fails with redis-py's bare "Port out of range 0-65535", not at start-up."""
+    for seed in seed_urls(url):  # its own ValueError says what is wrong, redacted
+        if seed.startswith("unix://"):
+            continue
+        try:
+            urlsplit(seed).port  # noqa: B018 (raises for a port out of range, or not a number)
+        except ValueError:  # not its words: they quote the "port", maybe a password
+            raise ValueError(
+                f"redis_url: a host or port cannot be read (a port is 0-65535; an IPv6 "
+                f"host is in brackets): {redact_url(url)}"
+            ) from None
 
 
 def settings_problem(exc: BaseException) -> str | None:

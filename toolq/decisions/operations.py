@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from toolq.core import errors
 from toolq.core import own_envelopes as envelopes
 from toolq.core.deps import DEP_KEY_PATTERN, is_dep_key
-from toolq.core.envelope import FieldError, ToolError, ToolSuccess
+from toolq.core.envelope import FieldError, Ref, ToolError, ToolSuccess
 from toolq.core.ids import uuid4_hex
 from toolq.core.record import load_envelope
 from toolq.core.settings import REF_RULE, LimitSettings
@@ -71,10 +73,29 @@ def check_ref(ref: object, limits: LimitSettings, field: str = "operation_ref") 
 
 
 def check_call_id(call_id: object, limits: LimitSettings) -> str:
+    """``call_id`` as the envelope will carry it (:data:`toolq.core.envelope.Ref`): one line,
+    no control character, UTF-8. Else every envelope of the operation failed to build
+    in the worker, and it never settled (a read was run again at each lease expiry)."""
     longest = limits.max_ref_length
-    if call_id is not None and (not isinstance(call_id, str) or len(call_id) > longest):
-        raise errors.InvalidArguments(f"call_id must be a string of at most {longest} characters")
+    if call_id is not None and (
+        not isinstance(call_id, str) or len(call_id) > longest or not _envelope_ref(call_id)
+    ):
+        raise errors.InvalidArguments(
+            f"call_id must be a string of at most {longest} characters on one line, "
+            "without control characters"
+        )
     return call_id or ""
+
+
+_REF = TypeAdapter(Ref)
+
+
+def _envelope_ref(text: str) -> bool:
+    try:
+        text.encode()  # a lone surrogate: UnicodeEncodeError
+        return text == "" or _REF.validate_python(text) == text
+    except (ValueError, ValidationError):
+        return False
 
 
 def canonical_args(tool: Tool[Any], args: Any, limits: LimitSettings) -> str:
@@ -82,10 +103,11 @@ def canonical_args(tool: Tool[Any], args: Any, limits: LimitSettings) -> str:
     model = tool.validate(args)
     try:
         canonical = canonical_json(model)
+        size = len(canonical.encode())  # UnicodeEncodeError (a ValueError): a lone surrogate
     except (TypeError, ValueError):
         raise errors.InvalidArguments("arguments are not JSON-serialisable") from None
     cap = limits.max_args_bytes
-    if len(canonical.encode()) > cap:
+    if size > cap:
         raise errors.InvalidArguments(f"arguments are larger than the {cap}-byte limit", limit=cap)
     return canonical
 

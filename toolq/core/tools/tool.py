@@ -5,12 +5,14 @@ from __future__ import annotations
 import inspect
 import logging
 import typing
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import BaseModel, PydanticUserError, ValidationError, create_model
+from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from toolq.core import errors
 from toolq.core.deps import Limits
@@ -67,6 +69,15 @@ class Tool(Generic[R]):
                 f"tool {name}: an async generator cannot be a tool; return the result "
                 f"(async def {name}(args, ctx) -> Result)"
             )
+        try:  # what MCP's tools/list and every framework adapter show: one bad one failed all
+            with warnings.catch_warnings():  # said where the schema is shown, not at import
+                warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
+                args_model.model_json_schema()
+        except PydanticUserError as exc:  # a field JSON cannot carry (a Callable, ...)
+            raise TypeError(
+                f"tool {name}: its arguments ({args_model.__name__}) have no JSON Schema: "
+                f"{str(exc).splitlines()[0][:160]}; arguments arrive as JSON"
+            ) from None
         self.name = name
         self.fn = fn
         self.args_model = args_model
@@ -203,7 +214,11 @@ def args_model_for(fn: Callable[..., Any], name: str) -> type[BaseModel]:
     params = list(inspect.signature(fn).parameters.values())
     if not params:
         return create_model(f"{name}_args")
-    hints = typing.get_type_hints(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except TypeError:  # a callable object, a functools.partial: its signature's annotations
+        signed = inspect.signature(fn, eval_str=True).parameters.values()
+        hints = {p.name: p.annotation for p in signed}
     first = hints.get(params[0].name)
     if isinstance(first, type) and issubclass(first, BaseModel):
         return first
@@ -228,8 +243,8 @@ class Registry:
     def get(self, name: str) -> Tool[Any]:
         try:
             return self._tools[name]
-        except KeyError:
-            raise errors.UnknownTool(f"no tool named {name[:80]!r}") from None
+        except (KeyError, TypeError):  # TypeError: not even hashable, so not a name
+            raise errors.UnknownTool(f"no tool named {str(name)[:80]!r}") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools

@@ -295,14 +295,20 @@ def check_note(
 
 
 def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transition:
-    env = success_envelope(
-        c.ref,
-        c.tool.name,
-        c.call_id,
-        result,
-        ms_to_dt(now_ms),
-        evidence_ref=f"verification:{c.tool.verification_tool}",
-    )
+    """The verifier found the write. A result JSON cannot hold (an object, a lone
+    surrogate) is the verifier's failure: else the check raised past its task and
+    the operation sat in ``verifying`` with nothing recorded."""
+    try:
+        env = success_envelope(
+            c.ref,
+            c.tool.name,
+            c.call_id,
+            result,
+            ms_to_dt(now_ms),
+            evidence_ref=f"verification:{c.tool.verification_tool}",
+        )
+    except (TypeError, ValueError):
+        return verifier_failed(c, now_ms, policy, "result_not_json")
     guard = c.base("VERIFIED_COMMITTED", delete=(*VLEASE, *LEASE))
     note = check_note(c, "found")
     return terminal(

@@ -183,7 +183,13 @@ class Scheduler:
             tool = app.registry.get(snap.tool) if snap.tool in app.registry else None
             # the tool's own builders: its messages name it where Flower shows them
             messages = app.outbound_for(snap.tool)
-            t = for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
+            try:
+                t = for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
+            except Exception:  # one record it cannot decide must not hold back the batch
+                log.exception(
+                    "scheduler: %s (%s) passed over: its transition failed", snap.ref, d.action
+                )
+                continue
             if t is None:
                 if d.action is Action.DROP:
                     app.redis.zrem(app.ledger.keys_of(snap.ref).due, snap.ref)
