@@ -137,6 +137,13 @@ def test_scrub_identifier_refuses_instead_of_stripping(value: str, expected: str
         ("redis://user:pa:ss@host/0", "redis://user:***@host/0"),
         ("rediss://token0123@host:6380", "rediss://***@host:6380"),
         ("redis://localhost:6379/0", "redis://localhost:6379/0"),
+        # a password with no "@" after it reads as a port that is not one
+        ("redis://user:s3cret/0", "redis://user:***/0"),
+        ("redis://:s3cret", "redis://:***"),
+        ("redis://host:63a79/0", "redis://host:***/0"),
+        ("redis://host:/0", "redis://host:/0"),
+        ("redis://[::1]:6379/0", "redis://[::1]:6379/0"),
+        ("sentinel://s1:26379;sentinel://s2:pw", "sentinel://s1:26379;sentinel://s2:***"),
         ("redis://host/0?password=s3cret&db=1", "redis://host/0?password=***&db=1"),
         ("unix:///tmp/redis.sock?db=2", "unix:///tmp/redis.sock?db=2"),
         # kombu's Sentinel form: one address per Sentinel, each with the broker's password

@@ -211,6 +211,9 @@ def redact_url(url: str) -> str:
         return f"{user}:***@" if sep else "***@"
 
     out = re.sub(r"(?<=://)([^\s/?#]*)@", _userinfo, url)
+    # No "@": a "port" that is not digits is a password typed without the "@" after it
+    # (``redis://user:s3cret/0``); such a URL is refused, and its refusal quotes it.
+    out = re.sub(r"(?<=://)([^\s/?#@;\[\]:]*):(?![0-9]*(?:[/?#;\s]|$))[^\s/?#@;]+", r"\1:***", out)
     return re.sub(
         r"(?i)([?&;](?:[A-Za-z0-9_-]*(?:password|passwd|pwd|secret|token|key|auth|signature)"
         r"[A-Za-z0-9_-]*)=)[^&#\s]*",
