@@ -9,6 +9,7 @@ Processes, a real server and its restart are in tests/integration/test_aio.py.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -33,7 +34,9 @@ from toolq.adapters.notify import (
 )
 from toolq.core import errors
 from toolq.core.states import State
+from toolq.decisions import operations
 from toolq.decisions.operations import Seen
+from toolq.decisions.recovery import operator
 from toolq.decisions.recovery.transition import Transition
 
 
@@ -280,6 +283,13 @@ def test_bad_input_is_refused_with_typed_errors_and_nothing_written(tq: ToolQueu
             (errors.OperationNotFound, lambda: aio.provide_input("nosuch/1", {})),
             (errors.OperationNotFound, lambda: aio.cancel("nosuch/1")),
             (errors.OperationNotFound, lambda: anext(aio.watch("nosuch/1"))),
+            (errors.OperationNotFound, lambda: aio.cancel(None)),  # type: ignore[arg-type]
+            (TypeError, lambda: aio.wait("nosuch/1", timeout=None)),  # type: ignore[arg-type]
+            (ValueError, lambda: aio.wait("nosuch/1", timeout=math.nan)),
+            (TypeError, lambda: aio.call("noop", {}, timeout="3")),  # type: ignore[arg-type]
+            (errors.InvalidArguments, lambda: aio.cancel("nosuch/1", by="x\ud800")),
+            (errors.InvalidArguments, lambda: aio.approve("nosuch/1", by="two\nlines")),
+            (errors.InvalidArguments, lambda: aio.cancel("nosuch/1", by="")),
         ]
         for exc, attempt in refusals:
             with pytest.raises(exc):
@@ -291,6 +301,69 @@ def test_bad_input_is_refused_with_typed_errors_and_nothing_written(tq: ToolQueu
     run_aio(tq, body)
     # the ledger's meta records its format at the first connect: no operation's key
     assert set(tq.redis.keys("*")) - before == {tq.app.ledger.keys.meta.encode()}
+
+
+def test_the_sync_client_refuses_the_same_bad_input_and_writes_nothing(tq: ToolQueue) -> None:
+    before = set(tq.redis.keys("*"))
+    refusals: list[tuple[type[Exception], Callable[[], Any]]] = [
+        (errors.OperationNotFound, lambda: tq.wait(None)),  # type: ignore[arg-type]
+        (errors.OperationNotFound, lambda: tq.cancel(None)),  # type: ignore[arg-type]
+        (errors.OperationNotFound, lambda: tq.approve(5)),  # type: ignore[arg-type]
+        (errors.OperationNotFound, lambda: tq.retry_now("bad ref\n")),
+        (TypeError, lambda: tq.wait("nosuch/1", timeout=None)),  # type: ignore[arg-type]
+        (ValueError, lambda: tq.wait("nosuch/1", timeout=math.nan)),
+        (TypeError, lambda: tq.call("noop", {}, timeout="3")),  # type: ignore[arg-type]
+        (errors.InvalidArguments, lambda: tq.cancel("nosuch/1", by="x\ud800")),
+        (errors.InvalidArguments, lambda: tq.verify_now("nosuch/1", by="\x1b[31m")),
+        (errors.InvalidArguments, lambda: tq.resolve("nosuch/1", "committed", reason="r", by=7)),  # type: ignore[arg-type]
+    ]
+    for exc, attempt in refusals:
+        with pytest.raises(exc):
+            attempt()
+    assert tq.get(None) is None  # type: ignore[arg-type]
+    assert tq.get("bad ref") is None
+    assert set(tq.redis.keys("*")) - before <= {tq.app.ledger.keys.meta.encode()}
+
+
+@pytest.mark.parametrize(
+    ("timeout", "seconds"),
+    [(30, 30.0), (0.5, 0.5), (0, 0.0), (-3, 0.0), (math.inf, math.inf), (10**400, math.inf)],
+)
+def test_a_wait_lasts_its_timeout_clamped_at_zero(timeout: float, seconds: float) -> None:
+    assert operations.wait_seconds(timeout) == seconds
+
+
+@pytest.mark.parametrize(
+    ("timeout", "refusal"),
+    [(None, TypeError), ("3", TypeError), (True, TypeError), (math.nan, ValueError)],
+)
+def test_a_timeout_that_is_not_a_number_of_seconds_is_refused(
+    timeout: object, refusal: type[Exception]
+) -> None:
+    with pytest.raises(refusal, match="timeout must be a number of seconds"):
+        operations.wait_seconds(timeout)
+
+
+@pytest.mark.parametrize(
+    ("by", "taken"),
+    [
+        ("operator:cancel", True),
+        ("api:token-0123abcd", True),
+        ("console:Ana María", True),
+        ("", False),
+        ("   ", False),
+        ("two\nlines", False),
+        ("x\ud800", False),
+        ("a" * 201, False),
+        (None, False),
+    ],
+)
+def test_who_acts_is_one_line_of_printable_text(by: object, taken: bool) -> None:
+    if taken:
+        operator.check_actor(by)
+    else:
+        with pytest.raises(errors.InvalidArguments):
+            operator.check_actor(by)
 
 
 def test_a_ref_used_with_other_arguments_is_refused_by_the_async_submit(tq: ToolQueue) -> None:

@@ -208,7 +208,7 @@ class AsyncToolQueue:
         on_progress: OnProgress | None = None,
     ) -> ToolSuccess | ToolError:
         """Submit and wait in one: the envelope (as :meth:`wait`)."""
-        deadline = asyncio.get_running_loop().time() + max(0.0, timeout)
+        deadline = asyncio.get_running_loop().time() + operations.wait_seconds(timeout)
         try:
             b = await self._bound()
             with tracing.submitting(tool) as span:
@@ -261,7 +261,7 @@ class AsyncToolQueue:
         none. ``on_progress`` (plain or async) gets what the tool reports meanwhile;
         an exception it raises ends the wait.
         """
-        deadline = asyncio.get_running_loop().time() + max(0.0, timeout)
+        deadline = asyncio.get_running_loop().time() + operations.wait_seconds(timeout)
         self._require(ref)
         try:
             b = await self._bound()
@@ -372,19 +372,19 @@ class AsyncToolQueue:
     @server_errors
     async def approve(self, ref: str, *, by: str = "operator:approve") -> State:
         """Approve an operation awaiting approval, bound to its current arguments."""
-        b, v = await self._view(ref)
+        b, v = await self._view(ref, by)
         return await self._apply(b, self.app.approval(v, by))
 
     @server_errors
     async def provide_input(self, ref: str, args: Any, *, by: str = "operator:input") -> State:
         """Replace the arguments of an operation that needs input; identical ones are refused."""
-        b, v = await self._view(ref)
+        b, v = await self._view(ref, by)
         return await self._apply(b, self.app.new_input(v, args, by))
 
     @server_errors
     async def cancel(self, ref: str, *, by: str = "operator:cancel") -> State:
         """Cancel an operation that has not started a write (queued or waiting on someone)."""
-        b, v = await self._view(ref)
+        b, v = await self._view(ref, by)
         t = operator.cancel(v, self.app.policy, by)
         return State.CANCELLED if t is None else await self._apply(b, t)
 
@@ -392,13 +392,13 @@ class AsyncToolQueue:
     async def retry_now(self, ref: str, *, by: str = "operator:retry") -> State:
         """Dispatch an operation waiting to retry now: the same operation_ref, one more
         attempt counted (escalated instead if its budget is spent). Only from waiting_retry."""
-        b, v = await self._view(ref)
+        b, v = await self._view(ref, by)
         return await self._apply(b, self.app.retry_now(v, by))
 
     @server_errors
     async def verify_now(self, ref: str, *, by: str = "operator:verify") -> State:
         """Check an operation in verifying now rather than at its next check."""
-        b, v = await self._view(ref)
+        b, v = await self._view(ref, by)
         return await self._apply(b, self.app.verify_now(v, by))
 
     @server_errors
@@ -425,7 +425,7 @@ class AsyncToolQueue:
         """
         how = operator.Settle.parse(outcome)
         r = operator.Resolution(by=by, reason=reason, rev=str(rev), reference=reference)
-        b, v = await self._view(ref)
+        b, v = await self._view(ref, by)
         return await self._apply(b, self.app.resolution(v, how, r, result))
 
     # ------------------------------------------------------------------ lists
@@ -466,7 +466,8 @@ class AsyncToolQueue:
         # Every cell's page, merged (the single tag: one cell, its page as it is).
         return await lists.aread_page_cells(b.redis, q, b.topology.layout.every_cell())
 
-    async def _view(self, ref: str) -> tuple[_Bound, operator.View]:
+    async def _view(self, ref: str, by: str) -> tuple[_Bound, operator.View]:
+        operator.check_actor(by)
         self._require(ref)
         b = await self._bound()
         return b, operator.View.from_fields(ref, await b.ledger.fields(ref, *operator.FIELDS))

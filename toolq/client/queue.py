@@ -27,6 +27,7 @@ from toolq.adapters.outage import server_errors
 from toolq.client.aio import AsyncToolQueue
 from toolq.client.app import App
 from toolq.client.deps import Deps
+from toolq.core import errors
 from toolq.core.deps import DEP_KEY_PATTERN, Limits, is_dep_key
 from toolq.core.envelope import ToolError, ToolSuccess
 from toolq.core.record import OperationPage, OperationRecord
@@ -228,7 +229,7 @@ class ToolQueue:
         timeout: float = 30.0,
     ) -> ToolSuccess | ToolError:
         """Submit and wait in one: the envelope (as :meth:`wait`)."""
-        deadline = time.monotonic() + max(0.0, timeout)
+        deadline = time.monotonic() + operations.wait_seconds(timeout)
         with tracing.submitting(tool) as span:
             op = self.app.new_operation(
                 tool, args, operation_ref=operation_ref, call_id=call_id, trace=span.carrier()
@@ -252,6 +253,8 @@ class ToolQueue:
     @server_errors
     def get(self, ref: str) -> OperationRecord | None:
         """The operation's record (state, attempt, envelope, history), or None."""
+        if not self.app.settings.limits.is_ref(ref):
+            return None  # no operation has it (as ``tq.aio.get``)
         return self.ledger.get(ref)
 
     @server_errors
@@ -261,7 +264,8 @@ class ToolQueue:
         On timeout, the current envelope if it has one (``OUTCOME_UNKNOWN`` while
         verifying, ``RATE_LIMITED`` while waiting to retry); ``TimeoutError`` if none.
         """
-        deadline = time.monotonic() + max(0.0, timeout)
+        deadline = time.monotonic() + operations.wait_seconds(timeout)
+        self._require(ref)
         ev = self.app.notifier.watch(ref)
         try:
             return self._wait(ev, ref, deadline, None)
@@ -294,28 +298,28 @@ class ToolQueue:
     @server_errors
     def approve(self, ref: str, *, by: str = "operator:approve") -> State:
         """Approve an operation awaiting approval, bound to its current arguments."""
-        return self._apply(self.app.approval(self._view(ref), by))
+        return self._apply(self.app.approval(self._view(ref, by), by))
 
     @server_errors
     def provide_input(self, ref: str, args: Any, *, by: str = "operator:input") -> State:
         """Replace the arguments of an operation that needs input; identical ones are refused."""
-        return self._apply(self.app.new_input(self._view(ref), args, by))
+        return self._apply(self.app.new_input(self._view(ref, by), args, by))
 
     @server_errors
     def cancel(self, ref: str, *, by: str = "operator:cancel") -> State:
         """Cancel an operation that has not started a write (queued or waiting on someone)."""
-        t = operator.cancel(self._view(ref), self.app.policy, by)
+        t = operator.cancel(self._view(ref, by), self.app.policy, by)
         return State.CANCELLED if t is None else self._apply(t)
 
     @server_errors
     def retry_now(self, ref: str, *, by: str = "operator:retry") -> State:
         """Dispatch an operation waiting to retry now (as :meth:`AsyncToolQueue.retry_now`)."""
-        return self._apply(self.app.retry_now(self._view(ref), by))
+        return self._apply(self.app.retry_now(self._view(ref, by), by))
 
     @server_errors
     def verify_now(self, ref: str, *, by: str = "operator:verify") -> State:
         """Check an operation in verifying now (as :meth:`AsyncToolQueue.verify_now`)."""
-        return self._apply(self.app.verify_now(self._view(ref), by))
+        return self._apply(self.app.verify_now(self._view(ref, by), by))
 
     @server_errors
     def resolve(
@@ -332,7 +336,7 @@ class ToolQueue:
         """Settle an escalated operation (as :meth:`AsyncToolQueue.resolve`)."""
         how = operator.Settle.parse(outcome)
         r = operator.Resolution(by=by, reason=reason, rev=str(rev), reference=reference)
-        return self._apply(self.app.resolution(self._view(ref), how, r, result))
+        return self._apply(self.app.resolution(self._view(ref, by), how, r, result))
 
     @server_errors
     def list_operations(self, state: str | None, **filters: Any) -> OperationPage:
@@ -341,7 +345,15 @@ class ToolQueue:
         # Every cell's page, merged (the single tag: one cell, its page as it is).
         return lists.read_page_cells(self.redis, q, self.app.topology.layout.every_cell())
 
-    def _view(self, ref: str) -> operator.View:
+    def _require(self, ref: object) -> None:
+        """A ref no operation can have is answered as one that does not exist (as
+        ``tq.aio``'s), not by a failure to build its keys."""
+        if not self.app.settings.limits.is_ref(ref):
+            raise errors.OperationNotFound("no operation with that ref")
+
+    def _view(self, ref: str, by: str) -> operator.View:
+        operator.check_actor(by)
+        self._require(ref)
         return operator.View.from_fields(ref, self.ledger.fields(ref, *operator.FIELDS))
 
     def _apply(self, t: Transition) -> State:

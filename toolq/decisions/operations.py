@@ -9,6 +9,7 @@ here, once, with no I/O; each client only carries out the round trips.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,6 +35,22 @@ FALLBACK_READ_S = 12.0
 
 #: The record fields a waiter reads.
 WAIT_FIELDS = ("state", "envelope", "tool", "call_id", "rev")
+
+
+def wait_seconds(timeout: object) -> float:
+    """How long a wait may last, in seconds: ``timeout`` (negative is 0; a number
+    past a float's range is forever). ``TypeError`` for what is not a number of
+    seconds (``None`` included: there is no wait without an end by accident),
+    ``ValueError`` for NaN, which compares as neither more nor less than a time."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int past a float's range
+        return math.inf
+    if math.isnan(seconds):
+        raise ValueError("timeout must be a number of seconds, not NaN")
+    return max(0.0, seconds)
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,20 @@ class View(Budgeted):
             raise errors.InvalidState(f"operation is {self.state}, not {state}", state=self.state)
 
 
+#: The longest ``by`` an operator action takes (the edges' own are far shorter).
+MAX_ACTOR = 200
+
+
+def check_actor(by: object) -> None:
+    """``by`` (who acts, as the history keeps it) is one line of printable text:
+    ``InvalidArguments`` otherwise, before anything is read or written (a lone
+    surrogate or a control character was refused by the ledger's script)."""
+    if not (isinstance(by, str) and by.strip() and len(by) <= MAX_ACTOR and by.isprintable()):
+        raise errors.InvalidArguments(
+            f"by: who acts, one line of printable text of at most {MAX_ACTOR} characters"
+        )
+
+
 def cancel(v: View, policy: Policy, by: str = "operator:cancel") -> Transition | None:
     """Cancel an operation that has not started a write; None if it is cancelled already."""
     if v.state is State.CANCELLED:
