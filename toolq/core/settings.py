@@ -5,7 +5,10 @@ Nested groups read ``TOOLQ_<GROUP>__<FIELD>`` (e.g. ``TOOLQ_LEASE__SECONDS=10``)
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
@@ -15,6 +18,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toolq.core.deps import Limits, is_dep_key
 from toolq.core.redact import redact_url
+
+log = logging.getLogger("toolq.settings")
 
 
 class LeaseSettings(BaseModel):
@@ -393,6 +398,9 @@ class ToolqSettings(BaseSettings):
                 parse_sentinel_url(url)
         return value
 
+    def model_post_init(self, context: object, /) -> None:
+        say_stray_settings(os.environ)
+
     @model_validator(mode="after")
     def _master_name(self) -> ToolqSettings:
         if self.sentinel is not None and self.broker_master_name is None:
@@ -458,6 +466,48 @@ class ToolqSettings(BaseSettings):
     @property
     def safe_url(self) -> str:
         return redact_url(self.url) if self.redis_url else "(none)"
+
+
+def stray_nested(environ: Mapping[str, str]) -> list[str]:
+    """What the environment's ``TOOLQ_<GROUP>__<NAME>`` variables name that this toolq
+    does not read, a line each: pydantic passes over them (``extra="ignore"``), so a
+    typo (``TOOLQ_LEASE__SECONDZ``, ``TOOLQ_WORKERS__RESERVE``) left the default in
+    force without a word. Only the nested form: toolq's other ``TOOLQ_*`` names (the
+    API's, the console's, the CLI's) are read in other places."""
+    groups = {
+        name: field.annotation.model_fields
+        for name, field in ToolqSettings.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    }
+    lines = []
+    for key in sorted(environ):
+        if not key.upper().startswith("TOOLQ_") or "__" not in key:
+            continue
+        group, _, name = key[len("TOOLQ_") :].partition("__")
+        fields = groups.get(group.lower())
+        if fields is None:
+            lines.append(
+                f"{key} is not a setting toolq reads: no settings group {group.lower()!r} "
+                f"(the groups: {', '.join(sorted(groups))})"
+            )
+        elif name.lower() not in fields:
+            lines.append(
+                f"{key} is not a setting toolq reads: {group.lower()} has "
+                f"{', '.join(sorted(fields))}"
+            )
+    return lines
+
+
+#: The stray variables said already: once a process, however many settings are read.
+_stray_said: set[str] = set()
+
+
+def say_stray_settings(environ: Mapping[str, str]) -> None:
+    """Warn once a process of each line :func:`stray_nested` finds."""
+    for line in stray_nested(environ):
+        if line not in _stray_said:
+            _stray_said.add(line)
+            log.warning("%s", line)
 
 
 def _check_address(url: str) -> None:
