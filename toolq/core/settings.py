@@ -289,6 +289,22 @@ def seed_nodes(url: str) -> list[tuple[str, int]]:
     return out
 
 
+def _url_problem(url: str) -> str | None:
+    """What redis-py would refuse in ``url`` (each seed's host and port), or take for
+    database 0 without a word (a path that is not a number); None if nothing. The
+    words never quote the URL's parts: a mistyped one may be a password."""
+    for seed in seed_urls(url):
+        try:
+            parts = urlsplit(seed)
+            parts.port  # noqa: B018 (it raises for a port that is not one)
+        except ValueError:
+            return "not a valid host and port"
+        db = unquote(parts.path).replace("/", "")
+        if parts.scheme != "unix" and db and not db.isdecimal():
+            return "the database (its path) must be a number"
+    return None
+
+
 class ToolqSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TOOLQ_", env_nested_delimiter="__", extra="ignore"
@@ -367,6 +383,11 @@ class ToolqSettings(BaseSettings):
                 raise ValueError(
                     f"redis_url must start with redis://, rediss:// or unix://: {redact_url(url)}"
                 )
+            problem = _url_problem(url)
+            if problem is not None:
+                # Here, not at the first connection: redis-py's ValueError there is a
+                # traceback from whichever command or process met it first.
+                raise ValueError(f"redis_url: {problem}: {redact_url(url)}")
         return value
 
     @field_validator("broker_url", "broker_master_name", mode="before")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,18 @@ def app_option(f: F) -> F:
         help="Where the ToolQueue is (env TOOLQ_APP; else the app `toolq up` recorded here; "
         f"else {DEFAULT_APP}).",
     )(f)
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds between bounds. click's FloatRange lets ``nan`` through (it
+    compares false to both bounds): a wait of nan seconds returned at once, a watch
+    slept nan seconds (a traceback)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
 
 
 #: What ``--loglevel`` takes, in any case: a typo is a usage error, not a traceback.
@@ -192,13 +205,14 @@ def ledger_client(redis_url: str | None, state_dir: Path | None) -> tuple[Any, A
     from toolq.core.settings import ToolqSettings
     from toolq.topology import topology_for
 
-    settings = ToolqSettings()
+    settings = ToolqSettings()  # a bad TOOLQ_* said first, URL or not
     url = resolve_url(redis_url, state_dir)
     if url is None:
         raise CliError(
             "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
             "directory"
         )
+    settings = ToolqSettings(redis_url=url)  # the URL checked as every process checks it
     if not redis_url:  # the server `toolq up` recorded: its mode too
         settings = recorded_settings(settings, state_dir, publishes=False)
     topology = topology_for(settings)

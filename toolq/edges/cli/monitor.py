@@ -18,6 +18,7 @@ from toolq.core.redact import redact_url
 from toolq.edges.cli.common import (
     CLUSTER_AWAY,
     CliError,
+    Seconds,
     app_option,
     check_meta,
     echo_json,
@@ -57,7 +58,7 @@ _REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 @click.option(
     "--interval",
     "-i",
-    type=click.FloatRange(0.1, 3600),
+    type=Seconds(0.1, 3600),
     default=2.0,
     show_default=True,
     help="Seconds between refreshes with --watch.",
@@ -76,7 +77,7 @@ _REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 )
 @click.option(
     "--worker-timeout",
-    type=click.FloatRange(0.05, 30),
+    type=Seconds(0.05, 30),
     default=0.5,
     show_default=True,
     help="How long --ping waits for answers (seconds).",
@@ -223,6 +224,9 @@ def flower(
     env = dict(os.environ, TOOLQ_APP=resolve_app_path(app_path, state_dir))
     url = resolve_url(redis_url, state_dir)
     if url:
+        from toolq.core.settings import ToolqSettings
+
+        ToolqSettings(redis_url=url)  # malformed: one line here, not Celery's traceback
         env["TOOLQ_REDIS_URL"] = url
     argv = [sys.executable, "-m", "celery", "-A", CELERY_APP, "flower"]
     argv += [f"--port={port}", f"--address={address}", *flower_args]

@@ -17,6 +17,7 @@ from toolq.core.record import OperationRecord, ms_to_dt
 from toolq.core.redact import shown_args
 from toolq.core.states import SETTLED, State
 from toolq.edges.cli.common import (
+    Seconds,
     app_option,
     echo_json,
     handle_errors,
@@ -73,7 +74,7 @@ Without --wait: 0 once submitted, 2 if refused."""
 @click.option(
     "--wait",
     "wait_s",
-    type=click.FloatRange(0, 3600),
+    type=Seconds(0, 3600),
     default=None,
     help="Wait up to this many seconds, print the envelope, exit with the outcome (below).",
 )
