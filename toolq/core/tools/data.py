@@ -22,9 +22,16 @@ def field_errors_of(exc: ValidationError) -> list[FieldError]:
 
 
 def canonical_json(model: BaseModel) -> str:
-    """The canonical JSON of validated arguments: what fingerprints and comparisons use."""
+    """The canonical JSON of validated arguments: what fingerprints and comparisons use.
+
+    ValueError for NaN or an infinity (a float field given ``1e400``): ``json.dumps``
+    would write ``NaN``/``Infinity``, which is not JSON, into the ledger and the message."""
     return json.dumps(
-        model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        model.model_dump(mode="json"),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
     )
 
 

@@ -301,9 +301,18 @@ def _start_log() -> logging.Logger:
 
 def parse_json_args(text: str, option: str = "--args") -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise CliError(f"{option} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:  # json's C decoder recurses per level: '[' * 100000
+        raise CliError(f"{option} is nested too deeply to be read") from None
+    except ValueError as exc:  # _not_json's
+        raise CliError(f"{option} is not valid JSON: {exc}") from None
+
+
+def _not_json(name: str) -> Any:
+    """Python's json reads NaN, Infinity and -Infinity; JSON has none of them."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def handle_errors(f: F) -> F:
