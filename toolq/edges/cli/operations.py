@@ -49,6 +49,8 @@ WAIT_EXIT: dict[State, int] = {
 }
 #: Any other state: still on its way (queued, running, waiting_retry, verifying).
 WAIT_PENDING = 3
+#: Ctrl-C while waiting: the shell's 128 + SIGINT, not a state's code.
+WAIT_INTERRUPTED = 130
 
 
 @click.command(
@@ -59,6 +61,7 @@ Exit status with --wait:
   2  refused or not submitted: bad input, unknown tool, server unreachable
   3  still pending when --wait ran out (queued, running, waiting_retry, verifying)
   4  waiting for a person: awaiting_approval (toolq approve) or needs_input (toolq input)
+  130  interrupted (Ctrl-C) while waiting: the operation goes on
 Without --wait: 0 once submitted, 2 if refused."""
 )
 @click.argument("tool")
@@ -103,13 +106,23 @@ def submit(
     if wait_s is None:
         return
     try:
-        env = tq.wait(sub.operation_ref, timeout=wait_s)
+        _wait_and_exit(tq, sub.operation_ref, wait_s)
+    except KeyboardInterrupt:
+        # Not click's "Aborted!" and exit 1: 1 says the operation failed, and it goes on.
+        click.echo(f"{sub.operation_ref}: no longer waited for; it goes on", err=True)
+        raise SystemExit(WAIT_INTERRUPTED) from None
+
+
+def _wait_and_exit(tq: ToolQueue, ref: str, wait_s: float) -> None:
+    """Wait up to ``wait_s`` for ``ref``, print its envelope, exit with its state's code."""
+    try:
+        env = tq.wait(ref, timeout=wait_s)
     except TimeoutError:
         env = None  # nothing to show yet
     # The exit status and the envelope printed come from one read of the record.
-    rec = tq.get(sub.operation_ref)
+    rec = tq.get(ref)
     if rec is None:
-        raise OperationNotFound(f"operation {sub.operation_ref[:80]!r} is gone")
+        raise OperationNotFound(f"operation {ref[:80]!r} is gone")
     if rec.state in SETTLED and rec.envelope is not None:
         env = rec.envelope
     if env is not None:
