@@ -42,6 +42,8 @@ from toolq.edges.monitor import (
 
 #: What ``toolq status --watch`` keeps watching through: any Redis failure, a Cluster's too.
 _REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
+#: What a watch waits out: the server away, or a Cluster's node away, named (CliError).
+_WATCH_AWAY: tuple[type[Exception], ...] = (*_REDIS_AWAY, CliError)
 
 
 @click.command()
@@ -128,15 +130,27 @@ def status(
     if not watch:
         show()
         return
+    from toolq.process.waiting import CAP_S, Outage
+
+    # Through an outage: one line when it starts, one when it ends (not one per refresh),
+    # and tries spaced out as every process's are, never closer than the refresh.
+    retry_s = max(interval, CAP_S)
+    outage = Outage(f"the ledger's server at {source}", meanwhile=f"retrying every ≤ {retry_s:g} s")
     try:
         while True:
+            delay = interval
             try:
                 show()
-            except _REDIS_AWAY as exc:  # keep watching through an outage
-                click.echo(f"redis unavailable ({type(exc).__name__}); retrying", err=True)
-            except CliError as exc:  # a Cluster's node away, named
-                click.echo(f"{exc.message}; retrying", err=True)
-            _pause(interval)
+                back = outage.answered(time.time())
+                if back is not None:
+                    click.echo(back, err=True)
+            except _WATCH_AWAY as exc:
+                named = exc.message if isinstance(exc, CliError) else None
+                wait_s, line = outage.failed(time.time(), type(exc).__name__)
+                if line is not None:
+                    click.echo(f"{named}; {outage.meanwhile}" if named else line, err=True)
+                delay = max(interval, wait_s)
+            _pause(delay)
     except KeyboardInterrupt:
         pass
 
