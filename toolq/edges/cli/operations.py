@@ -307,20 +307,17 @@ verify = _operator_action(
 @click.argument("ref")
 @click.option(
     "--committed",
-    "outcome",
-    flag_value="committed",
+    is_flag=True,
     help="You checked the provider: the write happened (give --result or --reference).",
 )
 @click.option(
     "--not-committed",
-    "outcome",
-    flag_value="not_committed",
+    is_flag=True,
     help="You checked the provider: nothing was written; the operation fails for good.",
 )
 @click.option(
     "--retry",
-    "outcome",
-    flag_value="retry",
+    is_flag=True,
     help="You checked the provider: nothing was written; run one attempt more, same ref.",
 )
 @click.option("--reason", required=True, help="What you checked (kept in the history).")
@@ -332,7 +329,9 @@ verify = _operator_action(
 @handle_errors
 def resolve(
     ref: str,
-    outcome: str | None,
+    committed: bool,
+    not_committed: bool,
+    retry: bool,
     reason: str,
     result_json: str | None,
     reference: str,
@@ -342,8 +341,14 @@ def resolve(
     state_dir: Path,
 ) -> None:
     """Settle an escalated operation: --committed, --not-committed or --retry."""
-    if outcome is None:
-        raise click.UsageError("say what you found: --committed, --not-committed or --retry")
+    # Three flags, not one value: given two, the last one won without a word, and
+    # `--committed --retry` ran a write again that the operator had seen happen.
+    given = {"committed": committed, "not_committed": not_committed, "retry": retry}
+    found = [outcome for outcome, flag in given.items() if flag]
+    if len(found) != 1:
+        say = "say what you found" if not found else "say one thing you found"
+        raise click.UsageError(f"{say}: --committed, --not-committed or --retry")
+    outcome = found[0]
     result = None if result_json is None else parse_json_args(result_json, "--result")
     tq = open_app(app_path, redis_url, state_dir)
     state = tq.resolve(
