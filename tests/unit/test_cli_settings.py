@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -183,3 +184,19 @@ def test_nan_seconds_is_a_usage_error(args: list[str]) -> None:
     result = CliRunner().invoke(main, args, env={"TOOLQ_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert result.exit_code == 2, result.output
     assert "'nan' is not a number of seconds" in result.output
+
+
+def test_an_app_that_fails_to_import_is_one_line_without_its_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an app module whose import fails with a URL and a token in its message
+    (tmp_path / "toolq_test_leaky_app.py").write_text(
+        'raise ConnectionError("cannot reach redis://:s3cret@db:6379/0\\nretry: token=s3cret")\n'
+    )
+    monkeypatch.chdir(tmp_path)  # where the loader looks first, as `toolq` run there does
+    # When a command loads it
+    result = CliRunner().invoke(main, ["list", "--app", "toolq_test_leaky_app:tq"])
+    # Then its words are one line, without the password or the token
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: cannot import 'toolq_test_leaky_app': ConnectionError")
+    assert "s3cret" not in result.output and len(result.output.strip().splitlines()) == 1
