@@ -230,6 +230,22 @@ def test_status_without_a_server_says_so_in_one_line(tq: ToolQueue) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["status"], ["show", "op_1"], ["list"], ["worker"]],
+    ids=lambda args: args[0],
+)
+def test_a_server_that_refuses_the_first_command_is_named_in_its_words(
+    valkey: str, args: list[str]
+) -> None:
+    # A database the server does not have: it answers, it refuses (not "cannot reach")
+    url = f"{str(valkey).rsplit('/', 1)[0]}/99999"
+    result = CliRunner().invoke(main, [*args, "--redis-url", url])
+    assert result.exit_code == 2, result.output
+    assert "ResponseError: DB index is out of range" in result.output
+    assert "cannot reach" not in result.output
+
+
 def test_watch_refreshes_until_ctrl_c(
     tq: ToolQueue, clock: Clock, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -55,6 +55,23 @@ def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str 
     return message(url or "", exc, cluster=cluster) if unreachable(exc) else None
 
 
+def server_said(url: str | None, exc: BaseException) -> str:
+    """The line for a first command that failed: away ("cannot reach"), or refused by
+    the server, in its words (``DB index is out of range``), scrubbed."""
+    where = redact_url(url or "")
+    if isinstance(exc, AWAY):
+        return f"cannot reach Redis at {where}: {type(exc).__name__}"
+    return f"the server at {where} refused toolq's first command: {refusal(exc)}"
+
+
+def refusal(exc: BaseException) -> str:
+    """``ResponseError: <the server's words>``: one line, no credential, bounded."""
+    from toolq.core.redact import scrub
+
+    said = scrub(str(exc))[:200]
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
 class CliError(click.ClickException):
     """One clear line on stderr and a non-zero exit (2 unless told)."""
 
@@ -192,9 +209,7 @@ def open_app(
                     type(exc).__name__,
                 )
                 return tq
-            raise CliError(
-                f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
-            ) from None
+            raise CliError(server_said(tq.redis_url, exc)) from None
 
 
 def ledger_client(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any, Any, str]:
@@ -251,9 +266,7 @@ def open_ledger(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any
         check_meta(topology, client)
     except FAILED as exc:
         line = unreachable_line(url, exc, cluster=isinstance(exc, CLUSTER_AWAY))
-        raise CliError(
-            line or f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}"
-        ) from None
+        raise CliError(line or server_said(url, exc)) from None
     return topology, client
 
 
@@ -345,7 +358,7 @@ def handle_errors(f: F) -> F:
                 raise
             raise CliError(line) from None
         except redis.RedisError as exc:
-            raise CliError(f"redis error: {type(exc).__name__}") from None
+            raise CliError(f"redis error: {refusal(exc)}") from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -16,6 +16,7 @@ import redis
 from toolq.adapters.stack_state import read_state
 from toolq.core.redact import redact_url
 from toolq.edges.cli.common import (
+    AWAY,
     CLUSTER_AWAY,
     CliError,
     Seconds,
@@ -28,6 +29,7 @@ from toolq.edges.cli.common import (
     redis_option,
     resolve_app_path,
     resolve_url,
+    server_said,
     state_dir_option,
     unreachable_line,
 )
@@ -169,6 +171,8 @@ def _light(
         client.ping()
         check_meta(topology, client)
     except redis.RedisError as exc:
+        if not isinstance(exc, AWAY):
+            raise CliError(server_said(url, exc)) from None
         raise CliError(
             f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
             "server: toolq's processes wait for it and resume once it answers)"
