@@ -33,6 +33,10 @@ from toolq.edges.cli import main
             ["status"],
             "cluster=true needs cells",
         ),
+        # a structured field's variable that is not JSON: pydantic-settings' SettingsError
+        ({"TOOLQ_LEASE": "{s3cret"}, ["status"], "TOOLQ_LEASE: not valid JSON"),
+        ({"TOOLQ_LEASE": "{s3cret"}, ["show", "op_1"], "TOOLQ_LEASE: not valid JSON"),
+        ({"TOOLQ_DEPENDENCIES": "{s3cret"}, ["list"], "TOOLQ_DEPENDENCIES: not valid JSON"),
     ],
 )
 def test_a_bad_setting_is_one_line_without_its_value(

@@ -11,7 +11,7 @@ from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from toolq.core.deps import Limits, is_dep_key
 from toolq.core.redact import redact_url
@@ -483,6 +483,10 @@ def settings_problem(exc: BaseException) -> str | None:
     one line per problem, named by the environment variable that sets it and without
     the values given (a URL may hold a password); None for any other exception. What a
     bad ``TOOLQ_*`` variable gets at the CLI instead of a traceback."""
+    if isinstance(exc, SettingsError):  # a variable of a structured field that is not JSON
+        field = re.search(r'field "([^"]+)"', str(exc))
+        name = f"TOOLQ_{field.group(1).upper()}" if field else "a TOOLQ_* variable"
+        return f"invalid settings: {name}: not valid JSON"
     if type(exc).__name__ != "ValidationError" or getattr(exc, "title", None) != "ToolqSettings":
         return None
     lines = []
