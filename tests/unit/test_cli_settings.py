@@ -143,8 +143,12 @@ def test_a_well_formed_redis_url_is_taken(url: str) -> None:
         ["api"],
         ["mcp"],
         ["up"],
+        ["migrate"],
+        ["cells", "migrate", "--cells", "8"],
+        ["cells", "balance"],
+        ["deps"],
     ],
-    ids=lambda args: args[0],
+    ids=lambda args: "-".join(args[:2]),
 )
 @pytest.mark.parametrize("url", MALFORMED_URLS[:2])
 def test_every_command_answers_a_malformed_url_with_one_line(args: list[str], url: str) -> None:

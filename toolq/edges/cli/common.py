@@ -136,14 +136,22 @@ def state_dir_option(f: F) -> F:
 def resolve_url(redis_url: str | None, state_dir: Path | None) -> str | None:
     """``--redis-url``, else what a running ``toolq up`` recorded in ``state_dir``.
 
-    One line naming the state file if the ``toolq up`` that recorded it is gone.
+    One line naming the state file if the ``toolq up`` that recorded it is gone; one
+    line (invalid settings, password redacted) for a malformed URL, which redis-py
+    refuses only at its first connection, with a traceback.
     """
     if redis_url:
-        return redis_url
-    try:
-        return recorded_url(state_dir, "start it again or pass --redis-url")
-    except raised("RequestRefused") as exc:
-        raise CliError(cast("RequestRefused", exc).message) from None
+        url: str | None = redis_url
+    else:
+        try:
+            url = recorded_url(state_dir, "start it again or pass --redis-url")
+        except raised("RequestRefused") as exc:
+            raise CliError(cast("RequestRefused", exc).message) from None
+    if url:
+        from toolq.core.settings import ToolqSettings
+
+        ToolqSettings(redis_url=url)
+    return url
 
 
 def resolve_app_path(app_path: str | None, state_dir: Path | None) -> str:
@@ -227,7 +235,7 @@ def ledger_client(redis_url: str | None, state_dir: Path | None) -> tuple[Any, A
             "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
             "directory"
         )
-    settings = ToolqSettings(redis_url=url)  # the URL checked as every process checks it
+    settings = ToolqSettings(redis_url=url)
     if not redis_url:  # the server `toolq up` recorded: its mode too
         settings = recorded_settings(settings, state_dir, publishes=False)
     topology = topology_for(settings)

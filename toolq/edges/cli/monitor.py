@@ -242,9 +242,6 @@ def flower(
     env = dict(os.environ, TOOLQ_APP=resolve_app_path(app_path, state_dir))
     url = resolve_url(redis_url, state_dir)
     if url:
-        from toolq.core.settings import ToolqSettings
-
-        ToolqSettings(redis_url=url)  # malformed: one line here, not Celery's traceback
         env["TOOLQ_REDIS_URL"] = url
     argv = [sys.executable, "-m", "celery", "-A", CELERY_APP, "flower"]
     argv += [f"--port={port}", f"--address={address}", *flower_args]
