@@ -8,10 +8,12 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 
 from tests.helpers import REPO_ROOT, stop_process, toolq_env
 from tests.integration.conftest import effects
 from toolq import State, ToolQueue
+from toolq.edges.cli import main
 from toolq.process.procs import pdeathsig_preexec
 
 
@@ -50,3 +52,12 @@ def test_celery_a_serves_calls_and_verification(rt: ToolQueue, celery_worker: No
     rec = rt.get(unknown)
     assert rec is not None and State.VERIFYING in [h.to for h in rec.history]
     assert effects(rt.redis, unknown) == 1
+
+
+@pytest.mark.parametrize("queues", ["toolq.nope", "toolq.calls,", "toolq.calls,other"])
+def test_toolq_worker_refuses_a_queue_that_is_not_toolqs(redis_url: str, queues: str) -> None:
+    # Celery refused it too, after the server answered, with its traceback
+    result = CliRunner().invoke(main, ["worker", "--queues", queues, "--redis-url", redis_url])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--queues'" in result.output
+    assert "is not one of this app's queues (toolq.calls, toolq.verify)" in result.output

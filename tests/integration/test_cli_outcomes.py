@@ -4,6 +4,8 @@ worker's log lines (no secret, one line for a routine failure), against a real w
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -168,6 +170,37 @@ def test_still_pending_exits_3_with_or_without_an_envelope(
     assert queued.returncode == 3, queued.stderr
     assert len(queued.stdout.splitlines()) == 1
     assert queued.stderr.strip().endswith(": still queued after 0 s")
+
+
+def test_ctrl_c_while_waiting_exits_130_and_the_operation_goes_on(redis_url: str) -> None:
+    # Given `toolq submit --wait` waiting on a database no worker serves
+    ref = "cli/interrupted"
+    where = ["--app", APP, "--redis-url", redis_url]
+    proc = start_toolq(
+        ["submit", "echo", "--args", '{"text": "x"}', "--ref", ref, "--wait", "600", *where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    try:
+        # (its last line before it waits: no scheduler runs here)
+        line = b""
+        while b"no live scheduler" not in line and proc.poll() is None:
+            line = proc.stderr.readline()
+        # When the terminal's Ctrl-C reaches its process group
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop_process(proc)
+    # Then it says the operation goes on and exits 130, not 1 (which says it failed)
+    assert proc.returncode == 130, err
+    assert err.decode().strip().endswith(f"{ref}: no longer waited for; it goes on")
+    assert "Aborted" not in err.decode()
+    reader = ToolQueue(redis_url=redis_url)
+    try:
+        assert state_of(reader, ref) is State.QUEUED
+    finally:
+        reader.close()
 
 
 @pytest.mark.parametrize(

@@ -274,6 +274,23 @@ def test_the_cli_resolves_and_records_who(tq: ToolQueue) -> None:
     assert code == 2 and "INVALID_STATE" in out and "Traceback" not in out
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [["--committed", "--retry"], ["--retry", "--committed"], ["--not-committed", "--retry"]],
+)
+def test_the_cli_refuses_two_findings_and_writes_nothing(tq: ToolQueue, flags: list[str]) -> None:
+    # Given an escalated write the operator saw committed, then also typed --retry
+    ref = f"cli/two-{'-'.join(f.strip('-') for f in flags)}"
+    escalated(tq, ref, "lost_reply")
+    rec = tq.get(ref)
+    assert rec is not None
+    code, out = cli(tq, "resolve", ref, *flags, "--reason", "seen", "--reference", "tr_1")
+    # Then it is a usage error (the last flag won, before: a committed write ran again)
+    assert code == 2 and "say one thing you found" in out
+    after = tq.get(ref)
+    assert after is not None and after.rev == rec.rev and after.state is State.ESCALATED
+
+
 # --------------------------------------------------------------------------- the HTTP API
 
 

@@ -7,8 +7,10 @@ import sys
 import types
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner
 from pydantic import BaseModel
 
@@ -228,6 +230,22 @@ def test_status_without_a_server_says_so_in_one_line(tq: ToolQueue) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["status"], ["show", "op_1"], ["list"], ["worker"]],
+    ids=lambda args: args[0],
+)
+def test_a_server_that_refuses_the_first_command_is_named_in_its_words(
+    valkey: str, args: list[str]
+) -> None:
+    # A database the server does not have: it answers, it refuses (not "cannot reach")
+    url = f"{str(valkey).rsplit('/', 1)[0]}/99999"
+    result = CliRunner().invoke(main, [*args, "--redis-url", url])
+    assert result.exit_code == 2, result.output
+    assert "ResponseError: DB index is out of range" in result.output
+    assert "cannot reach" not in result.output
+
+
 def test_watch_refreshes_until_ctrl_c(
     tq: ToolQueue, clock: Clock, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,6 +267,44 @@ def test_watch_refreshes_until_ctrl_c(
     assert len(lines) == 2  # one JSON document per refresh
     assert all(json.loads(line)["totals"]["pending_recovery"] == 5 for line in lines)
     assert sleeps == [0.5, 0.5]
+
+
+def test_watch_says_an_outage_once_and_its_end_spacing_its_tries(
+    tq: ToolQueue, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a server that fails three refreshes in a row, then answers
+    real = cli_monitor.status_snapshot
+    answers = iter([redis.ConnectionError("gone")] * 3)
+
+    def snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        failure = next(answers, None)
+        if failure is not None:
+            raise failure
+        return real(*args, **kwargs)
+
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_monitor, "status_snapshot", snapshot)
+    monkeypatch.setattr(cli_monitor, "_pause", sleep)
+    args = ["--app", APP, "--redis-url", redis_url, "--no-workers", "--watch", "--json"]
+
+    # When it is watched every 0.1 s
+    result = CliRunner().invoke(cli_monitor.status, [*args, "--interval", "0.1"])
+
+    # Then the outage is one line and its end another, not a line per refresh
+    assert result.exit_code == 0, result.output
+    said = result.stderr.splitlines()
+    assert len(said) == 2, said
+    assert said[0].endswith("unavailable (ConnectionError); retrying every ≤ 2 s")
+    assert "back after" in said[1]
+    # And the tries back off as every process's do, then the refresh goes on
+    assert sleeps == [0.5, 1.0, 2.0, 0.1, 0.1]
+    assert len(result.stdout.splitlines()) == 2
 
 
 def test_an_unreachable_server_is_one_line_and_a_failure(tq: ToolQueue) -> None:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import redis
 from pydantic import SecretStr, ValidationError
 
 from toolq import ToolQueue
@@ -285,3 +286,14 @@ def test_kombus_eta_warning_is_dropped_and_its_other_warnings_kept(
     said = [r.getMessage() for r in caplog.records]
     assert not any("ETA tasks" in m or "direct exchange" in m for m in said), said
     assert "Failed to setup delayed delivery" in said
+
+
+def test_a_unix_socket_url_makes_a_client_that_connects() -> None:
+    # The pool's options once held socket_keepalive, which the unix socket's connection
+    # class refuses: a TypeError at the first command, whatever the server.
+    tq = ToolQueue(redis_url="unix:///nonexistent/toolq-test.sock")
+    try:
+        with pytest.raises(redis.ConnectionError, match="No such file"):
+            tq.redis.ping()
+    finally:
+        tq.close()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
+from tests.helpers import toolq_env
 from toolq.edges.cli import main
 
 
@@ -28,6 +33,10 @@ from toolq.edges.cli import main
             ["status"],
             "cluster=true needs cells",
         ),
+        # a structured field's variable that is not JSON: pydantic-settings' SettingsError
+        ({"TOOLQ_LEASE": "{s3cret"}, ["status"], "TOOLQ_LEASE: not valid JSON"),
+        ({"TOOLQ_LEASE": "{s3cret"}, ["show", "op_1"], "TOOLQ_LEASE: not valid JSON"),
+        ({"TOOLQ_DEPENDENCIES": "{s3cret"}, ["list"], "TOOLQ_DEPENDENCIES: not valid JSON"),
     ],
 )
 def test_a_bad_setting_is_one_line_without_its_value(
@@ -88,3 +97,114 @@ def test_a_loglevel_is_taken_in_any_case(level: str) -> None:
     result = CliRunner().invoke(main, ["up", "-l", level, "--redis-url", "redis://127.0.0.1:1/0"])
     assert result.exit_code != 0, result.output
     assert "cannot reach Redis" in result.output and "--loglevel" not in result.output
+
+
+#: URLs redis-py refuses (or, for a path that is not a number, reads as database 0)
+#: only when the first connection is made: each with a password that must not show.
+MALFORMED_URLS = [
+    "redis://u:s3cret@[::1",  # an IPv6 host not closed
+    "redis://u:s3cret@127.0.0.1:99999/0",  # a port out of range
+    "redis://:s3cret@127.0.0.1:abc/0",  # a port that is not a number
+    "redis://u:s3cret@127.0.0.1:6379/abc",  # a database that is not a number
+]
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+def test_a_malformed_redis_url_is_an_invalid_setting_without_its_password(url: str) -> None:
+    from pydantic import ValidationError
+
+    from toolq.core.settings import ToolqSettings, settings_problem
+
+    with pytest.raises(ValidationError) as caught:
+        ToolqSettings(redis_url=url)  # type: ignore[arg-type]
+    problem = settings_problem(caught.value)
+    assert problem is not None and problem.startswith("invalid settings: TOOLQ_REDIS_URL: ")
+    assert "s3cret" not in problem
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://h:6379", "redis://h:6379/", "redis://h/3", "redis://[::1]:6379/0", "unix:///s"]
+)
+def test_a_well_formed_redis_url_is_taken(url: str) -> None:
+    from toolq.core.settings import ToolqSettings
+
+    assert ToolqSettings(redis_url=url).url == url  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],  # the light path: no app, a plain client
+        ["show", "op_1"],
+        ["list"],
+        ["submit", "create_invoice", "--args", "{}"],
+        ["worker"],
+        ["scheduler"],
+        ["api"],
+        ["mcp"],
+        ["up"],
+        ["migrate"],
+        ["cells", "migrate", "--cells", "8"],
+        ["cells", "balance"],
+        ["deps"],
+    ],
+    ids=lambda args: "-".join(args[:2]),
+)
+@pytest.mark.parametrize("url", MALFORMED_URLS[:2])
+def test_every_command_answers_a_malformed_url_with_one_line(args: list[str], url: str) -> None:
+    result = CliRunner().invoke(main, [*args, "--redis-url", url], env={"TOOLQ_APP": None})
+    assert result.exit_code != 0
+    assert "invalid settings: TOOLQ_REDIS_URL: redis_url: not a valid host and port" in (
+        result.output
+    ), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "s3cret" not in result.output
+
+
+def test_flower_answers_a_malformed_url_before_it_becomes_celery() -> None:
+    # In a process of its own: a `toolq flower` that went on would exec Celery in place of it
+    result = subprocess.run(
+        [sys.executable, "-m", "toolq.edges.cli", "flower", "--redis-url", MALFORMED_URLS[1]],
+        env=toolq_env(unset=("TOOLQ_APP",)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "invalid settings: TOOLQ_REDIS_URL" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "s3cret" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "--watch", "--interval", "nan"],
+        ["status", "--ping", "--worker-timeout", "nan"],
+        ["submit", "create_invoice", "--args", "{}", "--wait", "nan"],
+        ["mcp", "--wait-seconds", "nan"],
+        ["demo", "--timeout", "nan"],
+    ],
+    ids=lambda args: args[0],
+)
+def test_nan_seconds_is_a_usage_error(args: list[str]) -> None:
+    # click's FloatRange takes nan (it compares false to both bounds): a watch that slept
+    # nan seconds ended in a traceback, a --wait of nan returned at once
+    result = CliRunner().invoke(main, args, env={"TOOLQ_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert result.exit_code == 2, result.output
+    assert "'nan' is not a number of seconds" in result.output
+
+
+def test_an_app_that_fails_to_import_is_one_line_without_its_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an app module whose import fails with a URL and a token in its message
+    (tmp_path / "toolq_test_leaky_app.py").write_text(
+        'raise ConnectionError("cannot reach redis://:s3cret@db:6379/0\\nretry: token=s3cret")\n'
+    )
+    monkeypatch.chdir(tmp_path)  # where the loader looks first, as `toolq` run there does
+    # When a command loads it
+    result = CliRunner().invoke(main, ["list", "--app", "toolq_test_leaky_app:tq"])
+    # Then its words are one line, without the password or the token
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: cannot import 'toolq_test_leaky_app': ConnectionError")
+    assert "s3cret" not in result.output and len(result.output.strip().splitlines()) == 1

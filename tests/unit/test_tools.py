@@ -393,6 +393,23 @@ def test_a_ref_with_an_empty_dot_or_dot_dot_segment_is_refused(
         limited.submit("read", {}, run_id=ref.strip("/") or ".", step="..")
 
 
+class Amount(BaseModel):
+    amount: float
+
+
+@pytest.mark.parametrize("amount", [float("inf"), float("-inf"), float("nan")])
+def test_arguments_json_cannot_carry_are_refused_not_stored(
+    limited: ToolQueue, amount: float
+) -> None:
+    @limited.tool(writes=True)
+    def pay(args: Amount, ctx: CallContext) -> None: ...
+
+    # json.dumps wrote them as Infinity/NaN: not JSON, in the ledger and the message
+    with pytest.raises(errors.InvalidArguments, match="not JSON-serialisable"):
+        limited.submit("pay", {"amount": amount}, operation_ref="pay/1")
+    assert limited.get("pay/1") is None
+
+
 def test_a_call_id_one_over_the_limit_is_refused(limited: ToolQueue) -> None:
     assert limited.submit("read", {}, operation_ref="c/1", call_id="c" * 40).created
     with pytest.raises(errors.InvalidArguments, match="call_id must be a string of at most 40"):

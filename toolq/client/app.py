@@ -161,7 +161,8 @@ class App:
             "max_connections": self.settings.limits.max_connections,
             "timeout": POOL_TIMEOUT_S,
             "socket_connect_timeout": 5,
-            "socket_keepalive": True,
+            # No socket_keepalive: redis-py 8 turns it on for TCP by default, and the
+            # connection class of a unix:// URL refuses it (a TypeError at first use).
             "health_check_interval": 30,
         }
 

@@ -14,7 +14,7 @@ from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from toolq.core.deps import Limits, is_dep_key
 from toolq.core.redact import redact_url
@@ -511,18 +511,25 @@ def say_stray_settings(environ: Mapping[str, str]) -> None:
 
 
 def _check_address(url: str) -> None:
-    """Each seed's host and port readable (``ValueError``, redacted, if not): else the first
-    call fails with redis-py's bare "Port out of range 0-65535", not at start-up."""
+    """Each seed's host and port readable, its database a number (``ValueError``,
+    redacted, if not): else the first call fails with redis-py's bare "Port out of
+    range 0-65535", or a path that is not a number is database 0 without a word."""
     for seed in seed_urls(url):  # its own ValueError says what is wrong, redacted
         if seed.startswith("unix://"):
             continue
         try:
-            urlsplit(seed).port  # noqa: B018 (raises for a port out of range, or not a number)
+            parts = urlsplit(seed)
+            parts.port  # noqa: B018 (raises for a port out of range, or not a number)
         except ValueError:  # not its words: they quote the "port", maybe a password
             raise ValueError(
                 f"redis_url: a host or port cannot be read (a port is 0-65535; an IPv6 "
                 f"host is in brackets): {redact_url(url)}"
             ) from None
+        db = unquote(parts.path).replace("/", "")
+        if db and not db.isdecimal():  # redis-py would take it for database 0, silently
+            raise ValueError(
+                f"redis_url: the database (its path) must be a number: {redact_url(url)}"
+            )
 
 
 def settings_problem(exc: BaseException) -> str | None:
@@ -530,6 +537,10 @@ def settings_problem(exc: BaseException) -> str | None:
     one line per problem, named by the environment variable that sets it and without
     the values given (a URL may hold a password); None for any other exception. What a
     bad ``TOOLQ_*`` variable gets at the CLI instead of a traceback."""
+    if isinstance(exc, SettingsError):  # a variable of a structured field that is not JSON
+        field = re.search(r'field "([^"]+)"', str(exc))
+        name = f"TOOLQ_{field.group(1).upper()}" if field else "a TOOLQ_* variable"
+        return f"invalid settings: {name}: not valid JSON"
     if type(exc).__name__ != "ValidationError" or getattr(exc, "title", None) != "ToolqSettings":
         return None
     lines = []

@@ -8,6 +8,7 @@ import sys
 
 from toolq.client.queue import ToolQueue
 from toolq.core.errors import ToolqError
+from toolq.core.redact import cut, scrub
 from toolq.core.settings import settings_problem
 
 
@@ -28,7 +29,10 @@ def load_app(app_path: str, redis_url: str | None = None) -> ToolQueue:
         problem = settings_problem(exc)  # a bad TOOLQ_* variable: no traceback, no value
         if problem is not None:
             raise ToolqError(problem) from None
-        raise ToolqError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+        # The module's own words, but as one line and without what looks like a
+        # credential (a URL's password, a token): they go to a terminal or a log.
+        said = scrub(cut(str(exc), 2000))
+        raise ToolqError(f"cannot import {module_name!r}: {type(exc).__name__}: {said}") from None
     obj: object = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)

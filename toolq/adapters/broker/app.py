@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from celery import Celery
 from kombu import Exchange, Queue
@@ -155,12 +156,24 @@ def broker_config(url: str | None) -> dict[str, Any]:
     redis_broker = bool(url) and str(url).startswith("redis://")
     transport = TRANSPORT if redis_broker else SENTINEL_TRANSPORT if is_sentinel(url) else None
     return {
-        "broker_url": url,
+        "broker_url": kombu_url(url),
         "broker_transport": transport,
         # The ledger's server is the broker: the ledger call that ends a delivery
         # acknowledges it (toolq.adapters.broker.transport, "Acknowledged by the ledger").
         "toolq_acks_in_ledger": redis_broker,
     }
+
+
+def kombu_url(url: str | None) -> str | None:
+    """``url`` as kombu names it. A ledger on a unix socket (``unix:///path?db=2``, as
+    redis-py names it) is ``redis+socket:///path?virtual_host=2`` to kombu, which has
+    no ``unix`` transport (a KeyError from every worker on such a ledger)."""
+    if not url or not url.startswith("unix://"):
+        return url
+    parts = urlsplit(url)
+    query = urlencode([("virtual_host" if k == "db" else k, v) for k, v in parse_qsl(parts.query)])
+    # By hand: urlunsplit drops the empty host ("redis+socket:/path").
+    return f"redis+socket://{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def make_celery(settings: ToolqSettings, name: str = "toolq", url: str | None = None) -> Celery:

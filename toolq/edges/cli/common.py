@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,23 @@ def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str 
     return message(url or "", exc, cluster=cluster) if unreachable(exc) else None
 
 
+def server_said(url: str | None, exc: BaseException) -> str:
+    """The line for a first command that failed: away ("cannot reach"), or refused by
+    the server, in its words (``DB index is out of range``), scrubbed."""
+    where = redact_url(url or "")
+    if isinstance(exc, AWAY):
+        return f"cannot reach Redis at {where}: {type(exc).__name__}"
+    return f"the server at {where} refused toolq's first command: {refusal(exc)}"
+
+
+def refusal(exc: BaseException) -> str:
+    """``ResponseError: <the server's words>``: one line, no credential, bounded."""
+    from toolq.core.redact import scrub
+
+    said = scrub(str(exc))[:200]
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
 class CliError(click.ClickException):
     """One clear line on stderr and a non-zero exit (2 unless told)."""
 
@@ -75,6 +93,18 @@ def app_option(f: F) -> F:
         help="Where the ToolQueue is (env TOOLQ_APP; else the app `toolq up` recorded here; "
         f"else {DEFAULT_APP}).",
     )(f)
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds between bounds. click's FloatRange lets ``nan`` through (it
+    compares false to both bounds): a wait of nan seconds returned at once, a watch
+    slept nan seconds (a traceback)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
 
 
 #: What ``--loglevel`` takes, in any case: a typo is a usage error, not a traceback.
@@ -106,14 +136,22 @@ def state_dir_option(f: F) -> F:
 def resolve_url(redis_url: str | None, state_dir: Path | None) -> str | None:
     """``--redis-url``, else what a running ``toolq up`` recorded in ``state_dir``.
 
-    One line naming the state file if the ``toolq up`` that recorded it is gone.
+    One line naming the state file if the ``toolq up`` that recorded it is gone; one
+    line (invalid settings, password redacted) for a malformed URL, which redis-py
+    refuses only at its first connection, with a traceback.
     """
     if redis_url:
-        return redis_url
-    try:
-        return recorded_url(state_dir, "start it again or pass --redis-url")
-    except raised("RequestRefused") as exc:
-        raise CliError(cast("RequestRefused", exc).message) from None
+        url: str | None = redis_url
+    else:
+        try:
+            url = recorded_url(state_dir, "start it again or pass --redis-url")
+        except raised("RequestRefused") as exc:
+            raise CliError(cast("RequestRefused", exc).message) from None
+    if url:
+        from toolq.core.settings import ToolqSettings
+
+        ToolqSettings(redis_url=url)
+    return url
 
 
 def resolve_app_path(app_path: str | None, state_dir: Path | None) -> str:
@@ -179,9 +217,7 @@ def open_app(
                     type(exc).__name__,
                 )
                 return tq
-            raise CliError(
-                f"cannot reach Redis at {redact_url(tq.redis_url)}: {type(exc).__name__}"
-            ) from None
+            raise CliError(server_said(tq.redis_url, exc)) from None
 
 
 def ledger_client(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any, Any, str]:
@@ -192,13 +228,14 @@ def ledger_client(redis_url: str | None, state_dir: Path | None) -> tuple[Any, A
     from toolq.core.settings import ToolqSettings
     from toolq.topology import topology_for
 
-    settings = ToolqSettings()
+    settings = ToolqSettings()  # a bad TOOLQ_* said first, URL or not
     url = resolve_url(redis_url, state_dir)
     if url is None:
         raise CliError(
             "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
             "directory"
         )
+    settings = ToolqSettings(redis_url=url)
     if not redis_url:  # the server `toolq up` recorded: its mode too
         settings = recorded_settings(settings, state_dir, publishes=False)
     topology = topology_for(settings)
@@ -237,9 +274,7 @@ def open_ledger(redis_url: str | None, state_dir: Path | None) -> tuple[Any, Any
         check_meta(topology, client)
     except FAILED as exc:
         line = unreachable_line(url, exc, cluster=isinstance(exc, CLUSTER_AWAY))
-        raise CliError(
-            line or f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}"
-        ) from None
+        raise CliError(line or server_said(url, exc)) from None
     return topology, client
 
 
@@ -287,9 +322,18 @@ def _start_log() -> logging.Logger:
 
 def parse_json_args(text: str, option: str = "--args") -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise CliError(f"{option} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:  # json's C decoder recurses per level: '[' * 100000
+        raise CliError(f"{option} is nested too deeply to be read") from None
+    except ValueError as exc:  # _not_json's
+        raise CliError(f"{option} is not valid JSON: {exc}") from None
+
+
+def _not_json(name: str) -> Any:
+    """Python's json reads NaN, Infinity and -Infinity; JSON has none of them."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def handle_errors(f: F) -> F:
@@ -322,7 +366,7 @@ def handle_errors(f: F) -> F:
                 raise
             raise CliError(line) from None
         except redis.RedisError as exc:
-            raise CliError(f"redis error: {type(exc).__name__}") from None
+            raise CliError(f"redis error: {refusal(exc)}") from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from toolq.edges.cli.common import CliError
+from toolq.edges.cli.common import CliError, Seconds
 from toolq.edges.cli.foreground import Interrupts
 
 
@@ -24,7 +24,7 @@ from toolq.edges.cli.foreground import Interrupts
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option(
     "--timeout",
-    type=click.FloatRange(10, 3600),
+    type=Seconds(10, 3600),
     default=180.0,
     show_default=True,
     help="Give up (and fail) after this many seconds.",

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from toolq.edges.cli.common import (
     LOGLEVEL,
     CliError,
+    Seconds,
     app_option,
     handle_errors,
     open_app,
@@ -111,7 +112,7 @@ def api(
 @click.option("--port", type=click.IntRange(1, 65535), default=8001, show_default=True)
 @click.option(
     "--wait-seconds",
-    type=click.FloatRange(0, 300),
+    type=Seconds(0, 300),
     default=20.0,
     show_default=True,
     help="How long a call waits for its operation before answering pending.",

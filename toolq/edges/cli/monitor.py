@@ -16,8 +16,10 @@ import redis
 from toolq.adapters.stack_state import read_state
 from toolq.core.redact import redact_url
 from toolq.edges.cli.common import (
+    AWAY,
     CLUSTER_AWAY,
     CliError,
+    Seconds,
     app_option,
     check_meta,
     echo_json,
@@ -27,6 +29,7 @@ from toolq.edges.cli.common import (
     redis_option,
     resolve_app_path,
     resolve_url,
+    server_said,
     state_dir_option,
     unreachable_line,
 )
@@ -41,6 +44,8 @@ from toolq.edges.monitor import (
 
 #: What ``toolq status --watch`` keeps watching through: any Redis failure, a Cluster's too.
 _REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
+#: What a watch waits out: the server away, or a Cluster's node away, named (CliError).
+_WATCH_AWAY: tuple[type[Exception], ...] = (*_REDIS_AWAY, CliError)
 
 
 @click.command()
@@ -57,7 +62,7 @@ _REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 @click.option(
     "--interval",
     "-i",
-    type=click.FloatRange(0.1, 3600),
+    type=Seconds(0.1, 3600),
     default=2.0,
     show_default=True,
     help="Seconds between refreshes with --watch.",
@@ -76,7 +81,7 @@ _REDIS_AWAY: tuple[type[Exception], ...] = (redis.RedisError, *CLUSTER_AWAY)
 )
 @click.option(
     "--worker-timeout",
-    type=click.FloatRange(0.05, 30),
+    type=Seconds(0.05, 30),
     default=0.5,
     show_default=True,
     help="How long --ping waits for answers (seconds).",
@@ -127,15 +132,27 @@ def status(
     if not watch:
         show()
         return
+    from toolq.process.waiting import CAP_S, Outage
+
+    # Through an outage: one line when it starts, one when it ends (not one per refresh),
+    # and tries spaced out as every process's are, never closer than the refresh.
+    retry_s = max(interval, CAP_S)
+    outage = Outage(f"the ledger's server at {source}", meanwhile=f"retrying every ≤ {retry_s:g} s")
     try:
         while True:
+            delay = interval
             try:
                 show()
-            except _REDIS_AWAY as exc:  # keep watching through an outage
-                click.echo(f"redis unavailable ({type(exc).__name__}); retrying", err=True)
-            except CliError as exc:  # a Cluster's node away, named
-                click.echo(f"{exc.message}; retrying", err=True)
-            _pause(interval)
+                back = outage.answered(time.time())
+                if back is not None:
+                    click.echo(back, err=True)
+            except _WATCH_AWAY as exc:
+                named = exc.message if isinstance(exc, CliError) else None
+                wait_s, line = outage.failed(time.time(), type(exc).__name__)
+                if line is not None:
+                    click.echo(f"{named}; {outage.meanwhile}" if named else line, err=True)
+                delay = max(interval, wait_s)
+            _pause(delay)
     except KeyboardInterrupt:
         pass
 
@@ -154,6 +171,8 @@ def _light(
         client.ping()
         check_meta(topology, client)
     except redis.RedisError as exc:
+        if not isinstance(exc, AWAY):
+            raise CliError(server_said(url, exc)) from None
         raise CliError(
             f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
             "server: toolq's processes wait for it and resume once it answers)"

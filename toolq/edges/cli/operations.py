@@ -17,6 +17,7 @@ from toolq.core.record import OperationRecord, ms_to_dt
 from toolq.core.redact import shown_args
 from toolq.core.states import SETTLED, State
 from toolq.edges.cli.common import (
+    Seconds,
     app_option,
     echo_json,
     handle_errors,
@@ -48,6 +49,8 @@ WAIT_EXIT: dict[State, int] = {
 }
 #: Any other state: still on its way (queued, running, waiting_retry, verifying).
 WAIT_PENDING = 3
+#: Ctrl-C while waiting: the shell's 128 + SIGINT, not a state's code.
+WAIT_INTERRUPTED = 130
 
 
 @click.command(
@@ -58,6 +61,7 @@ Exit status with --wait:
   2  refused or not submitted: bad input, unknown tool, server unreachable
   3  still pending when --wait ran out (queued, running, waiting_retry, verifying)
   4  waiting for a person: awaiting_approval (toolq approve) or needs_input (toolq input)
+  130  interrupted (Ctrl-C) while waiting: the operation goes on
 Without --wait: 0 once submitted, 2 if refused."""
 )
 @click.argument("tool")
@@ -73,7 +77,7 @@ Without --wait: 0 once submitted, 2 if refused."""
 @click.option(
     "--wait",
     "wait_s",
-    type=click.FloatRange(0, 3600),
+    type=Seconds(0, 3600),
     default=None,
     help="Wait up to this many seconds, print the envelope, exit with the outcome (below).",
 )
@@ -102,13 +106,23 @@ def submit(
     if wait_s is None:
         return
     try:
-        env = tq.wait(sub.operation_ref, timeout=wait_s)
+        _wait_and_exit(tq, sub.operation_ref, wait_s)
+    except KeyboardInterrupt:
+        # Not click's "Aborted!" and exit 1: 1 says the operation failed, and it goes on.
+        click.echo(f"{sub.operation_ref}: no longer waited for; it goes on", err=True)
+        raise SystemExit(WAIT_INTERRUPTED) from None
+
+
+def _wait_and_exit(tq: ToolQueue, ref: str, wait_s: float) -> None:
+    """Wait up to ``wait_s`` for ``ref``, print its envelope, exit with its state's code."""
+    try:
+        env = tq.wait(ref, timeout=wait_s)
     except TimeoutError:
         env = None  # nothing to show yet
     # The exit status and the envelope printed come from one read of the record.
-    rec = tq.get(sub.operation_ref)
+    rec = tq.get(ref)
     if rec is None:
-        raise OperationNotFound(f"operation {sub.operation_ref[:80]!r} is gone")
+        raise OperationNotFound(f"operation {ref[:80]!r} is gone")
     if rec.state in SETTLED and rec.envelope is not None:
         env = rec.envelope
     if env is not None:
@@ -293,20 +307,17 @@ verify = _operator_action(
 @click.argument("ref")
 @click.option(
     "--committed",
-    "outcome",
-    flag_value="committed",
+    is_flag=True,
     help="You checked the provider: the write happened (give --result or --reference).",
 )
 @click.option(
     "--not-committed",
-    "outcome",
-    flag_value="not_committed",
+    is_flag=True,
     help="You checked the provider: nothing was written; the operation fails for good.",
 )
 @click.option(
     "--retry",
-    "outcome",
-    flag_value="retry",
+    is_flag=True,
     help="You checked the provider: nothing was written; run one attempt more, same ref.",
 )
 @click.option("--reason", required=True, help="What you checked (kept in the history).")
@@ -318,7 +329,9 @@ verify = _operator_action(
 @handle_errors
 def resolve(
     ref: str,
-    outcome: str | None,
+    committed: bool,
+    not_committed: bool,
+    retry: bool,
     reason: str,
     result_json: str | None,
     reference: str,
@@ -328,8 +341,14 @@ def resolve(
     state_dir: Path,
 ) -> None:
     """Settle an escalated operation: --committed, --not-committed or --retry."""
-    if outcome is None:
-        raise click.UsageError("say what you found: --committed, --not-committed or --retry")
+    # Three flags, not one value: given two, the last one won without a word, and
+    # `--committed --retry` ran a write again that the operator had seen happen.
+    given = {"committed": committed, "not_committed": not_committed, "retry": retry}
+    found = [outcome for outcome, flag in given.items() if flag]
+    if len(found) != 1:
+        say = "say what you found" if not found else "say one thing you found"
+        raise click.UsageError(f"{say}: --committed, --not-committed or --retry")
+    outcome = found[0]
     result = None if result_json is None else parse_json_args(result_json, "--result")
     tq = open_app(app_path, redis_url, state_dir)
     state = tq.resolve(

@@ -32,6 +32,18 @@ def _metrics(port: int | None, tq: Any, role: str) -> None:
         start_metrics_server(port, tq, role=role)
 
 
+def _check_queues(queues: str | None, q: Any) -> None:
+    """A usage error for a name in ``--queues`` that is not one of toolq's queues (Celery
+    refused it with a traceback; only toolq's tasks are routed to toolq's queues)."""
+    ours = (q.calls, q.verify)
+    for name in queues.split(",") if queues else ():
+        if name.strip() not in ours:
+            raise click.BadParameter(
+                f"{name!r} is not one of this app's queues ({', '.join(ours)})",
+                param_hint="'--queues'",
+            )
+
+
 @click.command()
 @app_option
 @redis_option
@@ -116,6 +128,7 @@ def worker(
     from toolq.services.workers.main import run_worker
 
     tq = open_app(app_path, redis_url, state_dir, away="wait")
+    _check_queues(queues, tq.settings.queues)
     _metrics(metrics_port, tq, "worker")
     run_worker(
         tq.celery,

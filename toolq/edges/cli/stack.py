@@ -69,6 +69,9 @@ def _api_available() -> bool:
 def _ping(url: str) -> None:
     import redis
 
+    from toolq.core.settings import ToolqSettings
+
+    ToolqSettings(redis_url=url)  # malformed: one line (invalid settings), not redis-py's traceback
     client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
     try:
         client.ping()
