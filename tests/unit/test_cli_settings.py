@@ -154,7 +154,7 @@ def test_a_well_formed_redis_url_is_taken(url: str) -> None:
 def test_every_command_answers_a_malformed_url_with_one_line(args: list[str], url: str) -> None:
     result = CliRunner().invoke(main, [*args, "--redis-url", url], env={"TOOLQ_APP": None})
     assert result.exit_code != 0
-    assert "invalid settings: TOOLQ_REDIS_URL: redis_url: not a valid host and port" in (
+    assert "invalid settings: TOOLQ_REDIS_URL: redis_url: a host or port cannot be read" in (
         result.output
     ), result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
