@@ -208,3 +208,19 @@ def test_an_app_that_fails_to_import_is_one_line_without_its_credentials(
     assert result.exit_code == 2, result.output
     assert result.output.startswith("Error: cannot import 'toolq_test_leaky_app': ConnectionError")
     assert "s3cret" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["list"], ["submit", "create_invoice", "--args", "{}"], ["show", "op_1"], ["status"]],
+    ids=lambda args: args[0],
+)
+def test_no_url_anywhere_is_said_in_the_clis_words(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given no --redis-url, no TOOLQ_REDIS_URL and no `toolq up` recorded here
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args, env={"TOOLQ_REDIS_URL": None, "TOOLQ_APP": None})
+    assert result.exit_code != 0
+    # the CLI's option, not the library's redis_url=
+    assert "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL" in result.output, result.output

@@ -133,6 +133,10 @@ def state_dir_option(f: F) -> F:
     )(f)
 
 
+#: No URL anywhere: the CLI's words (the library's name ``redis_url=``).
+NO_URL = "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this directory"
+
+
 def resolve_url(redis_url: str | None, state_dir: Path | None) -> str | None:
     """``--redis-url``, else what a running ``toolq up`` recorded in ``state_dir``.
 
@@ -194,6 +198,8 @@ def open_app(
     """
     url = resolve_url(redis_url, state_dir)
     tq = load_app(resolve_app_path(app_path, state_dir), url)
+    if url is None and tq.settings.redis_url is None:  # nor one the app module set
+        raise CliError(NO_URL)
     if url and not redis_url:
         tq.app.adopt(recorded_settings(tq.settings, state_dir, publishes=publishes))
     while True:
@@ -231,10 +237,7 @@ def ledger_client(redis_url: str | None, state_dir: Path | None) -> tuple[Any, A
     settings = ToolqSettings()  # a bad TOOLQ_* said first, URL or not
     url = resolve_url(redis_url, state_dir)
     if url is None:
-        raise CliError(
-            "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL, or run `toolq up` in this "
-            "directory"
-        )
+        raise CliError(NO_URL)
     settings = ToolqSettings(redis_url=url)
     if not redis_url:  # the server `toolq up` recorded: its mode too
         settings = recorded_settings(settings, state_dir, publishes=False)
