@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -224,3 +225,22 @@ def test_no_url_anywhere_is_said_in_the_clis_words(
     assert result.exit_code != 0
     # the CLI's option, not the library's redis_url=
     assert "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "args", [["api"], ["mcp", "--transport", "http"]], ids=lambda args: args[0]
+)
+def test_a_port_in_use_is_one_line_before_anything_starts(args: list[str]) -> None:
+    # Given a port something listens on
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            main,
+            [*args, "--port", str(port)],
+            env={"TOOLQ_REDIS_URL": "redis://127.0.0.1:1/0", "TOOLQ_APP": None},
+        )
+    # uvicorn's own was an ERROR line and exit 3, after the app was made
+    assert result.exit_code != 0
+    assert f"port {port} on 127.0.0.1 is in use" in result.output, result.output

@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import math
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -131,6 +132,27 @@ def state_dir_option(f: F) -> F:
         type=click.Path(file_okay=False, path_type=Path),
         help="Where `toolq up` records the server URL and app path.",
     )(f)
+
+
+def bindable(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now. With SO_REUSEADDR, as uvicorn
+    and the metrics server bind theirs: the TIME_WAIT connections a crash (or a browser
+    tab) leaves on the port do not count, a socket listening there still does."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_port(host: str, port: int, what: str) -> None:
+    """One line, before anything starts, if ``port`` is taken: uvicorn's own is an ERROR
+    line and exit 3 once the app and its connections are made."""
+    if not bindable(host, port):
+        raise CliError(f"port {port} on {host} is in use ({what}): pass --port with another one")
 
 
 #: No URL anywhere: the CLI's words (the library's name ``redis_url=``).

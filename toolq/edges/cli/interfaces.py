@@ -15,6 +15,7 @@ from toolq.edges.cli.common import (
     CliError,
     Seconds,
     app_option,
+    check_port,
     handle_errors,
     open_app,
     redis_option,
@@ -88,6 +89,7 @@ def api(
     settings = _settings()
     _check_console_settings()
     _bind(host, settings, "api")
+    check_port(host, port, "the API")
     from toolq.edges.api.app import serve_api
 
     tq = open_app(app_path, redis_url, state_dir, away="serve")
@@ -140,6 +142,7 @@ def mcp_command(
 
     if transport == "http":
         _bind(host, _settings(), "mcp")
+        check_port(host, port, "MCP")
     tq = open_app(app_path, redis_url, state_dir, away="serve")
     clash = sorted({GET_OPERATION, CANCEL_OPERATION} & {t.name for t in tq.registry})
     if clash:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from toolq.edges.cli.common import (
     LOGLEVEL,
     CliError,
     app_option,
+    bindable,
     load_app,
     redis_option,
     state_dir_option,
@@ -38,27 +38,13 @@ def _ports(wanted: dict[str, tuple[int | None, str]]) -> dict[str, int | None]:
         f"port {port} for {what} on {host} is in use: pass --{what}-port 0 (any free port) "
         "or another port"
         for what, (port, host) in wanted.items()
-        if port and not _bindable(host, port)
+        if port and not bindable(host, port)
     ]
     if len(taken) == 1:
         raise CliError(taken[0])
     if taken:
         raise CliError("\n".join([f"{len(taken)} ports are in use:", *taken]))
     return {what: free_port() if port == 0 else port for what, (port, host) in wanted.items()}
-
-
-def _bindable(host: str, port: int) -> bool:
-    """Whether a server could listen on ``host:port`` now. With SO_REUSEADDR, as uvicorn
-    and the metrics server bind theirs: the TIME_WAIT connections a crash (or a browser
-    tab) leaves on the port do not count, a socket listening there still does."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _api_available() -> bool:
