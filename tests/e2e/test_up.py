@@ -12,11 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import descendants, pid_gone, start_toolq, stop_process, toolq_env, wait_until
+from tests.helpers import (
+    descendants,
+    free_port,
+    pid_gone,
+    start_toolq,
+    stop_process,
+    toolq_env,
+    wait_until,
+)
+from toolq.adapters.embedded import EmbeddedServer, url_for_db
 from toolq.adapters.stack_state import read_state
 
 # No URL, state dir or app from the environment: only the state directory finds them.
 UNSET = ("TOOLQ_REDIS_URL", "TOOLQ_STATE_DIR", "TOOLQ_APP")
+INVOICE = json.dumps({"customer": "acme", "amount": 42})
 
 
 def _toolq(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -116,12 +126,34 @@ def test_up_serves_other_commands_and_stops_everything(tmp_path: Path) -> None:
     _assert_all_gone(pids)
 
 
-def test_up_with_an_unreachable_server_fails_in_one_line(tmp_path: Path) -> None:
-    res = _toolq(tmp_path, "up", "--redis-url", "redis://127.0.0.1:1/0")
-    assert res.returncode != 0
-    assert res.stderr.strip().count("\n") == 0
-    assert "cannot reach Redis" in res.stderr
-    assert read_state(tmp_path / ".toolq") is None
+def test_up_on_a_server_away_starts_anyway_and_serves_once_it_answers(tmp_path: Path) -> None:
+    # Given a server that is not up yet (its port known): `toolq up` used to exit at once
+    server = EmbeddedServer(tmp_path / "valkey", port=free_port(), appendonly=True)
+    url = url_for_db(server.url, 0)
+    p, log = _start_up(tmp_path, "--no-api", "--redis-url", url)
+    try:
+        # When it starts: one line says so, and its processes wait (none exits)
+        assert wait_until(lambda: "starting anyway" in log.read_text(), timeout=30), log.read_text()
+        assert wait_until(lambda: len(descendants(p.pid)) >= 3, timeout=30), log.read_text()
+        assert p.poll() is None, log.read_text()
+        assert log.read_text().count("does not answer") == 1, log.read_text()
+
+        # Then, the server up, the stack serves a call end to end
+        server.start()
+        assert wait_until(lambda: read_state(tmp_path / ".toolq") is not None, timeout=60), (
+            log.read_text()
+        )
+        sub = _toolq(
+            tmp_path, "submit", "create_invoice", "--args", INVOICE, "--wait", "60", timeout=90
+        )
+        assert sub.returncode == 0, (sub.stdout, sub.stderr, log.read_text()[-3000:])
+        assert p.poll() is None
+        pids = descendants(p.pid)
+    finally:
+        code = stop_process(p, signal.SIGINT, timeout=30)
+        server.stop()
+    assert code == 0, log.read_text()
+    _assert_all_gone(pids)
 
 
 @pytest.mark.parametrize(

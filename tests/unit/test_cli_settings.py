@@ -94,10 +94,10 @@ def test_a_misspelt_loglevel_is_a_usage_error_before_anything_starts(command: st
 
 @pytest.mark.parametrize("level", ["warning", "WARNING", "Warning"])
 def test_a_loglevel_is_taken_in_any_case(level: str) -> None:
-    # `up` parses it, then stops at the server it cannot reach (port 1): not at -l
-    result = CliRunner().invoke(main, ["up", "-l", level, "--redis-url", "redis://127.0.0.1:1/0"])
+    # `up` parses it, then stops at the app it cannot import: not at -l
+    result = CliRunner().invoke(main, ["up", "-l", level, "--app", "toolq_no_such_app:tq"])
     assert result.exit_code != 0, result.output
-    assert "cannot reach Redis" in result.output and "--loglevel" not in result.output
+    assert "cannot import" in result.output and "--loglevel" not in result.output
 
 
 #: URLs redis-py refuses (or, for a path that is not a number, reads as database 0)

@@ -55,6 +55,21 @@ def test_the_beat_says_what_and_since_when_it_started() -> None:
 
 
 @pytest.mark.parametrize(
+    ("why", "line"),
+    [
+        ("ConnectionError", "the ledger unavailable (ConnectionError); retrying every ≤ 2 s"),
+        (
+            "AuthenticationError",
+            "the ledger unavailable (AuthenticationError: check the user and password in its "
+            "URL); retrying every ≤ 2 s",
+        ),
+    ],
+)
+def test_a_failure_of_the_process_own_setting_says_what_to_check(why: str, line: str) -> None:
+    assert Outage("the ledger").failed(1.0, why) == (0.5, line)
+
+
+@pytest.mark.parametrize(
     ("first", "cap", "delays"), [(0.5, 2.0, [0.5, 1, 2, 2]), (1, 5, [1, 2, 4, 5, 5])]
 )
 def test_the_delay_doubles_up_to_the_cap(first: float, cap: float, delays: list[float]) -> None:

@@ -56,6 +56,15 @@ CAP_S = 2.0
 FLAP_S = 10.0
 
 
+#: What to check, by the failure's class name, where it is the process's own setting
+#: and not the server's absence (redis-py's AuthenticationError is a ConnectionError:
+#: waited for like one, since a password may be changing on the server, but said).
+HINTS = {
+    "AuthenticationError": "check the user and password in its URL",
+    "AuthenticationWrongNumberOfArgsError": "check the user and password in its URL",
+}
+
+
 @dataclass
 class Outage:
     """One dependency's outage as a process sees it. Pure: ``now`` is passed in
@@ -108,7 +117,9 @@ class Outage:
 
     def _line(self) -> str:
         meanwhile = self.meanwhile or f"retrying every ≤ {self.cap_s:g} s"
-        return f"{self.what} {self.down} ({self.why}); {meanwhile}"
+        hint = HINTS.get(self.why)
+        why = f"{self.why}: {hint}" if hint else self.why
+        return f"{self.what} {self.down} ({why}); {meanwhile}"
 
     def beat(self) -> dict[str, Any] | None:
         """What a heartbeat carries while waiting: ``{"for": key, "since": ms}``."""

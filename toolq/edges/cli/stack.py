@@ -15,6 +15,7 @@ import click
 from toolq.adapters.stack_state import clear_state, mode_of, owner, read_state, write_state
 from toolq.core.redact import redact_url
 from toolq.edges.cli.common import (
+    AWAY,
     DEFAULT_APP,
     LOGLEVEL,
     CliError,
@@ -52,19 +53,36 @@ def _api_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn"))
 
 
-def _ping(url: str) -> None:
+def _ping(url: str) -> bool:
+    """Whether the server at ``url`` answers, checked before anything starts. Away:
+    said in one line, and the stack starts anyway (each process waits for it, the API
+    answers 503 until it answers: a long-running process does not exit because a
+    dependency is away). Answering with a refusal (a database it does not have): one
+    line, and nothing starts."""
     import redis
 
     from toolq.core.settings import ToolqSettings
+    from toolq.process.waiting import HINTS
 
     ToolqSettings(redis_url=url)  # malformed: one line (invalid settings), not redis-py's traceback
     client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
     try:
         client.ping()
+    except AWAY as exc:
+        why = type(exc).__name__
+        hint = HINTS.get(why)
+        click.echo(
+            f"toolq up: the server at {redact_url(url)} does not answer "
+            f"({why}{': ' + hint if hint else ''}); starting anyway: every process waits "
+            "for it",
+            err=True,
+        )
+        return False
     except (redis.RedisError, ValueError) as exc:
-        raise CliError(f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}") from None
+        raise CliError(f"the server at {redact_url(url)} refused: {type(exc).__name__}") from None
     finally:
         client.close()
+    return True
 
 
 def _check_cluster(redis_url: str | None) -> None:
@@ -179,8 +197,7 @@ def up(
     _check_cluster(redis_url)
     app = app_path or DEFAULT_APP
     tq = load_app(app)  # a wrong --app fails here, once, before anything is started
-    if redis_url:
-        _ping(redis_url)
+    answers = _ping(redis_url) if redis_url else True
     if example_provider is None:
         example_provider = app == DEFAULT_APP and not os.environ.get("TOOLQ_EXAMPLE_PROVIDER_URL")
     notes: list[str] = []
@@ -223,8 +240,9 @@ def up(
                 stack.start()
             except Exception as exc:
                 raise CliError(f"cannot start the stack: {type(exc).__name__}: {exc}") from None
+            why = "(see the errors above)" if answers else "yet: it waits for the server"
             for name in stack.wait_serving():
-                notes.append(f"{name:<10} not answering after 30 s (see the errors above)")
+                notes.append(f"{name:<10} not answering after 30 s {why}")
             recorded = {
                 "redis_url": stack.redis_url,
                 "app": app,
