@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -42,7 +43,7 @@ from toolq.core.envelope import ToolError, ToolSuccess, json_schema, parse_envel
 from toolq.core.record import OperationRecord
 from toolq.core.states import SETTLED, State
 from toolq.core.tools import canonical_json, fingerprint
-from toolq.edges.mcp_server import create_server
+from toolq.edges.mcp_server import PARSE_ERROR_MESSAGE, create_server
 from toolq.edges.mcp_server.envelopes import pending_envelope
 
 AIO_APP = "tests.integration.apps.aio_app:tq"
@@ -472,6 +473,55 @@ def test_over_stdio(module_redis_url: str, tq: ToolQueue) -> None:
     failure = envelope(crash)
     assert isinstance(failure, ToolError) and failure.category == "internal"
     assert SECRET not in crash.model_dump_json()
+
+
+def test_over_stdio_a_line_that_is_not_json_rpc_is_answered_with_a_parse_error(
+    module_redis_url: str,
+) -> None:
+    # Given `toolq mcp` on stdio, spoken to line by line (the SDK's client sends only
+    # well-formed messages)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolq.edges.cli", "mcp", "--app", APP],
+        env=toolq_env({"TOOLQ_REDIS_URL": module_redis_url}),
+        cwd=str(REPO_ROOT),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        # When a client sends lines that are not JSON-RPC messages, then one that is
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        }
+        lines = ["{not json " + SECRET, '{"jsonrpc": "2.0", "nope": [' + "[" * 300]
+        for line in [*lines, json.dumps(initialize)]:
+            proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        answers = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    finally:
+        proc.stdin.close()
+        code = proc.wait(timeout=30)
+        proc.stdout.close()
+
+    # Then each bad line is answered with a parse error (it was answered with nothing,
+    # and its client waited for ever), in toolq's words, and the session goes on
+    for bad in answers[:2]:
+        assert bad == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": -32700, "message": PARSE_ERROR_MESSAGE},
+        }, bad
+    assert answers[2]["id"] == 1 and answers[2]["result"]["serverInfo"]["name"] == "toolq"
+    assert code == 0
 
 
 def _free_port() -> int:

@@ -94,15 +94,44 @@ def create_server(
     return server
 
 
+#: The answer to a line that is not a JSON-RPC message (JSON-RPC 2.0: a parse error,
+#: ``id`` null), in toolq's words: the parser's would quote the line.
+PARSE_ERROR_MESSAGE = "Parse error: the line is not a JSON-RPC message"
+
+
 def run_stdio(tq: ToolQueue, **options: Any) -> None:
-    """Serve MCP over stdin/stdout until the client closes it."""
+    """Serve MCP over stdin/stdout until the client closes it.
+
+    A line that is not a JSON-RPC message is answered with a parse error (``-32700``,
+    ``id`` null), as over HTTP: the SDK's stdio transport passes it to the server as
+    an exception, which it logs at debug and answers with nothing, so a client that
+    sent one waited for ever."""
     from mcp.server.stdio import stdio_server
+    from mcp.shared._context_streams import create_context_streams
+    from mcp.shared.message import SessionMessage
+    from mcp.types import PARSE_ERROR, ErrorData, JSONRPCError
 
     server = create_server(tq, **options)
+    refusal = JSONRPCError(
+        jsonrpc="2.0", id=None, error=ErrorData(code=PARSE_ERROR, message=PARSE_ERROR_MESSAGE)
+    )
 
     async def main() -> None:
         async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+            sieved_writer, sieved = create_context_streams[SessionMessage | Exception](0)
+
+            async def sieve() -> None:
+                async with sieved_writer, read:
+                    async for item in read:
+                        if isinstance(item, Exception):
+                            await write.send(SessionMessage(refusal))
+                        else:
+                            await sieved_writer.send(item)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sieve)
+                await server.run(sieved, write, server.create_initialization_options())
+                tg.cancel_scope.cancel()
 
     anyio.run(main)
 
