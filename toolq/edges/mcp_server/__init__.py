@@ -107,7 +107,6 @@ def run_stdio(tq: ToolQueue, **options: Any) -> None:
     an exception, which it logs at debug and answers with nothing, so a client that
     sent one waited for ever."""
     from mcp.server.stdio import stdio_server
-    from mcp.shared._context_streams import create_context_streams
     from mcp.shared.message import SessionMessage
     from mcp.types import PARSE_ERROR, ErrorData, JSONRPCError
 
@@ -118,7 +117,7 @@ def run_stdio(tq: ToolQueue, **options: Any) -> None:
 
     async def main() -> None:
         async with stdio_server() as (read, write):
-            sieved_writer, sieved = create_context_streams[SessionMessage | Exception](0)
+            sieved_writer, sieved = anyio.create_memory_object_stream[SessionMessage | Exception](0)
 
             async def sieve() -> None:
                 async with sieved_writer, read:
