@@ -566,3 +566,37 @@ def test_a_default_without_json_is_registered_without_a_warning(tq: ToolQueue) -
         return None
 
     assert "mark" in tq.registry
+
+
+class TreeNode(BaseModel):
+    name: str
+    children: list[TreeNode] = []
+
+
+def test_a_recursive_arguments_model_has_its_object_at_the_top_of_its_schema(
+    tq: ToolQueue,
+) -> None:
+    # pydantic answers {"$ref": "#/$defs/TreeNode", "$defs": ...} for a recursive model:
+    # no "type": "object" at the top, which MCP requires of a tool's inputSchema
+    @tq.tool(name="tree")
+    def tree(args: TreeNode) -> dict[str, Any]:
+        return {}
+
+    schema = tq.registry.get("tree").input_schema()
+    assert schema["type"] == "object" and "$ref" not in schema
+    assert set(schema["properties"]) == {"name", "children"}
+    # the references inside still resolve
+    assert schema["properties"]["children"]["items"] == {"$ref": "#/$defs/TreeNode"}
+    assert schema["$defs"]["TreeNode"]["type"] == "object"
+
+
+class Plain(BaseModel):
+    n: int
+
+
+def test_a_plain_arguments_model_keeps_its_schema_as_pydantic_makes_it(tq: ToolQueue) -> None:
+    @tq.tool(name="plain")
+    def plain(args: Plain) -> dict[str, Any]:
+        return {}
+
+    assert tq.registry.get("plain").input_schema() == Plain.model_json_schema()

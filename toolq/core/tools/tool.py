@@ -180,7 +180,25 @@ class Tool(Generic[R]):
         return self.verify_fn(ctx)
 
     def input_schema(self) -> dict[str, Any]:
-        return self.args_model.model_json_schema()
+        return object_schema(self.args_model.model_json_schema())
+
+
+def object_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its object at the top. pydantic answers a recursive model (a
+    ``Node`` with ``children: list[Node]``) with ``{"$ref": "#/$defs/Node", "$defs":
+    ...}``, which MCP refuses as a tool's ``inputSchema`` (its type must be ``object``)
+    and forms cannot walk: the definition it names is put at the top, the ``$defs``
+    kept beside it for the references inside."""
+    ref = schema.get("$ref")
+    defs = schema.get("$defs")
+    prefix = "#/$defs/"
+    if not (isinstance(ref, str) and ref.startswith(prefix) and isinstance(defs, dict)):
+        return schema
+    target = defs.get(ref[len(prefix) :])
+    if not isinstance(target, dict):
+        return schema
+    rest = {k: v for k, v in schema.items() if k != "$ref"}
+    return {**target, **rest}
 
 
 def _is_coroutine_fn(fn: Any) -> bool:
