@@ -500,11 +500,14 @@ def test_a_record_the_scheduler_cannot_decide_does_not_hold_back_its_batch(
     tq.redis.hset(tq.ledger.keys_of(bad).op(bad), "call_id", "line\nbreak")
     clock.now += 5.0
 
-    # When the scheduler takes them in one batch
-    Scheduler(tq.app).tick()
+    # When the scheduler takes them in one batch, and the bad one again in the next
+    scheduler = Scheduler(tq.app)
+    scheduler.tick()
+    clock.now += tq.settings.scheduler.hold + 1  # its hold over: taken again
+    scheduler.tick()
 
     # Then the other one is escalated, and the one it cannot decide is said by its ref
-    # (the batch raised: no item of it was handled, round after round)
+    # once (the batch raised: no item of it was handled, round after round)
     assert _history(tq, good)[-1] == (State.QUEUED, State.ESCALATED, "DEADLINE_EXCEEDED")
     assert tq.ledger.fields(bad, "state")["state"] == State.QUEUED
     said = [r.getMessage() for r in caplog.records if r.name == "toolq.scheduler"]

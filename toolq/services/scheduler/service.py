@@ -77,6 +77,10 @@ LEDGER_DOWN: tuple[type[BaseException], ...] = (
 MAINTENANCE_EVERY_S = 60.0
 
 
+#: Records passed over that a scheduler remembers having said (past it: said again).
+PASSED_OVER_SAID = 10_000
+
+
 class Scheduler:
     def __init__(
         self,
@@ -94,6 +98,9 @@ class Scheduler:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.on_tick = on_tick
         self._stop = threading.Event()
+        #: Records passed over (their transition failed), said once each: they stay
+        #: due, and a traceback every round for each would bury the log.
+        self._said_passed: set[str] = set()
         #: The waits for the server, and for a round that failed unexpectedly.
         self.ledger_wait = Waiter(
             Outage("the ledger's server", "ledger"), log, clock=self.clock, stop=self._stop
@@ -186,9 +193,7 @@ class Scheduler:
             try:
                 t = for_decision(d, snap, tool, row.get("call_id", ""), now, policy, messages)
             except Exception:  # one record it cannot decide must not hold back the batch
-                log.exception(
-                    "scheduler: %s (%s) passed over: its transition failed", snap.ref, d.action
-                )
+                self._passed_over(snap.ref, d.action)
                 continue
             if t is None:
                 if d.action is Action.DROP:
@@ -205,6 +210,15 @@ class Scheduler:
             else:
                 lags.append(-1)
         return batch
+
+    def _passed_over(self, ref: str, action: object) -> None:
+        if ref in self._said_passed:
+            log.debug("scheduler: %s (%s) passed over again", ref, action)
+            return
+        if len(self._said_passed) >= PASSED_OVER_SAID:
+            self._said_passed.clear()
+        self._said_passed.add(ref)
+        log.exception("scheduler: %s (%s) passed over: its transition failed", ref, action)
 
     def commit(self, batch: Batch) -> TickStats:
         """Apply a batch's transitions (one script call) and count what took."""
