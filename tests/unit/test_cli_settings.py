@@ -244,3 +244,28 @@ def test_a_port_in_use_is_one_line_before_anything_starts(args: list[str]) -> No
     # uvicorn's own was an ERROR line and exit 3, after the app was made
     assert result.exit_code != 0
     assert f"port {port} on 127.0.0.1 is in use" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["migrate", "--dry-run", "--prefix", ""],
+        ["migrate", "--dry-run", "--prefix", "two\nlines"],
+        ["cells", "migrate", "--cells", "4", "--prefix", "a}b"],
+        ["cells", "balance", "--prefix", "a:c001"],  # a cell's own tag
+    ],
+    ids=["empty", "newline", "brace", "colon"],
+)
+def test_a_prefix_no_ledger_can_have_is_a_usage_error(args: list[str]) -> None:
+    result = CliRunner().invoke(main, [*args, "--redis-url", "redis://127.0.0.1:1/0"])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--prefix'" in result.output
+
+
+def test_a_prefix_no_ledger_can_have_is_an_invalid_setting() -> None:
+    # a brace would end every key's hash tag early: a Cluster would scatter an operation
+    result = CliRunner().invoke(
+        main, ["status", "--redis-url", "redis://127.0.0.1:1/0"], env={"TOOLQ_PREFIX": "a{b"}
+    )
+    assert result.exit_code != 0
+    assert "invalid settings: TOOLQ_PREFIX" in result.output, result.output

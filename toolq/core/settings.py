@@ -294,6 +294,10 @@ def seed_nodes(url: str) -> list[tuple[str, int]]:
     return out
 
 
+#: What a ledger's key prefix may be: letters, digits, ``_``, ``.`` and ``-``.
+PREFIX_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
 class ToolqSettings(BaseSettings):
     #: ``hide_input_in_errors``: pydantic's message quotes the value refused
     #: (``input_value='redis://:password@...'``) after toolq's redacted words.
@@ -318,7 +322,10 @@ class ToolqSettings(BaseSettings):
     #: name its Sentinels monitor the primary under (``sentinel monitor <name> ...``).
     #: Required with one; any other broker ignores it. kombu's ``master_name`` option.
     broker_master_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
-    prefix: str = "toolq"
+    #: The ledger's key prefix, inside every key's hash tag (``{toolq}:op:<ref>``): a
+    #: brace would end the tag early (a Cluster would scatter one operation's keys),
+    #: and an empty one names no ledger.
+    prefix: str = Field(default="toolq", pattern=PREFIX_PATTERN)
     #: ``fsync``: a claim is on disk before its tool is called, and a submit before
     #: it is acknowledged, so a power loss cannot undo a claim and run the write again
     #: (the ledger sends ``WAITAOF`` after each, in the same round trip). It needs a

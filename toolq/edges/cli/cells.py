@@ -13,6 +13,7 @@ from toolq.core.redact import redact_url
 from toolq.edges.cli.common import (
     CliError,
     handle_errors,
+    prefix_option,
     redis_option,
     resolve_url,
     state_dir_option,
@@ -20,16 +21,6 @@ from toolq.edges.cli.common import (
 
 if TYPE_CHECKING:
     from toolq.adapters.ledger.spread import Move
-
-
-#: The ledger's key prefix, for the commands that move cells (``migrate``, ``balance``).
-prefix_option = click.option(
-    "--prefix",
-    envvar="TOOLQ_PREFIX",
-    default="toolq",
-    show_default=True,
-    help="The ledger's key prefix (env TOOLQ_PREFIX).",
-)
 
 
 @click.group()

@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import math
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -121,6 +122,26 @@ def redis_option(f: F) -> F:
         help="Redis/Valkey URL (env TOOLQ_REDIS_URL; else the server `toolq up` recorded in "
         "--state-dir).",
     )(f)
+
+
+def _prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    from toolq.core.settings import PREFIX_PATTERN
+
+    if not re.fullmatch(PREFIX_PATTERN, value):
+        raise click.BadParameter("1 to 64 letters, digits, '_', '.' or '-'")
+    return value
+
+
+#: The ledger's key prefix, for the commands that read it without the app (``migrate``,
+#: ``cells``): the settings' own pattern.
+prefix_option = click.option(
+    "--prefix",
+    envvar="TOOLQ_PREFIX",
+    default="toolq",
+    show_default=True,
+    callback=_prefix,
+    help="The ledger's key prefix (env TOOLQ_PREFIX).",
+)
 
 
 def state_dir_option(f: F) -> F:

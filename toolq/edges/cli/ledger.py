@@ -6,19 +6,19 @@ import click
 import redis
 
 from toolq.core.redact import redact_url
-from toolq.edges.cli.common import CliError, handle_errors, redis_option, state_dir_option
+from toolq.edges.cli.common import (
+    CliError,
+    handle_errors,
+    prefix_option,
+    redis_option,
+    state_dir_option,
+)
 
 
 @click.command()
 @redis_option
 @state_dir_option
-@click.option(
-    "--prefix",
-    envvar="TOOLQ_PREFIX",
-    default="toolq",
-    show_default=True,
-    help="The ledger's key prefix (env TOOLQ_PREFIX).",
-)
+@prefix_option
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @click.option(
     "--force",
