@@ -17,6 +17,7 @@ import json
 import socket
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -214,3 +215,31 @@ def test_a_request_that_is_not_http_is_refused_with_a_typed_error(api: int, head
         "code": "MALFORMED_REQUEST",
         "message": "the request is not valid HTTP/1.1",
     }
+
+
+def test_a_request_framed_both_by_length_and_by_chunks_is_refused_and_runs_nothing(
+    api: int,
+) -> None:
+    # Given an invoke framed two ways: a proxy in front reading Content-Length and this
+    # server reading the chunks would take different requests from the same bytes
+    body = b'{"text": "smuggled"}'
+    head = (
+        b"POST /v1/tools/echo:invoke HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Idempotency-Key: framed/1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", api), timeout=30) as s:
+        s.sendall(head + chunked)
+        data = b""
+        while chunk := s.recv(4096):  # the server closes the connection after it
+            data += chunk
+
+    # Then it is refused with a typed 400, and nothing was submitted
+    status, _, answer = data.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400 "), data
+    assert json.loads(answer)["code"] == "MALFORMED_REQUEST"
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"http://127.0.0.1:{api}/v1/operations/framed/1", timeout=30)
+    assert missing.value.code == 404
+    missing.value.close()

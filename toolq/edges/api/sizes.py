@@ -44,7 +44,8 @@ def parser_buffer(settings: ApiSettings) -> int:
 
 
 class SizeGuard(Guard):
-    """414 for a path and query over ``max_url``, 431 for headers over ``max_headers``."""
+    """414 for a path and query over ``max_url``, 431 for headers over ``max_headers``,
+    400 for a request framed both by a length and by chunks."""
 
     ws_close_code = 1009  # message too big
     #: Whatever else the client sends on this connection is not read.
@@ -60,8 +61,18 @@ class SizeGuard(Guard):
                 "code": "URI_TOO_LONG",
                 "message": f"the path and query are longer than {self.max_url} bytes",
             }
+        headers = scope.get("headers", ())
+        names = {k.lower() for k, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            # Framed two ways: h11 reads the chunks, a proxy in front may have read the
+            # length, and what is left of one is the next request for the other
+            # (request smuggling). RFC 9112 6.1: a server may refuse it; closed after.
+            return 400, {
+                "code": "MALFORMED_REQUEST",
+                "message": "the request has both Content-Length and Transfer-Encoding",
+            }
         # As sent: "name: value\r\n" per header.
-        size = sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ()))
+        size = sum(len(k) + len(v) + 4 for k, v in headers)
         if size > self.max_headers:
             return 431, {
                 "code": "HEADERS_TOO_LARGE",
