@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,6 @@ from toolq.edges.cli import main
         # a structured field's variable that is not JSON: pydantic-settings' SettingsError
         ({"TOOLQ_LEASE": "{s3cret"}, ["status"], "TOOLQ_LEASE: not valid JSON"),
         ({"TOOLQ_LEASE": "{s3cret"}, ["show", "op_1"], "TOOLQ_LEASE: not valid JSON"),
-        ({"TOOLQ_DEPENDENCIES": "{s3cret"}, ["list"], "TOOLQ_DEPENDENCIES: not valid JSON"),
     ],
 )
 def test_a_bad_setting_is_one_line_without_its_value(
@@ -211,6 +211,35 @@ def test_an_app_that_fails_to_import_is_one_line_without_its_credentials(
     assert "s3cret" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def _fresh_app(where: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An app module of its own, imported by the command under test first: the example
+    app's ``tq`` is a module global, which a command of an earlier test in this process
+    may have pointed at its URL (and built its settings) already."""
+    name = f"toolq_test_fresh_{uuid.uuid4().hex[:12]}"
+    (where / f"{name}.py").write_text(
+        "from pydantic import BaseModel\n"
+        "from toolq import ToolQueue\n\n"
+        "tq = ToolQueue()\n\n\n"
+        "class Args(BaseModel):\n    n: int = 0\n\n\n"
+        "@tq.tool()\n"
+        "def create_invoice(args: Args) -> dict:\n    return {}\n"
+    )
+    monkeypatch.chdir(where)  # where the loader looks first, as `toolq` run there does
+    return f"{name}:tq"
+
+
+def test_a_structured_setting_that_is_not_json_is_one_line_where_the_app_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = _fresh_app(tmp_path, monkeypatch)
+    result = CliRunner().invoke(
+        main, ["list", "--app", app], env={"TOOLQ_DEPENDENCIES": "{s3cret", "TOOLQ_REDIS_URL": None}
+    )
+    assert result.exit_code != 0
+    assert "invalid settings: TOOLQ_DEPENDENCIES: not valid JSON" in result.output, result.output
+    assert "Traceback" not in result.output and "s3cret" not in result.output
+
+
 @pytest.mark.parametrize(
     "args",
     [["list"], ["submit", "create_invoice", "--args", "{}"], ["show", "op_1"], ["status"]],
@@ -220,8 +249,10 @@ def test_no_url_anywhere_is_said_in_the_clis_words(
     args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given no --redis-url, no TOOLQ_REDIS_URL and no `toolq up` recorded here
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, args, env={"TOOLQ_REDIS_URL": None, "TOOLQ_APP": None})
+    app = _fresh_app(tmp_path, monkeypatch)
+    result = CliRunner().invoke(
+        main, [*args, "--app", app], env={"TOOLQ_REDIS_URL": None, "TOOLQ_APP": None}
+    )
     assert result.exit_code != 0
     # the CLI's option, not the library's redis_url=
     assert "no Redis URL: pass --redis-url, set TOOLQ_REDIS_URL" in result.output, result.output
