@@ -197,6 +197,9 @@ def test_an_action_that_does_not_apply_is_refused_and_writes_nothing(
         state.act("stripe", "close", by="x", reason="  ", now_ms=NOW)
     with pytest.raises(errors.InvalidArguments, match="lift or close"):
         state.act("stripe", "open", by="x", reason="r", now_ms=NOW)
+    for by in ("x\ud800", "two\nlines", ""):  # who acts, as for an operation's action
+        with pytest.raises(errors.InvalidArguments, match="by: who acts"):
+            state.act("stripe", "close", by=by, reason="r", now_ms=NOW)
     assert client.hgetall(keys.dep("stripe")) == before
 
 

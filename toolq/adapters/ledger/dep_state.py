@@ -32,6 +32,7 @@ from toolq.core.keys import Keys
 from toolq.core.layout import Layout
 from toolq.core.text import as_text
 from toolq.decisions.dep_actions import REFUSALS, DepAction, check_reason, due_times
+from toolq.decisions.recovery.operator import check_actor
 
 #: Refs per DEP_DUE call (the arguments of one script call stay small).
 DUE_BATCH = 500
@@ -326,7 +327,8 @@ def due_calls(
     return calls
 
 
-def _checked(key: object, action: object, reason: object) -> tuple[str, DepAction, str]:
+def _checked(key: object, action: object, reason: object, by: object) -> tuple[str, DepAction, str]:
+    check_actor(by)  # who acts: one line of printable text, as for an operation
     k = checked_key(key)
     try:
         act = DepAction(str(action))
@@ -379,7 +381,7 @@ class DepState:
         """Lift the key's pause or close its breaker, as ``by`` for ``reason``; the calls it
         held back are due now (plus jitter). Refused (nothing written):
         InvalidDependencyKey, InvalidArguments, UnknownDependency, DependencyActionRefused."""
-        k, act, why = _checked(key, action, reason)
+        k, act, why = _checked(key, action, reason, by)
         answers = [
             self.scripts("dep_act", *act_args(at, k, act, by, why, now_ms))
             for at in limiter_cells(self.layout)
@@ -431,7 +433,7 @@ class AsyncDepState:
         return found[0]
 
     async def act(self, key: str, action: str, *, by: str, reason: str, now_ms: int) -> DepActed:
-        k, act, why = _checked(key, action, reason)
+        k, act, why = _checked(key, action, reason, by)
         scripts = async_scripts(self.client)
         answers = [
             await scripts("dep_act", *act_args(at, k, act, by, why, now_ms))
