@@ -9,10 +9,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 from tests.helpers import toolq_env
 from toolq.edges.cli import main
+from toolq.edges.cli.common import server_said
 
 
 @pytest.mark.parametrize(
@@ -300,3 +302,26 @@ def test_a_prefix_no_ledger_can_have_is_an_invalid_setting() -> None:
     )
     assert result.exit_code != 0
     assert "invalid settings: TOOLQ_PREFIX" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        (
+            redis.AuthenticationError("invalid username-password pair"),
+            "the server at redis://u:***@db:6379/0 refused the URL's credentials "
+            "(AuthenticationError): check the user and password in it",
+        ),
+        (
+            redis.ConnectionError("refused"),
+            "cannot reach Redis at redis://u:***@db:6379/0: ConnectionError",
+        ),
+        (
+            redis.ResponseError("DB index is out of range"),
+            "the server at redis://u:***@db:6379/0 refused toolq's first command: "
+            "ResponseError: DB index is out of range",
+        ),
+    ],
+)
+def test_a_first_command_that_failed_is_said_with_what_to_check(exc: Exception, said: str) -> None:
+    assert server_said("redis://u:s3cret@db:6379/0", exc) == said

@@ -61,6 +61,11 @@ def server_said(url: str | None, exc: BaseException) -> str:
     """The line for a first command that failed: away ("cannot reach"), or refused by
     the server, in its words (``DB index is out of range``), scrubbed."""
     where = redact_url(url or "")
+    if isinstance(exc, redis.AuthenticationError):  # a ConnectionError to redis-py
+        return (
+            f"the server at {where} refused the URL's credentials ({type(exc).__name__}): "
+            "check the user and password in it"
+        )
     if isinstance(exc, AWAY):
         return f"cannot reach Redis at {where}: {type(exc).__name__}"
     return f"the server at {where} refused toolq's first command: {refusal(exc)}"
