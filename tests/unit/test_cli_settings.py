@@ -310,7 +310,7 @@ def test_a_prefix_no_ledger_can_have_is_an_invalid_setting() -> None:
         (
             redis.AuthenticationError("invalid username-password pair"),
             "the server at redis://u:***@db:6379/0 refused the URL's credentials "
-            "(AuthenticationError): check the user and password in it",
+            "(AuthenticationError): check the user and password in its URL",
         ),
         (
             redis.ConnectionError("refused"),

@@ -85,7 +85,7 @@ def test_every_client_call_says_the_server_is_unreachable(tq: ToolQueue, name: s
 @pytest.mark.parametrize(
     ("exc", "says"),
     [
-        (redis.AuthenticationError("invalid password"), "check the password in TOOLQ_REDIS_URL"),
+        (redis.AuthenticationError("invalid password"), "check the user and password in its URL"),
         (redis.BusyLoadingError("loading"), "loading its data after a restart"),
         (redis.TimeoutError("Timeout reading from socket"), "did not answer in time"),
         (redis.ConnectionError("Connection reset by peer"), "cannot reach the server"),

@@ -40,7 +40,7 @@ from redis.exceptions import (
 )
 
 from toolq.core import errors
-from toolq.core.redact import redact_url, scrub
+from toolq.core.redact import CREDENTIALS_ADVICE, redact_url, scrub
 from toolq.core.settings import seed_nodes
 
 P = ParamSpec("P")
@@ -85,7 +85,7 @@ def message(url: str, exc: BaseException, *, cluster: bool = False) -> str:
     if isinstance(exc, redis.AuthenticationError):
         return (
             f"the server at {where} refused toolq's credentials ({kind}: {said}); "
-            "check the password in TOOLQ_REDIS_URL"
+            f"{CREDENTIALS_ADVICE}"
         )
     if isinstance(exc, redis.BusyLoadingError):
         return (
@@ -158,10 +158,7 @@ def cluster_message(url: str, exc: BaseException) -> str:
             "again is safe once one has"
         )
     if isinstance(exc, redis.AuthenticationError):
-        return (
-            f"{which} refused toolq's credentials ({kind}: {said}); check the password in "
-            "TOOLQ_REDIS_URL"
-        )
+        return f"{which} refused toolq's credentials ({kind}: {said}); {CREDENTIALS_ADVICE}"
     if isinstance(exc, MaxConnectionsError):
         return (
             f"no free connection to {which} ({kind}): too many calls at once; the same "

@@ -18,6 +18,10 @@ from typing import Any
 
 REDACTED = "[redacted]"
 
+#: What to do when a server refuses a URL's credentials (redis-py's AuthenticationError),
+#: in every place that says so: a client's error, a process's waiting line, the CLI.
+CREDENTIALS_ADVICE = "check the user and password in its URL"
+
 # Order matters: the scheme-specific patterns run before the generic
 # ``key=value`` one, which would otherwise consume ``Authorization: Bearer``
 # and leave the token itself behind.

@@ -47,6 +47,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from toolq.core.redact import CREDENTIALS_ADVICE
+
 #: The first wait after a failure, and the longest: a process resumes within
 #: CAP_S of its dependency answering again (the issue asks for ≤ 5 s).
 FIRST_S = 0.5
@@ -60,8 +62,8 @@ FLAP_S = 10.0
 #: and not the server's absence (redis-py's AuthenticationError is a ConnectionError:
 #: waited for like one, since a password may be changing on the server, but said).
 HINTS = {
-    "AuthenticationError": "check the user and password in its URL",
-    "AuthenticationWrongNumberOfArgsError": "check the user and password in its URL",
+    "AuthenticationError": CREDENTIALS_ADVICE,
+    "AuthenticationWrongNumberOfArgsError": CREDENTIALS_ADVICE,
 }
 
 

@@ -17,7 +17,7 @@ import click
 import redis
 
 from toolq.adapters.stack_state import read_state, recorded_mode, recorded_url, with_mode
-from toolq.core.redact import redact_url
+from toolq.core.redact import CREDENTIALS_ADVICE, redact_url
 
 if TYPE_CHECKING:
     from toolq.core.errors import RequestRefused
@@ -64,7 +64,7 @@ def server_said(url: str | None, exc: BaseException) -> str:
     if isinstance(exc, redis.AuthenticationError):  # a ConnectionError to redis-py
         return (
             f"the server at {where} refused the URL's credentials ({type(exc).__name__}): "
-            "check the user and password in it"
+            f"{CREDENTIALS_ADVICE}"
         )
     if isinstance(exc, AWAY):
         return f"cannot reach Redis at {where}: {type(exc).__name__}"
