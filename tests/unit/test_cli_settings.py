@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -317,6 +318,10 @@ def test_a_prefix_no_ledger_can_have_is_an_invalid_setting() -> None:
             "cannot reach Redis at redis://u:***@db:6379/0: ConnectionError",
         ),
         (
+            redis.TimeoutError("Timeout connecting to server"),
+            "cannot reach Redis at redis://u:***@db:6379/0: TimeoutError",
+        ),
+        (
             redis.ResponseError("DB index is out of range"),
             "the server at redis://u:***@db:6379/0 refused toolq's first command: "
             "ResponseError: DB index is out of range",
@@ -325,3 +330,43 @@ def test_a_prefix_no_ledger_can_have_is_an_invalid_setting() -> None:
 )
 def test_a_first_command_that_failed_is_said_with_what_to_check(exc: Exception, said: str) -> None:
     assert server_said("redis://u:s3cret@db:6379/0", exc) == said
+
+
+def test_a_rediss_url_whose_handshake_timed_out_is_said_with_tls_advice() -> None:
+    said = server_said("rediss://db:6380/0", redis.TimeoutError("Timeout connecting to server"))
+    assert said == (
+        "cannot reach Redis at rediss://db:6380/0: TimeoutError; a rediss:// URL speaks "
+        "TLS: if the server does not on that port, use redis://"
+    )
+
+
+def test_status_with_a_rediss_url_to_a_server_without_tls_says_check_tls(tmp_path: Path) -> None:
+    # Given a server on loopback that speaks no TLS: it answers a TLS greeting in plain
+    # (as Redis answers an inline command it does not know) and hangs up
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        with listener:
+            for _ in range(4):  # redis-py may retry the connection
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(b"-ERR unknown command\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    # When `toolq status` is pointed at it with a rediss:// URL
+    result = CliRunner().invoke(
+        main,
+        ["status", "--redis-url", f"rediss://127.0.0.1:{port}/0", "--state-dir", str(tmp_path)],
+    )
+    listener.close()
+    # Then it fails in one line that says what to check: TLS, not only "cannot reach"
+    assert result.exit_code != 0
+    assert "cannot reach Redis at rediss://127.0.0.1:" in result.output, result.output
+    assert "a rediss:// URL speaks TLS: if the server does not on that port, use redis://" in (
+        result.output
+    ), result.output
+    assert "Traceback" not in result.output

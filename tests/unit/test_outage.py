@@ -29,7 +29,14 @@ from redis.exceptions import (
 )
 
 from toolq import ToolQueue
-from toolq.adapters.outage import UNREACHABLE, message, server_errors, unreachable
+from toolq.adapters.outage import (
+    TLS_ADVICE,
+    UNREACHABLE,
+    message,
+    server_errors,
+    tls_hint,
+    unreachable,
+)
 from toolq.core import errors
 
 SECRET = "s3cr3t-pw"
@@ -94,6 +101,46 @@ def test_every_client_call_says_the_server_is_unreachable(tq: ToolQueue, name: s
 def test_each_failure_says_what_to_do(exc: Exception, says: str) -> None:
     text = message(f"redis://u:{SECRET}@cache:6379/2", exc)
     assert says in text and "cache:6379/2" in text and SECRET not in text
+
+
+SSL_SAID = "Error 1 connecting to h:6380. [SSL: WRONG_VERSION_NUMBER] wrong version number."
+
+
+@pytest.mark.parametrize(
+    ("url", "exc", "hinted"),
+    [
+        # a TLS greeting to a plain server: a wait for the handshake, or a TLS error
+        ("rediss://h:6380/0", redis.TimeoutError("Timeout connecting to server"), True),
+        ("rediss://h:6380/0", redis.ConnectionError(SSL_SAID), True),
+        # nothing listens there, TLS or not
+        ("rediss://h:6380/0", redis.ConnectionError("Error 111 connecting to h:6380."), False),
+        # connected: a server slow to answer a command, not a handshake
+        ("rediss://h:6380/0", redis.TimeoutError("Timeout reading from h:6380"), False),
+        ("redis://h:6380/0", redis.TimeoutError("Timeout connecting to server"), False),
+        ("redis://h:6380/0", redis.ConnectionError(SSL_SAID), False),
+        (None, redis.TimeoutError("Timeout connecting to server"), False),
+    ],
+)
+def test_a_rediss_url_that_fails_its_handshake_is_told_to_check_tls(
+    url: str | None, exc: Exception, hinted: bool
+) -> None:
+    assert (tls_hint(url, exc) == f"; {TLS_ADVICE}") is hinted
+    assert (TLS_ADVICE in message(url or "", exc)) is hinted
+
+
+def test_a_rediss_url_to_the_real_plain_server_says_tls(valkey: str) -> None:
+    # Given the session's server, which serves no TLS, named by a rediss:// URL
+    assert valkey.startswith("redis://")
+    url = "rediss://" + valkey.removeprefix("redis://")
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=1, retry=None)
+    # When a command goes: its TLS greeting is never answered (or is answered in plain)
+    with pytest.raises(redis.RedisError) as caught:
+        client.ping()
+    client.close()
+    # Then what toolq says of it names TLS, and the same server as redis:// answers
+    assert TLS_ADVICE in message(url, caught.value), message(url, caught.value)
+    with redis.Redis.from_url(valkey) as plain:
+        assert plain.ping()
 
 
 def test_a_server_answering_with_an_error_is_not_an_outage() -> None:

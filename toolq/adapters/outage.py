@@ -68,6 +68,24 @@ def unreachable(exc: BaseException) -> bool:
     return isinstance(exc, UNREACHABLE) and not isinstance(exc, MISUSE)
 
 
+#: What a rediss:// URL to a server that does not speak TLS on that port gets: a TLS
+#: error, or a wait for the handshake's answer until the socket's timeout (the server
+#: reads the greeting as the start of a command and waits for its end).
+TLS_ADVICE = "a rediss:// URL speaks TLS: if the server does not on that port, use redis://"
+
+
+def tls_hint(url: str | None, exc: BaseException) -> str:
+    """``"; <TLS_ADVICE>"`` when ``exc`` may be a rediss:// URL's TLS greeting to a
+    server that does not speak TLS (timed out connecting, or a TLS error), else "".
+    A refused connection is not: nothing listens there, TLS or not."""
+    if not (url or "").startswith("rediss://"):
+        return ""
+    said = str(exc)
+    connecting = isinstance(exc, redis.TimeoutError) and "connecting" in said
+    tls = isinstance(exc, redis.ConnectionError) and "SSL" in said
+    return f"; {TLS_ADVICE}" if connecting or tls else ""
+
+
 _WHAT_TO_DO = (
     "start it (`toolq up` in your project directory) or point TOOLQ_REDIS_URL "
     "(or redis_url=) at the server your workers use"
@@ -95,9 +113,10 @@ def message(url: str, exc: BaseException, *, cluster: bool = False) -> str:
     if isinstance(exc, redis.TimeoutError):
         return (
             f"the server at {where} did not answer in time ({kind}: {said}); it may be "
-            f"overloaded, paused or unreachable: the same call again is safe once it answers"
+            f"overloaded, paused or unreachable: the same call again is safe once it "
+            f"answers{tls_hint(url, exc)}"
         )
-    return f"cannot reach the server at {where} ({kind}: {said}): {_WHAT_TO_DO}"
+    return f"cannot reach the server at {where} ({kind}: {said}): {_WHAT_TO_DO}{tls_hint(url, exc)}"
 
 
 #: The address in redis-py's connect errors ("Error 111 connecting to host:port. ...").

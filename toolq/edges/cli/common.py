@@ -67,7 +67,9 @@ def server_said(url: str | None, exc: BaseException) -> str:
             f"{CREDENTIALS_ADVICE}"
         )
     if isinstance(exc, AWAY):
-        return f"cannot reach Redis at {where}: {type(exc).__name__}"
+        from toolq.adapters.outage import tls_hint
+
+        return f"cannot reach Redis at {where}: {type(exc).__name__}{tls_hint(url, exc)}"
     return f"the server at {where} refused toolq's first command: {refusal(exc)}"
 
 
@@ -406,9 +408,12 @@ def handle_errors(f: F) -> F:
         except raised("ToolqError") as exc:
             raise CliError(str(exc)) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            from toolq.adapters.outage import tls_hint
+
             raise CliError(
                 f"cannot reach Redis/Valkey ({type(exc).__name__}): check --redis-url "
                 "(or TOOLQ_REDIS_URL) and that the server is up"
+                f"{tls_hint(kwargs.get('redis_url'), exc)}"
             ) from None
         except CLUSTER_AWAY as exc:  # a RedisClusterException is no RedisError
             # --redis-url reads TOOLQ_REDIS_URL too: the seeds, when not the node's

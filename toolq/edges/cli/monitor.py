@@ -173,9 +173,12 @@ def _light(
     except redis.RedisError as exc:
         if not isinstance(exc, AWAY):
             raise CliError(server_said(url, exc)) from None
+        from toolq.adapters.outage import tls_hint  # only when it is needed: status is quick
+
         raise CliError(
             f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
             "server: toolq's processes wait for it and resume once it answers)"
+            f"{tls_hint(url, exc)}"
         ) from None
     sources = settings_sources(settings)
     depths = broker_depths(settings)
