@@ -1,14 +1,17 @@
-"""``TOOLQ_<GROUP>__<NAME>`` variables no setting reads are said, once a process:
-pydantic passes over them (``extra="ignore"``), so a typo kept the default silently."""
+"""``TOOLQ_<GROUP>__<NAME>`` variables no setting reads, and top-level ``TOOLQ_<NAME>``
+ones near a name toolq reads, are said, once a process: pydantic passes over them
+(``extra="ignore"``), so a typo kept the default silently."""
 
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
 from toolq.core import settings
-from toolq.core.settings import ToolqSettings, stray_nested
+from toolq.core.settings import ToolqSettings, stray_nested, stray_top
 
 
 @pytest.mark.parametrize(
@@ -58,3 +61,68 @@ def test_a_stray_variable_is_said_once_a_process_however_many_settings_are_read(
     lines = [r.getMessage() for r in caplog.records if r.name == "toolq.settings"]
     assert lines == ["TOOLQ_LEASE__SECONDZ is not a setting toolq reads: lease has seconds"]
     assert first.lease.seconds == ToolqSettings.model_fields["lease"].default.seconds
+
+
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        ({}, []),
+        # toolq's own names, in any case, and the API's and the console's
+        ({"TOOLQ_PREFIX": "a", "toolq_redis_url": "x", "TOOLQ_APP": "m:tq"}, []),
+        ({"TOOLQ_API_TOKENS": "t=read", "TOOLQ_CONSOLE_SESSION_SECRET": "s"}, []),
+        # a deployment's own names, far from any of toolq's
+        ({"TOOLQ_TEST_REDIS_URL": "x", "TOOLQ_POOL": "threads", "TOOLQ_PREFETCH": "4"}, []),
+        ({"TOOLQ_": "x", "TOOLQ_LEASE__SECONDZ": "3"}, []),  # nested: stray_nested's
+        # near misses: the name meant
+        (
+            {"TOOLQ_PREFX": "billing"},
+            ["TOOLQ_PREFX is not a setting toolq reads: did you mean TOOLQ_PREFIX?"],
+        ),
+        (
+            {"TOOLQ_REDIS_ULR": "redis://x", "TOOLQ_STATEDIR": "/s"},
+            [
+                "TOOLQ_REDIS_ULR is not a setting toolq reads: did you mean TOOLQ_REDIS_URL?",
+                "TOOLQ_STATEDIR is not a setting toolq reads: did you mean TOOLQ_STATE_DIR?",
+            ],
+        ),
+        (
+            {"toolq_durabilty": "none"},
+            ["toolq_durabilty is not a setting toolq reads: did you mean TOOLQ_DURABILITY?"],
+        ),
+    ],
+)
+def test_what_a_top_level_variable_near_a_known_name_is_said(
+    environ: dict[str, str], said: list[str]
+) -> None:
+    assert stray_top(environ) == said
+
+
+def test_every_top_level_name_toolq_reads_is_known_to_the_near_miss_check() -> None:
+    # Every TOOLQ_<NAME> the source names (no nested ``__``, not a prefix ending in
+    # ``_``) is a setting, one of OTHER_NAMES or under OTHER_PREFIXES: a name added
+    # elsewhere and not here would be said as a typo of its neighbour.
+    root = Path(settings.__file__).resolve().parents[1]
+    names = set()
+    for path in root.rglob("*.py"):
+        if path.name == "settings.py" and path.parent.name == "core":
+            continue  # the check's own module: its typos are examples
+        names |= set(re.findall(r"\bTOOLQ_([A-Z0-9_]*[A-Z0-9])\b", path.read_text("utf-8")))
+    top = {n for n in names if "__" not in n}
+    known = {n.upper() for n in ToolqSettings.model_fields} | settings.OTHER_NAMES
+    unknown = {n for n in top if n not in known and not n.startswith(settings.OTHER_PREFIXES)}
+    assert len(top) > 10  # the scan found the source's names
+    assert unknown == set()
+    assert stray_top({f"TOOLQ_{n}": "x" for n in top}) == []
+
+
+def test_a_near_miss_is_said_once_a_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(settings, "_stray_said", set())
+    monkeypatch.setenv("TOOLQ_PREFX", "billing")
+    with caplog.at_level(logging.WARNING, logger="toolq.settings"):
+        first = ToolqSettings()
+        ToolqSettings()
+    lines = [r.getMessage() for r in caplog.records if r.name == "toolq.settings"]
+    assert lines == ["TOOLQ_PREFX is not a setting toolq reads: did you mean TOOLQ_PREFIX?"]
+    assert first.prefix == "toolq"  # what the warning is for: the default stays

@@ -5,6 +5,7 @@ Nested groups read ``TOOLQ_<GROUP>__<FIELD>`` (e.g. ``TOOLQ_LEASE__SECONDS=10``)
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -505,13 +506,47 @@ def stray_nested(environ: Mapping[str, str]) -> list[str]:
     return lines
 
 
+#: The top-level ``TOOLQ_<NAME>`` variables toolq reads outside these settings (the CLI,
+#: the logs, the metrics, the examples): a test keeps the list true to the source.
+OTHER_NAMES = frozenset(
+    {"APP", "STATE_DIR", "LOG_FORMAT", "METRICS_HOST", "EXAMPLE_PROVIDER_URL",
+     "EXAMPLE_PROVIDER_TIMEOUT"}
+)  # fmt: skip
+#: The prefixes of the API's and the console's own settings (read in toolq.edges).
+OTHER_PREFIXES = ("API_", "CONSOLE_")
+#: How close (difflib's ratio) an unknown name must be to a known one to be said: a
+#: typo (``TOOLQ_REDIS_ULR``, ``TOOLQ_PREFX``), not a name of the user's own
+#: (``TOOLQ_TEST_REDIS_URL`` is 0.78 from ``REDIS_URL``).
+NEAR = 0.85
+
+
+def stray_top(environ: Mapping[str, str]) -> list[str]:
+    """The environment's top-level ``TOOLQ_<NAME>`` variables that no part of toolq
+    reads and that are a near miss of one it does, a line each naming that one.
+    pydantic passes over an unknown name, so ``TOOLQ_PREFX=billing`` put an app on the
+    default prefix (another app's ledger) without a word. A name not near any of
+    toolq's (a deployment's own ``TOOLQ_*``) is left alone."""
+    known = {name.upper() for name in ToolqSettings.model_fields} | OTHER_NAMES
+    lines = []
+    for key in sorted(environ):
+        name = key.upper()[len("TOOLQ_") :]
+        if not key.upper().startswith("TOOLQ_") or "__" in key or not name:
+            continue
+        if name in known or name.startswith(OTHER_PREFIXES):
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=NEAR)
+        if near:
+            lines.append(f"{key} is not a setting toolq reads: did you mean TOOLQ_{near[0]}?")
+    return lines
+
+
 #: The stray variables said already: once a process, however many settings are read.
 _stray_said: set[str] = set()
 
 
 def say_stray_settings(environ: Mapping[str, str]) -> None:
-    """Warn once a process of each line :func:`stray_nested` finds."""
-    for line in stray_nested(environ):
+    """Warn once a process of each line :func:`stray_nested` and :func:`stray_top` find."""
+    for line in [*stray_nested(environ), *stray_top(environ)]:
         if line not in _stray_said:
             _stray_said.add(line)
             log.warning("%s", line)
