@@ -101,6 +101,34 @@ def test_the_shell_logs_one_line_per_change(caplog: pytest.LogCaptureFixture) ->
     ]
 
 
+def test_a_failure_that_says_more_than_its_class_gets_the_waiter_advice(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a waiter whose advice reads the exception (a rediss:// URL's handshake)
+    stop = threading.Event()
+    stop.set()
+    w = Waiter(
+        Outage("the ledger's server", "ledger"),
+        logging.getLogger("t.advice"),
+        stop=stop,
+        advice=lambda exc: "check TLS" if "connecting" in str(exc) else "",
+    )
+    caplog.set_level(logging.INFO, logger="t.advice")
+    # When one outage fails that way, and a later one otherwise
+    w.failed(TimeoutError("Timeout connecting to server"))
+    w.failed(TimeoutError("Timeout connecting to server"))
+    w.answered()
+    w.outage.ended = -100.0  # the next is an outage of its own, not a flap
+    w.failed(ConnectionError("refused"))
+    said = [r.getMessage() for r in caplog.records if r.name == "t.advice"]
+    # Then the first says the advice, once; the second, which has none, says only its class
+    assert said[0] == (
+        "the ledger's server unavailable (TimeoutError: check TLS); retrying every ≤ 2 s"
+    )
+    assert said[2] == "the ledger's server unavailable (ConnectionError); retrying every ≤ 2 s"
+    assert len(said) == 3, said
+
+
 def test_an_unexpected_error_is_logged_once_with_its_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -85,8 +85,10 @@ class Outage:
     meanwhile: str = ""
     #: When the first failure of the current outage happened (None: no outage).
     since: float | None = None
-    #: Why it failed first (an exception's class name).
+    #: Why it failed first (an exception's class name), and what to check if the
+    #: failure says more than its class (a rediss:// URL's handshake that timed out).
     why: str = ""
+    advice: str = ""
     delay_s: float = 0.0
     #: When the last outage ended, and whether the current one is a flap of it.
     ended: float | None = None
@@ -96,11 +98,13 @@ class Outage:
     def waiting(self) -> bool:
         return self.since is not None
 
-    def failed(self, now: float, why: str) -> tuple[float, str | None]:
+    def failed(self, now: float, why: str, advice: str = "") -> tuple[float, str | None]:
         """A try failed: the seconds to wait before the next, and the line to log
-        (only for the first failure of an outage)."""
+        (only for the first failure of an outage; ``advice``: what to check, else
+        :data:`HINTS`' for ``why``)."""
         if self.since is None:
             self.since, self.why, self.delay_s = now, why, self.first_s
+            self.advice = advice
             self.flap = self.ended is not None and now - self.ended < self.cap_s
             return self.delay_s, None if self.flap else self._line()
         self.delay_s = min(self.delay_s * 2, self.cap_s)
@@ -115,11 +119,12 @@ class Outage:
             return None
         took, flap = max(0.0, now - self.since), self.flap
         self.since, self.why, self.delay_s, self.ended, self.flap = None, "", 0.0, now, False
+        self.advice = ""
         return None if flap else f"{self.what} back after {took:.0f} s"
 
     def _line(self) -> str:
         meanwhile = self.meanwhile or f"retrying every ≤ {self.cap_s:g} s"
-        hint = HINTS.get(self.why)
+        hint = self.advice or HINTS.get(self.why)
         why = f"{self.why}: {hint}" if hint else self.why
         return f"{self.what} {self.down} ({why}); {meanwhile}"
 
@@ -140,11 +145,14 @@ class Waiter:
         *,
         clock: Callable[[], float] = time.time,
         stop: threading.Event | None = None,
+        advice: Callable[[BaseException], str] | None = None,
     ) -> None:
         self.outage = outage
         self.log = log
         self.clock = clock
         self.stop = stop or threading.Event()
+        #: What to check for a failure, from the exception itself ("": nothing more).
+        self.advice = advice
 
     @property
     def waiting(self) -> bool:
@@ -154,7 +162,8 @@ class Waiter:
         """Log the start of an outage (once; with the traceback if asked: an
         unexpected error) and sleep until the next try, or until stopped. Returns
         whether this failure started the outage."""
-        delay, line = self.outage.failed(self.clock(), type(exc).__name__)
+        advice = self.advice(exc) if self.advice is not None else ""
+        delay, line = self.outage.failed(self.clock(), type(exc).__name__, advice)
         if line is not None:
             if traceback:
                 self.log.error("%s", line, exc_info=exc)

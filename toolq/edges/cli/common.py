@@ -345,9 +345,14 @@ def recorded_settings(settings: Any, state_dir: Path | None, *, publishes: bool)
 def wait_for_server(tq: Any) -> None:
     """Ping until the server answers, with a capped backoff (:mod:`toolq.process.waiting`):
     a long-running process started while it is away waits instead of exiting."""
+    from toolq.adapters.outage import TLS_ADVICE, tls_hint
     from toolq.process.waiting import Outage, Waiter
 
-    waiter = Waiter(Outage(f"the ledger's server at {redact_url(tq.redis_url)}"), _start_log())
+    def advice(exc: BaseException) -> str:
+        return TLS_ADVICE if tls_hint(tq.redis_url, exc) else ""
+
+    where = f"the ledger's server at {redact_url(tq.redis_url)}"
+    waiter = Waiter(Outage(where), _start_log(), advice=advice)
     while True:
         try:
             tq.redis.ping()
