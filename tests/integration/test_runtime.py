@@ -276,3 +276,25 @@ def test_a_message_lost_before_any_worker_saw_it_is_published_again(rt: ToolQueu
     env = rt.wait("lost/1", timeout=20)
     assert env.ok and env.result == {"mode": "lost"}
     assert rt.ledger.stats()["lookup|republished"] == 1
+
+
+def test_a_result_past_the_default_limit_is_not_kept_and_a_write_is_looked_up_not_run_again(
+    rt: ToolQueue, provider: redis.Redis
+) -> None:
+    # Given a read and a write whose results are past 1 MiB (the default limit)
+    read = rt.submit("lookup", {"mode": "huge"}, operation_ref="huge/read").operation_ref
+    write = rt.submit("pay", {"mode": "huge"}, operation_ref="huge/write").operation_ref
+    # When a real worker runs them
+    read_env = rt.wait(read, timeout=30)
+    write_env = rt.wait(write, timeout=30)
+    # Then the read failed, not retried, and waits for a person (the tool needs a fix)
+    assert not read_env.ok and read_env.commit_state.value == "not_committed"
+    assert read_env.code == "RESULT_TOO_LARGE"
+    assert rt.get(read).state is State.ESCALATED  # type: ignore[union-attr]
+    # ... and the write, which ran, was looked up: once, with the lookup's result kept
+    assert write_env.ok and write_env.commit_state.value == "committed"
+    assert write_env.result == {"paid": "huge/write", "found": True}
+    assert effects(provider, write) == 1 and len(seen(provider, write)) == 1
+    # ... and nothing of either result is in the ledger
+    for ref in (read, write):
+        assert len(rt.ledger.fields(ref, "envelope").get("envelope", "")) < 10_000

@@ -249,6 +249,7 @@ class App:
             input_timeout_ms=int(r.input_timeout * 1000),
             retention_s=r.retention,
             operator_retries=r.operator_retries,
+            max_result_bytes=self.settings.limits.max_result_bytes,
         )
 
     @property
@@ -318,8 +319,8 @@ class App:
         )  # fmt: skip
 
     def _operator_result(self, result: Any) -> Any:
-        """An operator's result for a resolved write, as JSON data, within the size
-        arguments may have; anything else is refused as the caller's mistake."""
+        """An operator's result for a resolved write, as JSON data, within the size a
+        tool's result may have; anything else is refused as the caller's mistake."""
         if result is None:
             return None
         try:
@@ -328,9 +329,9 @@ class App:
             raise errors.InvalidArguments(
                 f"the result is not JSON data ({type(exc).__name__})", code_hint="BAD_RESULT"
             ) from None
-        if len(text.encode()) > self.settings.limits.max_args_bytes:
+        if len(text.encode()) > self.settings.limits.max_result_bytes:
             raise errors.InvalidArguments(
-                f"the result is over {self.settings.limits.max_args_bytes} bytes",
+                f"the result is over {self.settings.limits.max_result_bytes} bytes",
                 code_hint="RESULT_TOO_LARGE",
             )
         return json.loads(text)

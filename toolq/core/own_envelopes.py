@@ -139,12 +139,15 @@ def success_envelope(
     result: Any,
     now: datetime,
     evidence_ref: str | None = None,
+    max_bytes: int | None = None,
 ) -> ToolSuccess:
+    """``ValueError`` for a result JSON cannot hold, :class:`ResultTooLarge` for one
+    longer than ``max_bytes`` (``limits.max_result_bytes``)."""
     return ToolSuccess(
         operation_ref=ref,
         operation=tool,
         call_id=call_id or None,
-        result=jsonable(result),
+        result=jsonable(result, max_bytes),
         verification=Verification(checked_at=now, evidence_ref=evidence_ref),
     )
 

@@ -42,6 +42,8 @@ provider = ProcessClient(tq)
 #: A ``gated`` call holds its slot (after its side effect) until this key exists: a test
 #: looks at the held state for as long as it needs, then lets every call finish at once.
 GATE = "provider:gate"
+#: A result's text past the ledger's default limit on results (1 MiB).
+HUGE = "r" * (1024 * 1024 + 1)
 
 
 def commit(ref: str) -> None:
@@ -87,6 +89,8 @@ def pay(args: Call, ctx: CallContext) -> dict[str, Any]:
         time.sleep(args.sleep)  # inside the write: after the side effect, before the reply
     if args.mode in ("lost_reply", "verifier_down"):
         raise ConnectionResetError("connection reset by peer")
+    if args.mode == "huge":  # past limits.max_result_bytes (1 MiB by default)
+        return {"paid": ctx.operation_ref, "receipt": HUGE}
     return {"paid": ctx.operation_ref, "attempt": ctx.attempt}
 
 
@@ -120,6 +124,8 @@ def find_delivery(ctx: CallContext) -> dict[str, Any] | None:
 
 @tq.tool(writes=False, max_attempts=3)
 def lookup(args: Call, ctx: CallContext) -> dict[str, Any]:
+    if args.mode == "huge":
+        return {"mode": args.mode, "body": HUGE}
     return {"mode": args.mode}
 
 

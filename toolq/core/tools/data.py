@@ -39,14 +39,29 @@ def fingerprint(canonical: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def jsonable(value: Any) -> Any:
+class ResultTooLarge(ValueError):
+    """A result whose JSON is longer than the ledger keeps (``limits.max_result_bytes``).
+    Its message says the sizes only, never the result."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(
+            f"the result's JSON is {size} bytes, over the {limit} the ledger keeps "
+            "(TOOLQ_LIMITS__MAX_RESULT_BYTES)"
+        )
+
+
+def jsonable(value: Any, max_bytes: int | None = None) -> Any:
     """A tool's result as plain JSON data.
 
     ``ValueError`` (``PydanticSerializationError``) for what JSON cannot carry, a lone
     surrogate in a string included: raised here, while the attempt's failure can still
-    be recorded, not when the record is written (about 1.5 us for a small result)."""
+    be recorded, not when the record is written (about 1.5 us for a small result).
+    :class:`ResultTooLarge` (a ValueError) for JSON longer than ``max_bytes``."""
     out = (
         value.model_dump(mode="json") if isinstance(value, BaseModel) else to_jsonable_python(value)
     )
-    to_json(out)  # a lone surrogate passes to_jsonable_python; UTF-8 refuses it
+    raw = to_json(out)  # a lone surrogate passes to_jsonable_python; UTF-8 refuses it
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise ResultTooLarge(len(raw), max_bytes)
     return out

@@ -42,6 +42,8 @@ class Policy:
     retention_s: int
     #: Attempts operators may add to one escalated operation (``recovery.operator_retries``).
     operator_retries: int = 3
+    #: The largest result kept (``limits.max_result_bytes``; None: no limit).
+    max_result_bytes: int | None = None
 
 
 def terminal(t: Transition, policy: Policy) -> Transition:

@@ -34,6 +34,7 @@ from toolq.core.own_envelopes import (
 from toolq.core.record import ms_to_dt
 from toolq.core.states import State
 from toolq.core.tools import Tool
+from toolq.core.tools.data import ResultTooLarge
 from toolq.decisions.deps import signal_of
 from toolq.decisions.recovery.budget import (
     Budgeted,
@@ -102,8 +103,25 @@ def before_call(a: Attempt, now_ms: int, policy: Policy) -> Transition | None:
 
 def after_success(a: Attempt, result: Any, now_ms: int, policy: Policy) -> Transition:
     """A tool returned: the write is committed (a success is accepted even after
-    the lease was lost and the operation went to verification: it is proof)."""
-    env = success_envelope(a.ref, a.tool.name, a.call_id, result, ms_to_dt(now_ms))
+    the lease was lost and the operation went to verification: it is proof).
+
+    Raises for a result the ledger cannot keep, for :func:`after_failure`: JSON cannot
+    hold it (``ValueError``), or it is past ``limits.max_result_bytes``: a write's
+    :class:`ResultTooLarge` as it is (it ran: looked up, as any unexpected error after
+    a write), a read's as ``RESULT_TOO_LARGE`` (escalated: the tool needs a fix)."""
+    try:
+        env = success_envelope(
+            a.ref,
+            a.tool.name,
+            a.call_id,
+            result,
+            ms_to_dt(now_ms),
+            max_bytes=policy.max_result_bytes,
+        )
+    except ResultTooLarge as exc:
+        if a.tool.writes:
+            raise
+        raise errors.ToolFailure(str(exc), code="RESULT_TOO_LARGE") from exc
     return terminal(
         Transition(
             ref=a.ref,
@@ -306,7 +324,10 @@ def verified_found(c: Check, result: Any, now_ms: int, policy: Policy) -> Transi
             result,
             ms_to_dt(now_ms),
             evidence_ref=f"verification:{c.tool.verification_tool}",
+            max_bytes=policy.max_result_bytes,
         )
+    except ResultTooLarge:
+        return verifier_failed(c, now_ms, policy, "result_too_large")
     except (TypeError, ValueError):
         return verifier_failed(c, now_ms, policy, "result_not_json")
     guard = c.base("VERIFIED_COMMITTED", delete=(*VLEASE, *LEASE))

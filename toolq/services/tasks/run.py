@@ -380,10 +380,12 @@ def _traced(tool: Tool[Any], ref: str, claim: Claim, attempt: int) -> AbstractCo
 
 
 def _log_failure(tool: str, ref: str, attempt: int, exc: Exception) -> None:
-    """A failure the tool reported on purpose is routine: one line. Anything else
-    gets its traceback, in the log only (keyed by operation_ref, never in an envelope)."""
+    """A failure the tool reported on purpose is routine: one line, its code and its
+    message for logs (scrubbed; ``RESULT_TOO_LARGE: the result's JSON is ... bytes``).
+    Anything else gets its traceback, in the log only (keyed by operation_ref, never in
+    an envelope)."""
     if isinstance(exc, ToolFailure):
-        log.info("tool %s: %s attempt %d: %s", tool, ref, attempt, exc.code)
+        log.info("tool %s: %s attempt %d: %s", tool, ref, attempt, exc)
     else:
         log.warning(
             "tool %s failed unexpectedly for %s attempt %d", tool, ref, attempt, exc_info=exc
