@@ -241,10 +241,10 @@ _REF_RE = re.compile(_REF_PATTERN)
 class LimitSettings(BaseModel):
     max_args_bytes: int = Field(default=256 * 1024, ge=64)
     #: The largest result (its JSON, in bytes) the ledger keeps, a tool's, a
-    #: verifier's or an operator's: past it, a read's attempt fails as an unexpected
-    #: error (escalated: the tool needs a fix) and a write goes to verification (it
-    #: ran; the lookup's result is kept if it fits). Every result is held in the
-    #: server's memory for ``recovery.retention`` and sent whole to the agent.
+    #: verifier's or an operator's: past it, a read's attempt fails
+    #: (``RESULT_TOO_LARGE``, escalated: the tool needs a fix) and a write goes to
+    #: verification (it ran; the lookup's result is kept if it fits). Every result is
+    #: held in the server's memory for ``recovery.retention`` and sent whole to the agent.
     max_result_bytes: int = Field(default=1024 * 1024, ge=64)
     #: Redis connections one process opens at most; more callers wait for one.
     max_connections: int = Field(default=256, ge=4, le=10_000)
