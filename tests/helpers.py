@@ -234,3 +234,12 @@ def serving(tq: Any, app: str, redis_url: str) -> Iterator[Any]:
     finally:
         stop_processes(procs, timeout=5)
         tq.close()
+
+
+def fail_every_check(tq: Any, ref: str, checks: int) -> None:
+    """Run a verifying write's ``checks`` verification checks in this process (an
+    in-process ``tq``, fakeredis or not), each recorded as failed (``vfail`` counts up)."""
+    for failed in range(1, checks + 1):
+        vcheck = int(tq.ledger.fields(ref, "vcheck")["vcheck"])
+        tq.runtime.run_check(ref, 1, vcheck)
+        assert tq.ledger.fields(ref, "vfail")["vfail"] == str(failed)

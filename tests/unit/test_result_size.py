@@ -17,6 +17,7 @@ import fakeredis
 import pytest
 from pydantic import BaseModel
 
+from tests.helpers import fail_every_check
 from toolq import CallContext, State, ToolQueue
 from toolq.core import errors
 from toolq.core.settings import LimitSettings
@@ -161,10 +162,7 @@ def test_a_verifiers_result_past_the_limit_is_a_failed_check(tq: ToolQueue) -> N
     ref = ref.operation_ref
     tq.runtime.run_attempt(ref, 1)
     # When its checks run: each fails, the last escalates, the detail names the size
-    for failed in ("1", "2"):
-        vcheck = int(tq.ledger.fields(ref, "vcheck")["vcheck"])
-        tq.runtime.run_check(ref, 1, vcheck)
-        assert tq.ledger.fields(ref, "vfail")["vfail"] == failed
+    fail_every_check(tq, ref, 2)
     rec = tq.get(ref)
     assert rec is not None and rec.state is State.ESCALATED
     assert rec.history[-1].note.get("detail") == "result_too_large"

@@ -50,17 +50,33 @@ def test_what_a_nested_variable_names_that_no_setting_reads(
     assert stray_nested(environ) == said
 
 
+STRAY = "{} is not a setting toolq reads:"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "line"),
+    [
+        ("TOOLQ_LEASE__SECONDZ", "3", f"{STRAY.format('TOOLQ_LEASE__SECONDZ')} lease has seconds"),
+        ("TOOLQ_PREFX", "billing", f"{STRAY.format('TOOLQ_PREFX')} did you mean TOOLQ_PREFIX?"),
+    ],
+)
 def test_a_stray_variable_is_said_once_a_process_however_many_settings_are_read(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    name: str,
+    value: str,
+    line: str,
 ) -> None:
     monkeypatch.setattr(settings, "_stray_said", set())
-    monkeypatch.setenv("TOOLQ_LEASE__SECONDZ", "3")
+    monkeypatch.setenv(name, value)
     with caplog.at_level(logging.WARNING, logger="toolq.settings"):
         first = ToolqSettings()
         ToolqSettings()
     lines = [r.getMessage() for r in caplog.records if r.name == "toolq.settings"]
-    assert lines == ["TOOLQ_LEASE__SECONDZ is not a setting toolq reads: lease has seconds"]
+    assert lines == [line]
+    # what the warning is for: the default stays
     assert first.lease.seconds == ToolqSettings.model_fields["lease"].default.seconds
+    assert first.prefix == "toolq"
 
 
 @pytest.mark.parametrize(
@@ -113,16 +129,3 @@ def test_every_top_level_name_toolq_reads_is_known_to_the_near_miss_check() -> N
     assert len(top) > 10  # the scan found the source's names
     assert unknown == set()
     assert stray_top({f"TOOLQ_{n}": "x" for n in top}) == []
-
-
-def test_a_near_miss_is_said_once_a_process(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(settings, "_stray_said", set())
-    monkeypatch.setenv("TOOLQ_PREFX", "billing")
-    with caplog.at_level(logging.WARNING, logger="toolq.settings"):
-        first = ToolqSettings()
-        ToolqSettings()
-    lines = [r.getMessage() for r in caplog.records if r.name == "toolq.settings"]
-    assert lines == ["TOOLQ_PREFX is not a setting toolq reads: did you mean TOOLQ_PREFIX?"]
-    assert first.prefix == "toolq"  # what the warning is for: the default stays

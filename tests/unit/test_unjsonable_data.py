@@ -17,6 +17,7 @@ import fakeredis
 import pytest
 from pydantic import BaseModel
 
+from tests.helpers import fail_every_check
 from toolq import CallContext, State, ToolQueue
 from toolq.core import errors
 
@@ -146,10 +147,7 @@ def test_a_verifiers_result_json_cannot_hold_is_a_failed_check(
 
     # When its checks run: each is recorded as a check that failed (it raised past the
     # task before), and the last one escalates
-    for failed in ("1", "2"):
-        vcheck = int(tq.ledger.fields(ref, "vcheck")["vcheck"])
-        tq.runtime.run_check(ref, 1, vcheck)
-        assert tq.ledger.fields(ref, "vfail")["vfail"] == failed
+    fail_every_check(tq, ref, 2)
 
     rec = tq.get(ref)
     assert rec is not None and rec.state is State.ESCALATED
