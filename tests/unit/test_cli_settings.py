@@ -370,3 +370,19 @@ def test_status_with_a_rediss_url_to_a_server_without_tls_says_check_tls(tmp_pat
         result.output
     ), result.output
     assert "Traceback" not in result.output
+
+
+def test_status_with_a_refused_password_says_check_it_not_that_the_server_is_away(
+    valkey: str, tmp_path: Path
+) -> None:
+    # Given the session's server and a URL naming a user it does not have
+    assert valkey.startswith("redis://")
+    url = "redis://nobody:wrong@" + valkey.removeprefix("redis://")
+    # When `toolq status` reads it (other commands said this already; status said
+    # "cannot reach Redis: AuthenticationError", as for a server away)
+    result = CliRunner().invoke(main, ["status", "--redis-url", url, "--state-dir", str(tmp_path)])
+    # Then one line says the credentials were refused, and what to check, password hidden
+    assert result.exit_code != 0
+    assert "refused the URL's credentials (AuthenticationError)" in result.output, result.output
+    assert "check the user and password in its URL" in result.output
+    assert "cannot reach" not in result.output and "wrong" not in result.output

@@ -57,9 +57,10 @@ def unreachable_line(url: str | None, exc: BaseException, cluster: bool) -> str 
     return message(url or "", exc, cluster=cluster) if unreachable(exc) else None
 
 
-def server_said(url: str | None, exc: BaseException) -> str:
-    """The line for a first command that failed: away ("cannot reach"), or refused by
-    the server, in its words (``DB index is out of range``), scrubbed."""
+def server_said(url: str | None, exc: BaseException, away: str = "") -> str:
+    """The line for a first command that failed: away ("cannot reach", then ``away``:
+    what the command adds about an outage), or refused by the server, in its words
+    (``DB index is out of range``), scrubbed."""
     where = redact_url(url or "")
     if isinstance(exc, redis.AuthenticationError):  # a ConnectionError to redis-py
         return (
@@ -69,7 +70,7 @@ def server_said(url: str | None, exc: BaseException) -> str:
     if isinstance(exc, AWAY):
         from toolq.adapters.outage import tls_hint
 
-        return f"cannot reach Redis at {where}: {type(exc).__name__}{tls_hint(url, exc)}"
+        return f"cannot reach Redis at {where}: {type(exc).__name__}{away}{tls_hint(url, exc)}"
     return f"the server at {where} refused toolq's first command: {refusal(exc)}"
 
 

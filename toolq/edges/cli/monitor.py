@@ -16,7 +16,6 @@ import redis
 from toolq.adapters.stack_state import read_state
 from toolq.core.redact import redact_url
 from toolq.edges.cli.common import (
-    AWAY,
     CLUSTER_AWAY,
     CliError,
     Seconds,
@@ -171,15 +170,8 @@ def _light(
         client.ping()
         check_meta(topology, client)
     except redis.RedisError as exc:
-        if not isinstance(exc, AWAY):
-            raise CliError(server_said(url, exc)) from None
-        from toolq.adapters.outage import tls_hint  # only when it is needed: status is quick
-
-        raise CliError(
-            f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__} (the ledger's "
-            "server: toolq's processes wait for it and resume once it answers)"
-            f"{tls_hint(url, exc)}"
-        ) from None
+        away = " (the ledger's server: toolq's processes wait for it and resume once it answers)"
+        raise CliError(server_said(url, exc, away)) from None
     sources = settings_sources(settings)
     depths = broker_depths(settings)
     seen: frozenset[str] = frozenset()
