@@ -14,6 +14,7 @@ import redis
 from click.testing import CliRunner
 
 from tests.helpers import toolq_env
+from toolq.adapters.embedded import url_for_db
 from toolq.edges.cli import main
 from toolq.edges.cli.common import server_said
 
@@ -386,3 +387,21 @@ def test_status_with_a_refused_password_says_check_it_not_that_the_server_is_awa
     assert "refused the URL's credentials (AuthenticationError)" in result.output, result.output
     assert "check the user and password in its URL" in result.output
     assert "cannot reach" not in result.output and "wrong" not in result.output
+
+
+def test_up_to_a_server_that_refuses_says_it_in_the_servers_words_and_starts_nothing(
+    valkey: str, tmp_path: Path
+) -> None:
+    # Given the session's server and a database it does not have
+    url = url_for_db(valkey, 99999)
+    # When `toolq up` is pointed at it
+    result = CliRunner().invoke(
+        main, ["up", "--redis-url", url, "--state-dir", str(tmp_path / "state")]
+    )
+    # Then one line says what the server said (it said only "refused: ResponseError"),
+    # and nothing was started: no state file
+    assert result.exit_code != 0
+    assert "refused toolq's first command: ResponseError: DB index is out of range" in (
+        result.output
+    ), result.output
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())

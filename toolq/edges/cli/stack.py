@@ -23,6 +23,7 @@ from toolq.edges.cli.common import (
     bindable,
     load_app,
     redis_option,
+    server_said,
     state_dir_option,
 )
 from toolq.edges.cli.demo import demo
@@ -79,7 +80,7 @@ def _ping(url: str) -> bool:
         )
         return False
     except (redis.RedisError, ValueError) as exc:
-        raise CliError(f"the server at {redact_url(url)} refused: {type(exc).__name__}") from None
+        raise CliError(server_said(url, exc)) from None
     finally:
         client.close()
     return True
