@@ -238,7 +238,7 @@ class AsyncToolQueue:
     @server_errors
     async def get(self, ref: str) -> OperationRecord | None:
         """The operation's record (state, attempt, envelope, history), or None."""
-        if not self._may_exist(ref):
+        if not self.app.settings.limits.is_ref(ref):
             return None
         return await (await self._bound()).ledger.get(ref)
 
@@ -483,13 +483,8 @@ class AsyncToolQueue:
 
     # ------------------------------------------------------------------ refs
 
-    def _may_exist(self, ref: object) -> bool:
-        return self.app.settings.limits.is_ref(ref)
-
     def _require(self, ref: object) -> None:
-        """A ref no operation can have is answered as one that does not exist."""
-        if not self._may_exist(ref):
-            raise errors.OperationNotFound("no operation with that ref")
+        operations.require_existing(ref, self.app.settings.limits)
 
 
 async def _called(fn: OnProgress, progress: Progress) -> None:

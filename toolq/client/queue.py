@@ -27,7 +27,6 @@ from toolq.adapters.outage import server_errors
 from toolq.client.aio import AsyncToolQueue
 from toolq.client.app import App
 from toolq.client.deps import Deps
-from toolq.core import errors
 from toolq.core.deps import DEP_KEY_PATTERN, Limits, is_dep_key
 from toolq.core.envelope import ToolError, ToolSuccess
 from toolq.core.record import OperationPage, OperationRecord
@@ -346,10 +345,7 @@ class ToolQueue:
         return lists.read_page_cells(self.redis, q, self.app.topology.layout.every_cell())
 
     def _require(self, ref: object) -> None:
-        """A ref no operation can have is answered as one that does not exist (as
-        ``tq.aio``'s), not by a failure to build its keys."""
-        if not self.app.settings.limits.is_ref(ref):
-            raise errors.OperationNotFound("no operation with that ref")
+        operations.require_existing(ref, self.app.settings.limits)
 
     def _view(self, ref: str, by: str) -> operator.View:
         operator.check_actor(by)

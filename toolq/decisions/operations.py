@@ -78,6 +78,14 @@ def operation_ref(
     return given
 
 
+def require_existing(ref: object, limits: LimitSettings) -> None:
+    """A ref no operation can have (not a string, too long, a control character) is
+    answered as one that does not exist, by both clients: not by a failure to build
+    its keys."""
+    if not limits.is_ref(ref):
+        raise errors.OperationNotFound("no operation with that ref")
+
+
 def check_ref(ref: object, limits: LimitSettings, field: str = "operation_ref") -> str:
     """``ref`` when it is an acceptable operation_ref; :class:`errors.InvalidArguments` if not."""
     if not limits.is_ref(ref):
